@@ -1,0 +1,25 @@
+"""gradflow's core: the graph value, passes and pipelines, rule tables, errors, declarative tables."""
+
+from gradflow.core.errors import (
+    ArgumentError,
+    CompilationError,
+    GradflowError,
+    InvalidArgumentError,
+    NoRuleError,
+    NotDifferentiableError,
+    PassError,
+    PurityError,
+    RuleTableError,
+    UnknownArrayError,
+    render,
+)
+from gradflow.core.graph import Graph, fingerprint
+from gradflow.core.passes import PASS_REGISTRY, Pass, Pipeline, register_pass, registered_passes, unwrap_or_raise
+from gradflow.core.rule_table import MutableRuleRegistry, Rule, RuleTable
+
+__all__ = [
+    "ArgumentError", "CompilationError", "GradflowError", "InvalidArgumentError", "NoRuleError",
+    "NotDifferentiableError", "PassError", "PurityError", "RuleTableError", "UnknownArrayError", "render",
+    "Graph", "fingerprint", "PASS_REGISTRY", "Pass", "Pipeline", "register_pass", "registered_passes",
+    "unwrap_or_raise", "MutableRuleRegistry", "Rule", "RuleTable",
+]

@@ -1,0 +1,149 @@
+"""The elementwise function table (`rules/elementwise.toml`) as frozen records with SymPy formulas.
+
+The same record drives tasklet differentiation (a call spelled `exp(...)` in a tasklet means `formula`),
+the lowering of elementwise ONNX ops, and the property tests (values drawn from `domain`, kept away from
+the `kinks` where the function is not differentiable).
+"""
+
+from __future__ import annotations
+
+import functools
+import keyword
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import sympy
+from sympy.codegen.cfunctions import expm1, log1p
+
+from gradflow.core.errors import RuleTableError
+from gradflow.core.tables import load_entries, rules_dir
+
+#: The names a formula may use besides its arguments.
+FORMULA_NAMESPACE: Mapping[str, Any] = {
+    "exp": sympy.exp, "log": sympy.log, "sqrt": sympy.sqrt,
+    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan,
+    "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh,
+    "asin": sympy.asin, "acos": sympy.acos, "atan": sympy.atan,
+    "Abs": sympy.Abs, "sign": sympy.sign, "Min": sympy.Min, "Max": sympy.Max,
+    "erf": sympy.erf, "log1p": log1p, "expm1": expm1, "pi": sympy.pi, "E": sympy.E,
+    "Piecewise": sympy.Piecewise,
+}
+
+DEFAULT_DOMAIN = (-3.0, 3.0)
+
+
+def _parse_formula(text: str, args: tuple[str, ...]) -> sympy.Expr:
+    symbols = {a: sympy.Symbol(a, real=True) for a in args}
+    expr = sympy.parse_expr(text, local_dict={**FORMULA_NAMESPACE, **symbols}, evaluate=True)
+    stray = {s.name for s in expr.free_symbols} - set(args)
+    if stray:
+        raise ValueError(f"formula '{text}' uses unknown name(s) {sorted(stray)}; arguments are {list(args)}")
+    unknown_fns = {
+        type(f).__name__ for f in expr.atoms(sympy.Function) if isinstance(f, sympy.core.function.AppliedUndef)
+    }
+    if unknown_fns:
+        raise ValueError(f"formula '{text}' calls unknown function(s) {sorted(unknown_fns)}")
+    return expr
+
+
+@attrs.frozen
+class ElementwiseEntry:
+    name: str
+    args: tuple[str, ...]
+    formula: str
+    expr: sympy.Expr = attrs.field(eq=False, repr=False)
+    symbols: tuple[sympy.Symbol, ...] = attrs.field(eq=False, repr=False)
+    domain: Mapping[str, tuple[float, float]] = attrs.field(repr=False)
+    kinks: tuple[str, ...] = ()
+    spellings: tuple[str, ...] = ()
+    operator: str | None = None
+    torch: str | None = None
+    onnx: tuple[str, ...] = ()
+
+    def apply(self, *operands: sympy.Expr) -> sympy.Expr:
+        """The formula with its arguments replaced by `operands` (simultaneous substitution)."""
+        if len(operands) != len(self.args):
+            raise ValueError(f"'{self.name}' takes {len(self.args)} argument(s), got {len(operands)}")
+        return self.expr.xreplace(dict(zip(self.symbols, operands)))
+
+    def kink_exprs(self) -> tuple[sympy.Expr, ...]:
+        return tuple(_parse_formula(k, self.args) for k in self.kinks)
+
+
+def _build(name: str, body: dict[str, Any]) -> ElementwiseEntry:
+    args = tuple(body["args"])
+    if not args or not all(isinstance(a, str) and a.isidentifier() and not keyword.iskeyword(a) for a in args):
+        raise ValueError(f"'args' must be a non-empty list of identifiers, got {body['args']!r}")
+    expr = _parse_formula(str(body["formula"]), args)
+    raw_domain = body.get("domain", {})
+    unknown = set(raw_domain) - set(args)
+    if unknown:
+        raise ValueError(f"'domain' names non-argument(s) {sorted(unknown)}")
+    domain = {}
+    for a in args:
+        lo, hi = raw_domain.get(a, DEFAULT_DOMAIN)
+        if not float(lo) < float(hi):
+            raise ValueError(f"domain of '{a}' must be [low, high] with low < high, got {[lo, hi]}")
+        domain[a] = (float(lo), float(hi))
+    kinks = tuple(body.get("kinks", ()))
+    for k in kinks:
+        _parse_formula(k, args)
+    onnx = body.get("onnx", ())
+    return ElementwiseEntry(
+        name=name,
+        args=args,
+        formula=str(body["formula"]),
+        expr=expr,
+        symbols=tuple(sympy.Symbol(a, real=True) for a in args),
+        domain=domain,
+        kinks=kinks,
+        spellings=tuple(body.get("spellings", ())),
+        operator=body.get("operator"),
+        torch=body.get("torch"),
+        onnx=tuple([onnx] if isinstance(onnx, str) else onnx),
+    )
+
+
+REQUIRED = frozenset({"args", "formula"})
+OPTIONAL = frozenset({"domain", "kinks", "spellings", "operator", "torch", "onnx"})
+
+
+@attrs.frozen
+class ElementwiseTable:
+    entries: Mapping[str, ElementwiseEntry]
+    by_spelling: Mapping[str, ElementwiseEntry]
+    by_onnx: Mapping[str, ElementwiseEntry]
+
+    def __getitem__(self, name: str) -> ElementwiseEntry:
+        return self.entries[name]
+
+    def __iter__(self):
+        return iter(self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def load_elementwise(path: Path) -> ElementwiseTable:
+    entries = load_entries(path, REQUIRED, OPTIONAL, _build)
+    by_spelling: dict[str, ElementwiseEntry] = {}
+    by_onnx: dict[str, ElementwiseEntry] = {}
+    for entry in entries.values():
+        for spelling in entry.spellings:
+            if spelling in by_spelling:
+                raise RuleTableError.build(
+                    str(path), entry.name, f"spelling '{spelling}' already belongs to '{by_spelling[spelling].name}'"
+                )
+            by_spelling[spelling] = entry
+        for op in entry.onnx:
+            if op in by_onnx:
+                raise RuleTableError.build(str(path), entry.name, f"ONNX op '{op}' already maps to '{by_onnx[op].name}'")
+            by_onnx[op] = entry
+    return ElementwiseTable(entries, by_spelling, by_onnx)
+
+
+@functools.cache
+def elementwise_table() -> ElementwiseTable:
+    """The project's elementwise table, loaded and validated once per process."""
+    return load_elementwise(rules_dir() / "elementwise.toml")

@@ -1,0 +1,92 @@
+"""Typed errors: values inside pipelines, exceptions at the public edge.
+
+Every error is a frozen attrs record whose fields name what is at fault (node, state, array, file, op).
+`render` is the one place that turns a record into the message a user reads, so wording stays uniform.
+Each record is also an `Exception` subclass, so the public API can raise it unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+
+@attrs.frozen(eq=False)
+class GradflowError(Exception):
+    """Base of every error gradflow reports. `hint` says what the user can do about it."""
+
+    message: str
+    hint: str = ""
+
+    def render(self) -> str:
+        text = self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+    def __str__(self) -> str:  # Exception protocol
+        return self.render()
+
+
+@attrs.frozen(eq=False)
+class InvalidArgumentError(GradflowError, ValueError):
+    """A public API argument is malformed (wrong kind, missing name, clashing name)."""
+
+
+@attrs.frozen(eq=False)
+class UnknownArrayError(InvalidArgumentError, KeyError):
+    """A name given by the user is not an array of the SDFG."""
+
+    @classmethod
+    def build(cls, what: str, name: str, available: Sequence[str]) -> "UnknownArrayError":
+        listed = ", ".join(sorted(available)) or "(none)"
+        return cls(f"{what} names '{name}', which is not an array of the SDFG; arrays there: {listed}")
+
+
+@attrs.frozen(eq=False)
+class NotDifferentiableError(GradflowError):
+    """Something in the program cannot be differentiated (integer data, an unsupported construct)."""
+
+
+@attrs.frozen(eq=False)
+class NoRuleError(NotDifferentiableError):
+    """No rule of a table applies to a node; names the node and where it is."""
+
+    @classmethod
+    def build(cls, table: str, node: str, where: str, hint: str = "") -> "NoRuleError":
+        return cls(f"no rule of table '{table}' applies to {node} in {where}", hint)
+
+
+@attrs.frozen(eq=False)
+class RuleTableError(GradflowError):
+    """A declarative table in rules/ is malformed; names the file and the entry."""
+
+    @classmethod
+    def build(cls, path: str, entry: str, problem: str) -> "RuleTableError":
+        return cls(f"{path}: entry '{entry}': {problem}")
+
+
+@attrs.frozen(eq=False)
+class PassError(GradflowError):
+    """A pass failed; wraps the name of the pass and the reason."""
+
+
+@attrs.frozen(eq=False)
+class PurityError(PassError):
+    """A pass modified its input graph."""
+
+
+@attrs.frozen(eq=False)
+class CompilationError(GradflowError):
+    """The C++ build of an SDFG failed."""
+
+
+@attrs.frozen(eq=False)
+class ArgumentError(GradflowError, TypeError):
+    """A runtime argument (array, tensor, scalar) does not match what the compiled program expects."""
+
+
+def render(error: GradflowError) -> str:
+    """The one place that turns an error value into text."""
+    return f"{type(error).__name__}: {error.render()}"

@@ -1,0 +1,61 @@
+"""Loading of the declarative tables in `rules/` into frozen, validated records.
+
+A table file is TOML: one top-level table per entry. `load_entries` checks each entry's keys against the
+record's declared fields and converts it with the record's `from_toml`; any problem becomes a
+`RuleTableError` naming the file and the entry, raised at load time rather than at first use.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from gradflow.core.errors import GradflowError, RuleTableError
+
+T = TypeVar("T")
+
+
+def rules_dir() -> Path:
+    """The folder holding the declarative tables (`GRADFLOW_RULES` overrides the repository's `rules/`)."""
+    env = os.environ.get("GRADFLOW_RULES")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "rules"
+        if (candidate / "elementwise.toml").is_file():
+            return candidate
+    raise RuleTableError("cannot find the rules/ folder", "set GRADFLOW_RULES to the folder holding elementwise.toml")
+
+
+def load_entries(
+    path: Path,
+    required: frozenset[str],
+    optional: frozenset[str],
+    build: Callable[[str, dict[str, Any]], T],
+) -> dict[str, T]:
+    """Parse `path` and build one record per entry, validating key names first."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RuleTableError(f"{path}: cannot read table: {exc}") from None
+    records: dict[str, T] = {}
+    for name, body in raw.items():
+        if not isinstance(body, dict):
+            raise RuleTableError.build(str(path), name, "must be a table of fields")
+        missing = required - body.keys()
+        if missing:
+            raise RuleTableError.build(str(path), name, f"missing field(s) {sorted(missing)}")
+        unknown = body.keys() - required - optional
+        if unknown:
+            allowed = sorted(required | optional)
+            raise RuleTableError.build(str(path), name, f"unknown field(s) {sorted(unknown)}; allowed: {allowed}")
+        try:
+            records[name] = build(name, body)
+        except RuleTableError:
+            raise
+        except (GradflowError, ValueError, TypeError, SyntaxError) as exc:
+            raise RuleTableError.build(str(path), name, str(exc)) from None
+    return records

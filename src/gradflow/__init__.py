@@ -19,9 +19,14 @@ from gradflow.core import (
     registered_passes,
 )
 
+from gradflow.api import grad, value_and_grad, vjp
+from gradflow.autodiff.interface import VJPResult
+from gradflow.autodiff.passes import ad_pipeline
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline",
     "ArgumentError", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError", "NoRuleError",
     "NotDifferentiableError", "Pass", "Pipeline", "UnknownArrayError", "register_pass", "registered_passes",
 ]

@@ -135,10 +135,16 @@ def parse_tasklet(
     outputs: Iterable[str],
     where: str = "tasklet",
     table: ElementwiseTable | None = None,
+    constants: Iterable[str] = (),
 ) -> dict[str, sympy.Expr]:
-    """One SymPy expression (over real symbols named like the input connectors) per assigned output."""
+    """One SymPy expression (over real symbols named like the input connectors) per assigned output.
+
+    `constants` are names the code may read that are not connectors (SDFG symbols, map parameters): they
+    become symbols too, but no gradient flows to them.
+    """
     table = table or elementwise_table()
-    env: dict[str, sympy.Expr] = {name: sympy.Symbol(name, real=True) for name in inputs}
+    env: dict[str, sympy.Expr] = {name: sympy.Symbol(name) for name in constants}
+    env.update({name: sympy.Symbol(name, real=True) for name in inputs})
     outs = set(outputs)
     try:
         tree = ast.parse(code.strip())

@@ -1,0 +1,98 @@
+"""Pure analysis: a state as an ordered sequence of operations.
+
+An operation is what reverse mode reverses as one unit: a top-level map scope (entry, body, exit), a
+top-level tasklet, library node or nested SDFG, or a copy between two access nodes. Top-level access nodes
+are the boundaries between operations; they are not part of any operation. The result is frozen facts
+(node ids, not node objects) so it can be kept without pinning the graph.
+"""
+
+from __future__ import annotations
+
+import attrs
+import networkx as nx
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import SDFGState
+
+from gradflow.core.errors import NotDifferentiableError
+
+
+@attrs.frozen
+class Op:
+    """One operation of a state. Ids are `state.node_id(node)`; edges are (src id, dst id, edge index)."""
+
+    kind: str  # "map" | "tasklet" | "copy" | "library" | "nested" | "other"
+    nodes: frozenset[int]  # compute nodes of the op (empty for a copy)
+    reads: tuple[int, ...]  # boundary access nodes read by the op
+    writes: tuple[int, ...]  # boundary access nodes written by the op
+    label: str
+
+
+def _kind(node: nd.Node) -> str:
+    if isinstance(node, nd.MapEntry):
+        return "map"
+    if isinstance(node, nd.Tasklet):
+        return "tasklet"
+    if isinstance(node, nd.LibraryNode):
+        return "library"
+    if isinstance(node, nd.NestedSDFG):
+        return "nested"
+    return "other"
+
+
+def decompose(state: SDFGState) -> list[Op]:
+    """The operations of `state` in a topological order of their dataflow."""
+    scope = state.scope_dict()
+    boundary = {n for n in state.nodes() if isinstance(n, nd.AccessNode) and scope[n] is None}
+    compute = [n for n in state.nodes() if n not in boundary]
+
+    groups = nx.Graph()
+    groups.add_nodes_from(compute)
+    for e in state.edges():
+        if e.src not in boundary and e.dst not in boundary:
+            groups.add_edge(e.src, e.dst)
+
+    ops: list[tuple[Op, list]] = []
+    for component in nx.connected_components(groups):
+        members = list(component)
+        tops = [n for n in members if scope[n] is None and not isinstance(n, nd.ExitNode)]
+        if len(tops) > 1 and all(isinstance(n, nd.Tasklet) for n in tops):
+            tops = sorted(tops, key=state.node_id)[:1]  # tasklets wired directly together: one operation
+        if len(tops) != 1:
+            names = ", ".join(sorted(str(n) for n in tops))
+            raise NotDifferentiableError(f"state '{state.label}': cannot split dataflow into operations ({names})")
+        head = tops[0]
+        reads = sorted({state.node_id(e.src) for n in members for e in state.in_edges(n) if e.src in boundary})
+        writes = sorted({state.node_id(e.dst) for n in members for e in state.out_edges(n) if e.dst in boundary})
+        op = Op(_kind(head), frozenset(state.node_id(n) for n in members), tuple(reads), tuple(writes), str(head))
+        ops.append((op, members))
+    for e in state.edges():
+        if e.src in boundary and e.dst in boundary:
+            op = Op("copy", frozenset(), (state.node_id(e.src),), (state.node_id(e.dst),), f"copy {e.src}->{e.dst}")
+            ops.append((op, []))
+
+    # Order: op A before op B when A writes an access node that B reads.
+    order = nx.DiGraph()
+    order.add_nodes_from(range(len(ops)))
+    writer_of: dict[int, list[int]] = {}
+    for i, (op, _) in enumerate(ops):
+        for w in op.writes:
+            writer_of.setdefault(w, []).append(i)
+    for j, (op, _) in enumerate(ops):
+        for r in op.reads:
+            for i in writer_of.get(r, []):
+                if i != j:
+                    order.add_edge(i, j)
+    # Access nodes of the same array ordered by a path (read-before-write through another node) also order ops.
+    for j, (op, _) in enumerate(ops):
+        for r in op.reads:
+            for i, (other, _) in enumerate(ops):
+                if i == j:
+                    continue
+                for w in other.writes:
+                    if w != r and state.node(w).data == state.node(r).data and nx.has_path(state.nx, state.node(r), state.node(w)):
+                        order.add_edge(j, i)
+    try:
+        sequence = list(nx.lexicographical_topological_sort(order, key=lambda i: ops[i][0].label))
+    except nx.NetworkXUnfeasible:
+        raise NotDifferentiableError(f"state '{state.label}': operations form a cycle") from None
+    return [ops[i][0] for i in sequence]

@@ -1,0 +1,73 @@
+"""Small builders for the dataflow that reverse rules and the engine emit (fills, copies, mapped tasklets)."""
+
+from __future__ import annotations
+
+import re
+
+import dace
+from dace import subsets
+from dace.sdfg.state import SDFGState
+
+SUM = "lambda a, b: a + b"
+
+
+def safe_label(text: str) -> str:
+    """A node label usable as a C identifier (forward labels may hold brackets, '=' and ':')."""
+    label = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return label if label[:1].isalpha() or label[:1] == "_" else f"_{label}"
+
+
+def full_index(sdfg: dace.SDFG, array: str, prefix: str = "__z") -> tuple[dict[str, str], str]:
+    """Map ranges covering all of `array` and the matching element subset."""
+    shape = sdfg.arrays[array].shape
+    ranges = {f"{prefix}{d}": f"0:{s}" for d, s in enumerate(shape)}
+    return ranges, ", ".join(ranges)
+
+
+def fill(state: SDFGState, array: str, value: str) -> None:
+    """array[...] = value, as a map."""
+    ranges, index = full_index(state.sdfg, array)
+    state.add_mapped_tasklet(
+        f"fill_{array}", ranges, {}, f"__o = {value}", {"__o": dace.Memlet(f"{array}[{index}]")}, external_edges=True
+    )
+
+
+def copy_array(state: SDFGState, src: str, dst: str) -> None:
+    """dst[...] = src[...] (same shapes), as a direct copy edge."""
+    desc = state.sdfg.arrays[src]
+    state.add_nedge(state.add_read(src), state.add_write(dst), dace.Memlet.from_array(src, desc))
+
+
+def map_ranges(entry: dace.nodes.MapEntry) -> dict[str, str]:
+    """The ranges of a map as strings that `add_map` parses back to the same iteration space."""
+    out = {}
+    for param, (begin, end, step) in zip(entry.map.params, entry.map.range):
+        out[param] = str(subsets.Range([(begin, end, step)]))
+    return out
+
+
+def add_element_tasklet(
+    state: SDFGState,
+    label: str,
+    ranges: dict[str, str] | None,
+    inputs: dict[str, dace.Memlet],
+    code: str,
+    outputs: dict[str, dace.Memlet],
+    schedule: dace.ScheduleType = dace.ScheduleType.Default,
+) -> None:
+    """A tasklet, inside a map when `ranges` is given, with one access node per array on each side."""
+    label = safe_label(label)
+    if ranges:
+        state.add_mapped_tasklet(
+            label, ranges, inputs, code, outputs, schedule=schedule, external_edges=True
+        )
+        return
+    tasklet = state.add_tasklet(label, {c: None for c in inputs}, {c: None for c in outputs}, code)
+    reads: dict[str, dace.nodes.AccessNode] = {}
+    writes: dict[str, dace.nodes.AccessNode] = {}
+    for conn, memlet in inputs.items():
+        node = reads.setdefault(memlet.data, state.add_read(memlet.data))
+        state.add_edge(node, None, tasklet, conn, memlet)
+    for conn, memlet in outputs.items():
+        node = writes.setdefault(memlet.data, state.add_write(memlet.data))
+        state.add_edge(tasklet, conn, node, None, memlet)

@@ -1,0 +1,160 @@
+"""The reverse-mode passes and the default AD pipeline.
+
+`Reverse` turns a normalized forward graph into forward + backward in one SDFG and attaches the
+`ADInterface` as `meta["ad"]`. `SplitVJP` cuts such a graph into the forward and backward SDFGs of a
+`VJPResult` (attached as `meta["vjp"]`). Both are pure: they edit private copies.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+from returns.result import Success
+
+from gradflow.analysis.activity import is_float
+from gradflow.autodiff.engine import ADInterface, ADSpec, build_reverse
+from gradflow.autodiff.interface import VJPResult
+from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
+from gradflow.core.errors import InvalidArgumentError
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass
+
+
+def written_arrays(sdfg: dace.SDFG) -> set[str]:
+    return {
+        n.data
+        for s in sdfg.states()
+        for n in s.data_nodes()
+        if s.in_degree(n) > 0
+    }
+
+
+def infer_of(sdfg: dace.SDFG) -> str:
+    """The unique non-transient one-element array the program writes."""
+    candidates = sorted(
+        name
+        for name in written_arrays(sdfg)
+        if not sdfg.arrays[name].transient and is_float(sdfg.arrays[name]) and sdfg.arrays[name].total_size == 1
+    )
+    if len(candidates) != 1:
+        raise InvalidArgumentError(
+            f"cannot infer `of`: the program writes {len(candidates)} one-element float arrays "
+            f"({', '.join(candidates) or 'none'})",
+            "pass of='<name>' explicitly",
+        )
+    return candidates[0]
+
+
+def default_wrt(sdfg: dace.SDFG, of: tuple[str, ...]) -> tuple[str, ...]:
+    """All non-transient float arrays except `of`."""
+    return tuple(
+        sorted(n for n, d in sdfg.arrays.items() if not d.transient and is_float(d) and n not in of)
+    )
+
+
+@register_pass
+@attrs.frozen
+class Reverse(Pass):
+    """Append the backward pass. `wrt`/`of` default to all float arguments / the single scalar output."""
+
+    wrt: tuple[str, ...] | None = None
+    of: tuple[str, ...] | None = None
+    mode: str = "grad"
+    prefix: str = "grad_"
+    name: ClassVar[str] = "reverse"
+
+    def run(self, graph: Graph) -> PassResult:
+        sdfg = graph.editable()
+        of = self.of if self.of is not None else (infer_of(sdfg),)
+        wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
+        interface = build_reverse(sdfg, ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix))
+        sdfg.validate()
+        return Success(Graph.adopt(sdfg, {**graph.meta, "ad": interface}))
+
+
+def _backward_region(sdfg: dace.SDFG, interface: ADInterface):
+    return next(b for b in sdfg.nodes() if b.label == interface.backward_label)
+
+
+def _arrays_used(blocks) -> set[str]:
+    used = set()
+    for block in blocks:
+        states = [block] if isinstance(block, dace.SDFGState) else [
+            b for b in block.all_control_flow_blocks() if isinstance(b, dace.SDFGState)
+        ]
+        for s in states:
+            used |= {n.data for n in s.data_nodes()}
+    return used
+
+
+def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
+    """Forward and backward SDFGs from a combined one (both built from private copies)."""
+    import copy
+
+    region = _backward_region(sdfg, interface)
+    gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
+    used_backward = _arrays_used([region])
+    forwarded = tuple(sorted(a for a in used_backward - gradient_arrays if a in sdfg.arrays))
+
+    fwd = copy.deepcopy(sdfg)
+    fwd.remove_node(_backward_region(fwd, interface))
+    for name in list(fwd.arrays):
+        if name in gradient_arrays:
+            fwd.remove_data(name, validate=False)
+        elif name in forwarded:
+            fwd.arrays[name].transient = False
+    saved = tuple(a for a in forwarded if sdfg.arrays[a].transient)
+
+    bwd = copy.deepcopy(sdfg)
+    bregion = _backward_region(bwd, interface)
+    for block in list(bwd.nodes()):
+        if block is not bregion:
+            bwd.remove_node(block)
+    bwd.start_block = bwd.node_id(bregion)
+    keep_outputs = set(interface.grads.values()) | set(interface.cotangents.values())
+    for name in list(bwd.arrays):
+        if name not in used_backward and name not in keep_outputs:
+            bwd.remove_data(name, validate=False)
+        elif name in forwarded or name in keep_outputs:
+            bwd.arrays[name].transient = False
+    fwd.name = f"{sdfg.name}_forward"
+    bwd.name = f"{sdfg.name}_backward"
+    fwd.reset_cfg_list()
+    bwd.reset_cfg_list()
+    nbytes = 0
+    for a in forwarded:
+        desc = sdfg.arrays[a]
+        size = desc.total_size * desc.dtype.bytes
+        nbytes += int(size) if not hasattr(size, "free_symbols") or not size.free_symbols else 0
+    return VJPResult(
+        forward=fwd,
+        backward=bwd,
+        wrt=interface.spec.wrt,
+        of=interface.spec.of,
+        grads=dict(interface.grads),
+        cotangents=dict(interface.cotangents),
+        forwarded=forwarded,
+        saved=saved,
+        forwarded_bytes=nbytes,
+    )
+
+
+@register_pass
+@attrs.frozen
+class SplitVJP(Pass):
+    """Attach `meta["vjp"]`: the forward/backward pair of a graph that `Reverse` produced in vjp mode."""
+
+    name: ClassVar[str] = "split_vjp"
+
+    def run(self, graph: Graph) -> PassResult:
+        interface = graph.meta.get("ad")
+        if interface is None:
+            return Success(graph)  # nothing to split: not differentiated
+        return Success(graph.with_meta(vjp=split_vjp(graph.sdfg, interface)))
+
+
+def ad_pipeline(reverse: Reverse) -> Pipeline:
+    """The default pipeline: normalize, then reverse."""
+    return Pipeline((ExpandLibraryNodes(), CollapseMaps(), SplitOperations(), reverse))

@@ -1,0 +1,74 @@
+"""Pipelines compose passes, stop at the first failure, report to a hook; rule tables pick by priority."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+import pytest
+from returns.result import Failure, Success
+
+from gradflow.core.errors import GradflowError, InvalidArgumentError, PassError
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, Pipeline
+from gradflow.core.rule_table import Rule, RuleTable
+
+
+@attrs.frozen
+class AddArray(Pass):
+    array: str
+    name: ClassVar[str] = "test_add_array"
+
+    def run(self, graph: Graph):
+        sdfg = graph.editable()
+        sdfg.add_array(self.array, [2], dace.float64)
+        return Success(Graph.adopt(sdfg))
+
+
+@attrs.frozen
+class Explode(Pass):
+    name: ClassVar[str] = "test_explode"
+
+    def run(self, graph: Graph):
+        raise KeyError("deep inside")
+
+
+def empty() -> Graph:
+    return Graph.of(dace.SDFG("empty"))
+
+
+def test_pipeline_runs_in_order_and_calls_hook() -> None:
+    seen = []
+    pipe = Pipeline((AddArray("A"), AddArray("B")), hook=lambda name, g: seen.append((name, sorted(g.sdfg.arrays))))
+    out = pipe(empty()).unwrap()
+    assert sorted(out.sdfg.arrays) == ["A", "B"]
+    assert seen == [("test_add_array", ["A"]), ("test_add_array", ["A", "B"])]
+
+
+def test_pipeline_stops_at_failure_with_a_typed_value() -> None:
+    result = (Pipeline((AddArray("A"),)) + Explode() + AddArray("B"))(empty())
+    assert isinstance(result, Failure)
+    err = result.failure()
+    assert isinstance(err, PassError) and "test_explode" in str(err) and "deep inside" in str(err)
+
+
+def test_named_pipeline_rejects_unknown_names() -> None:
+    with pytest.raises(InvalidArgumentError, match="no_such_pass"):
+        Pipeline.named("split_operations", "no_such_pass")
+    assert Pipeline.named("split_operations", "collapse_maps").steps[0].name == "split_operations"
+
+
+def test_rule_table_priority_predicate_and_override() -> None:
+    table = RuleTable("t", (Rule("k", "low", "low", 0), Rule("k", "high", "high", 5, lambda x: x > 0)))
+    assert table.lookup("k", 1).fn == "high"
+    assert table.lookup("k", -1).fn == "low"
+    assert table.lookup("other", 1) is None
+    overridden = table + RuleTable("t", (Rule("k", "user", "user", 5),))
+    assert overridden.lookup("k", 1).fn == "user"  # same priority: the later registration wins
+    assert len(table) == 2  # tables are values: + did not change the original
+
+
+def test_errors_are_exceptions_and_values() -> None:
+    err = InvalidArgumentError("bad thing", "do this")
+    assert isinstance(err, GradflowError) and "hint: do this" in str(err)

@@ -1,0 +1,632 @@
+"""Dataflow corpus: loop-free `@dace.program`s (no Python loops except `dace.map`, no program-level if/else),
+each paired with a PyTorch reference. See `case.py` for the conventions of `Case`.
+
+Most cases reduce into `S` through write-conflict resolution (`S[0] += ...` inside a `dace.map`); the
+`df_lib_*` cases use `np.sum` / `np.mean` / `np.max` (DaCe library nodes) on purpose.
+"""
+
+from __future__ import annotations
+
+import dace
+import numpy as np
+import torch
+
+from .case import Case
+
+N = dace.symbol("N")
+M = dace.symbol("M")
+H = dace.symbol("H")
+
+f64 = dace.float64
+
+_SIZES = {"N": 7, "M": 5, "H": 4}
+
+
+def _z(*shape: int) -> np.ndarray:
+    return np.zeros(shape, dtype=np.float64)
+
+
+def _sum_into(S: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Value of S[0] after `S[0] += value` (accumulation into the caller-provided S)."""
+    return S[0] + value
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 1. elementwise chain: exp, sin, tanh, sqrt
+
+
+@dace.program
+def df_elementwise_chain(X: f64[N], S: f64[1]):
+    T = np.exp(np.sin(X)) * np.tanh(X) + np.sqrt(X * X + 1.0)
+    for i in dace.map[0:N]:
+        S[0] += T[i]
+
+
+def _t_elementwise_chain(X, S, **_):
+    T = torch.exp(torch.sin(X)) * torch.tanh(X) + torch.sqrt(X * X + 1.0)
+    return _sum_into(S, T.sum())
+
+
+def _i_elementwise_chain(rng):
+    n = _SIZES["N"]
+    return {"X": rng.uniform(-2.0, 2.0, n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. log and powers (integer, fractional, array ** array) on positive inputs
+
+
+@dace.program
+def df_log_pow(X: f64[N], Y: f64[N], S: f64[1]):
+    T = np.log(X) * X**3 + X**1.5 - np.log(Y + X) / Y + X**Y
+    for i in dace.map[0:N]:
+        S[0] += T[i]
+
+
+def _t_log_pow(X, Y, S, **_):
+    T = torch.log(X) * X**3 + X**1.5 - torch.log(Y + X) / Y + X**Y
+    return _sum_into(S, T.sum())
+
+
+def _i_log_pow(rng):
+    n = _SIZES["N"]
+    return {"X": rng.uniform(0.5, 2.0, n), "Y": rng.uniform(0.5, 2.0, n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. non-smooth elementwise functions away from their kinks: abs, maximum, minimum, relu
+
+
+@dace.program
+def df_abs_max_min(X: f64[N], Y: f64[N], S: f64[1]):
+    T = np.abs(X - Y) + 2.0 * np.maximum(X, Y) + np.minimum(X, Y) ** 2 + np.maximum(X, 0.0) * Y
+    for i in dace.map[0:N]:
+        S[0] += T[i]
+
+
+def _t_abs_max_min(X, Y, S, **_):
+    T = torch.abs(X - Y) + 2.0 * torch.maximum(X, Y) + torch.minimum(X, Y) ** 2 + torch.clamp(X, min=0.0) * Y
+    return _sum_into(S, T.sum())
+
+
+def _i_abs_max_min(rng):
+    n = _SIZES["N"]
+    # |X| >= 0.3 (relu kink), |X - Y| >= 0.3 (abs/max/min kinks)
+    X = rng.uniform(0.3, 1.5, n) * rng.choice([-1.0, 1.0], n)
+    Y = X + rng.uniform(0.3, 1.0, n) * rng.choice([-1.0, 1.0], n)
+    return {"X": X, "Y": Y, "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 4. division, subtraction, negation, sigmoid
+
+
+@dace.program
+def df_div_sigmoid(A: f64[N], B: f64[N], S: f64[1]):
+    T = (A - B) / (A * A + B * B + 1.0) + 1.0 / (1.0 + np.exp(-A)) - B / 3.0
+    for i in dace.map[0:N]:
+        S[0] += T[i]
+
+
+def _t_div_sigmoid(A, B, S, **_):
+    T = (A - B) / (A * A + B * B + 1.0) + 1.0 / (1.0 + torch.exp(-A)) - B / 3.0
+    return _sum_into(S, T.sum())
+
+
+def _i_div_sigmoid(rng):
+    n = _SIZES["N"]
+    return {"A": rng.normal(size=n), "B": rng.normal(size=n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. 2-D map with a WCR reduction straight from a tasklet (no intermediate array)
+
+
+@dace.program
+def df_wcr_2d(A: f64[N, M], B: f64[N, M], S: f64[1]):
+    for i, j in dace.map[0:N, 0:M]:
+        S[0] += A[i, j] * B[i, j] + A[i, j] * A[i, j] * 0.5
+
+
+def _t_wcr_2d(A, B, S, **_):
+    return _sum_into(S, (A * B + A * A * 0.5).sum())
+
+
+def _i_wcr_2d(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n, m)), "B": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 6. broadcasting: vector + matrix rows, matrix * column vector, scalar (1-element array) * array
+
+
+@dace.program
+def df_broadcast(A: f64[N, M], v: f64[M], w: f64[N], alpha: f64[1], S: f64[1]):
+    C = alpha[0] * (A + v)
+    D = C * w[:, np.newaxis] + 2.5 * C
+    for i, j in dace.map[0:N, 0:M]:
+        S[0] += D[i, j] * C[i, j]
+
+
+def _t_broadcast(A, v, w, alpha, S, **_):
+    C = alpha[0] * (A + v)
+    D = C * w[:, None] + 2.5 * C
+    return _sum_into(S, (D * C).sum())
+
+
+def _i_broadcast(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n, m)), "v": rng.normal(size=m), "w": rng.normal(size=n),
+            "alpha": rng.uniform(0.5, 1.5, 1), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 7. slices: shifted 1-D windows and matrix columns
+
+
+@dace.program
+def df_slices(A: f64[N], B: f64[N, M], S: f64[1]):
+    U = A[1:N - 1] * A[0:N - 2] + np.sin(A[2:N])
+    c = B[:, 0] * B[:, M - 1] + A
+    for i in dace.map[0:N - 2]:
+        S[0] += U[i]
+    for i in dace.map[0:N]:
+        S[0] += c[i] * c[i]
+
+
+def _t_slices(A, B, S, **_):
+    n = A.shape[0]
+    U = A[1:n - 1] * A[0:n - 2] + torch.sin(A[2:n])
+    c = B[:, 0] * B[:, -1] + A
+    return _sum_into(S, U.sum() + (c * c).sum())
+
+
+def _i_slices(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=n), "B": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 8. strided slices: X[::2], X[1::2] (X has 2*H elements) and a strided write Y[::3] (Y has 3*H)
+# (sizes are multiples of the stride: DaCe 2.0.0b1 emits `i < ceil((2*H)/3)` for X[::3], which g++ rejects
+# as an OpenMP loop predicate, and cannot broadcast X[::2] with X[1::2] when X has a symbolic size N)
+
+
+@dace.program
+def df_strided(X: f64[2 * H], Y: f64[3 * H], S: f64[1]):
+    T = X[::2] * np.cos(X[1::2])
+    Y[::3] = np.exp(X[1::2])
+    for i in dace.map[0:H]:
+        S[0] += T[i]
+    for i in dace.map[0:3 * H]:
+        S[0] += Y[i] * Y[i]
+
+
+def _t_strided(X, Y, S, **_):
+    T = X[::2] * torch.cos(X[1::2])
+    Y2 = Y.clone()
+    Y2[::3] = torch.exp(X[1::2])
+    return _sum_into(S, T.sum() + (Y2 * Y2).sum())
+
+
+def _i_strided(rng):
+    h = _SIZES["H"]
+    # Y is an in/out array: the entries not on the stride keep their (nonzero) initial values.
+    return {"X": rng.normal(size=2 * h), "Y": rng.normal(size=3 * h), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 9. a transient written, read, overwritten, read again
+
+
+@dace.program
+def df_overwrite_transient(X: f64[N], S: f64[1]):
+    T = X * 2.0
+    U = np.sin(T)
+    T[:] = U * X
+    V = T * U + T
+    for i in dace.map[0:N]:
+        S[0] += V[i]
+
+
+def _t_overwrite_transient(X, S, **_):
+    T = X * 2.0
+    U = torch.sin(T)
+    T = U * X
+    V = T * U + T
+    return _sum_into(S, V.sum())
+
+
+def _i_overwrite_transient(rng):
+    return {"X": rng.normal(size=_SIZES["N"]), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 10. an output (non-transient) array written, read, overwritten, read again
+
+
+@dace.program
+def df_overwrite_output(X: f64[N], Y: f64[N], S: f64[1]):
+    Y[:] = np.exp(X)
+    Z = Y * X
+    Y[:] = Z + np.cos(Y)
+    for i in dace.map[0:N]:
+        S[0] += Y[i] * Z[i]
+
+
+def _t_overwrite_output(X, S, **_):
+    Y = torch.exp(X)
+    Z = Y * X
+    Y = Z + torch.cos(Y)
+    return _sum_into(S, (Y * Z).sum())
+
+
+def _i_overwrite_output(rng):
+    return {"X": rng.uniform(-1.0, 1.0, _SIZES["N"]), "Y": _z(_SIZES["N"]), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 11. an input array updated in place before (and after) being used; gradient w.r.t. its initial value
+
+
+@dace.program
+def df_inplace_input(X: f64[N], W: f64[N], S: f64[1]):
+    X[:] = X * 2.0
+    T = np.tanh(X) * X
+    X[:] = T + X * W
+    for i in dace.map[0:N]:
+        S[0] += X[i] * W[i]
+
+
+def _t_inplace_input(X, W, S, **_):
+    X1 = X * 2.0
+    T = torch.tanh(X1) * X1
+    X2 = T + X1 * W
+    return _sum_into(S, (X2 * W).sum())
+
+
+def _i_inplace_input(rng):
+    n = _SIZES["N"]
+    return {"X": rng.normal(size=n), "W": rng.normal(size=n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 12. explicit tasklets with two outputs
+
+
+@dace.program
+def df_multi_output_tasklet(X: f64[N], Y: f64[N], P: f64[N], Q: f64[N], S: f64[1]):
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            a << X[i]
+            b << Y[i]
+            c >> P[i]
+            d >> Q[i]
+            c = a * b
+            d = a + sin(b)
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            p << P[i]
+            q << Q[i]
+            s >> S(1, lambda x, y: x + y)[0]
+            s = p * q + exp(q) * 0.25
+
+
+def _t_multi_output_tasklet(X, Y, S, **_):
+    P = X * Y
+    Q = X + torch.sin(Y)
+    return _sum_into(S, (P * Q + torch.exp(Q) * 0.25).sum())
+
+
+def _i_multi_output_tasklet(rng):
+    n = _SIZES["N"]
+    return {"X": rng.normal(size=n), "Y": rng.normal(size=n), "P": _z(n), "Q": _z(n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 13. several states in sequence: a reduced value is read back by later computations; S is reset first
+
+
+@dace.program
+def df_states_sequence(X: f64[N], Y: f64[N], s: f64[1], S: f64[1]):
+    for i in dace.map[0:N]:
+        s[0] += X[i] * X[i]
+    Y[:] = X / np.sqrt(s[0] + 1.0)
+    Y[0] = Y[N - 1] * Y[1] + Y[0]
+    Y[1:N] = Y[0:N - 1] * 0.5 + Y[1:N]
+    s[0] = Y[0] + s[0]
+    S[0] = 0.0
+    for i in dace.map[0:N]:
+        S[0] += np.sin(Y[i]) * X[i]
+    S[0] = S[0] * s[0]
+
+
+def _t_states_sequence(X, Y, s, S, **_):
+    s1 = s[0] + (X * X).sum()
+    Y1 = X / torch.sqrt(s1 + 1.0)
+    Y2 = torch.cat([(Y1[-1] * Y1[1] + Y1[0]).reshape(1), Y1[1:]])
+    Y3 = torch.cat([Y2[0:1], Y2[:-1] * 0.5 + Y2[1:]])
+    s2 = Y3[0] + s1
+    return (torch.sin(Y3) * X).sum() * s2
+
+
+def _i_states_sequence(rng):
+    n = _SIZES["N"]
+    # S holds garbage on entry (it is reset by the program); s starts at zero.
+    return {"X": rng.normal(size=n), "Y": _z(n), "s": _z(1), "S": rng.normal(size=1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 14. one array read many times, in many expressions
+
+
+@dace.program
+def df_read_many(X: f64[N], S: f64[1]):
+    T = X * X + X * np.sin(X) + X / (1.0 + X * X) + np.exp(-X * X) * X
+    for i in dace.map[0:N]:
+        S[0] += T[i] * X[i] + X[i]
+
+
+def _t_read_many(X, S, **_):
+    T = X * X + X * torch.sin(X) + X / (1.0 + X * X) + torch.exp(-X * X) * X
+    return _sum_into(S, (T * X + X).sum())
+
+
+def _i_read_many(rng):
+    return {"X": rng.normal(size=_SIZES["N"]), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 15. explicitly allocated transients filled by maps
+
+
+@dace.program
+def df_transients(A: f64[N, M], S: f64[1]):
+    T = np.ndarray([N, M], dtype=np.float64)
+    U = np.ndarray([N], dtype=np.float64)
+    for i, j in dace.map[0:N, 0:M]:
+        T[i, j] = np.tanh(A[i, j]) * A[i, j]
+    for i in dace.map[0:N]:
+        U[i] = T[i, 0] + T[i, M - 1] * 2.0
+    for i, j in dace.map[0:N, 0:M]:
+        S[0] += T[i, j] * U[i]
+
+
+def _t_transients(A, S, **_):
+    T = torch.tanh(A) * A
+    U = T[:, 0] + T[:, -1] * 2.0
+    return _sum_into(S, (T * U[:, None]).sum())
+
+
+def _i_transients(rng):
+    return {"A": rng.normal(size=(_SIZES["N"], _SIZES["M"])), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 16. nested dace.map: matrix-vector product with WCR into y, then a nonlinear reduction
+
+
+@dace.program
+def df_nested_map(A: f64[N, M], x: f64[M], y: f64[N], S: f64[1]):
+    for i in dace.map[0:N]:
+        for j in dace.map[0:M]:
+            y[i] += A[i, j] * x[j]
+    for i in dace.map[0:N]:
+        S[0] += np.tanh(y[i])
+
+
+def _t_nested_map(A, x, y, S, **_):
+    return _sum_into(S, torch.tanh(y + A @ x).sum())
+
+
+def _i_nested_map(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n, m)) * 0.5, "x": rng.normal(size=m), "y": _z(n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 17. 2-D five-point stencil written with shifted slices (no loops), applied twice
+
+
+@dace.program
+def df_stencil_2d(A: f64[N, M], B: f64[N, M], S: f64[1]):
+    B[1:N - 1, 1:M - 1] = 0.2 * (A[1:N - 1, 1:M - 1] + A[0:N - 2, 1:M - 1] + A[2:N, 1:M - 1]
+                                 + A[1:N - 1, 0:M - 2] + A[1:N - 1, 2:M])
+    C = np.sin(B)
+    for i, j in dace.map[1:N - 1, 1:M - 1]:
+        S[0] += C[i, j] * (C[i - 1, j] + C[i + 1, j] + C[i, j - 1] + C[i, j + 1])
+
+
+def _t_stencil_2d(A, B, S, **_):
+    inner = 0.2 * (A[1:-1, 1:-1] + A[:-2, 1:-1] + A[2:, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:])
+    B2 = B.clone()
+    B2[1:-1, 1:-1] = inner
+    C = torch.sin(B2)
+    val = C[1:-1, 1:-1] * (C[:-2, 1:-1] + C[2:, 1:-1] + C[1:-1, :-2] + C[1:-1, 2:])
+    return _sum_into(S, val.sum())
+
+
+def _i_stencil_2d(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    # B's border is never written by the program: it keeps its (nonzero) initial values.
+    return {"A": rng.normal(size=(n, m)), "B": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 18. row softmax without library nodes: max via a WCR-max tasklet, sum via WCR-sum
+
+
+@dace.program
+def df_softmax_wcr(X: f64[N, M], W: f64[N, M], S: f64[1]):
+    mx = np.ndarray([N], dtype=np.float64)
+    den = np.ndarray([N], dtype=np.float64)
+    for i in dace.map[0:N]:
+        mx[i] = -1e300
+        den[i] = 0.0
+    for i, j in dace.map[0:N, 0:M]:
+        with dace.tasklet:
+            a << X[i, j]
+            o >> mx(1, lambda x, y: max(x, y))[i]
+            o = a
+    E = np.ndarray([N, M], dtype=np.float64)
+    for i, j in dace.map[0:N, 0:M]:
+        E[i, j] = np.exp(X[i, j] - mx[i])
+    for i, j in dace.map[0:N, 0:M]:
+        den[i] += E[i, j]
+    for i, j in dace.map[0:N, 0:M]:
+        S[0] += E[i, j] / den[i] * W[i, j]
+
+
+def _t_softmax_wcr(X, W, S, **_):
+    E = torch.exp(X - X.max(dim=1, keepdim=True).values)
+    P = E / E.sum(dim=1, keepdim=True)
+    return _sum_into(S, (P * W).sum())
+
+
+def _i_softmax_wcr(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    # distinct entries per row: the row maximum is unique
+    X = np.stack([rng.permutation(m) * 0.7 + rng.uniform(0.0, 0.2, m) for _ in range(n)])
+    return {"X": X, "W": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 19. `of` depends on X and Y only; Z feeds another output. d S / d Z must be all zeros.
+
+
+@dace.program
+def df_partial_dependence(X: f64[N], Y: f64[N], Z: f64[N], Out: f64[N], S: f64[1]):
+    Out[:] = np.exp(Z) * X
+    T = X * Y + np.sin(Y)
+    for i in dace.map[0:N]:
+        S[0] += T[i]
+
+
+def _t_partial_dependence(X, Y, S, **_):
+    return _sum_into(S, (X * Y + torch.sin(Y)).sum())
+
+
+def _i_partial_dependence(rng):
+    n = _SIZES["N"]
+    return {"X": rng.normal(size=n), "Y": rng.normal(size=n), "Z": rng.normal(size=n), "Out": _z(n),
+            "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 20-23. library nodes: np.sum, np.mean, np.sum(axis=...), np.max
+
+
+@dace.program
+def df_lib_sum(X: f64[N], Y: f64[N], S: f64[1]):
+    S[0] = np.sum(np.exp(X) * Y)
+
+
+def _t_lib_sum(X, Y, **_):
+    return (torch.exp(X) * Y).sum()
+
+
+def _i_lib_sum(rng):
+    n = _SIZES["N"]
+    return {"X": rng.normal(size=n), "Y": rng.normal(size=n), "S": _z(1)}
+
+
+@dace.program
+def df_lib_mean(A: f64[N, M], S: f64[1]):
+    S[0] = np.mean(A * np.sin(A))
+
+
+def _t_lib_mean(A, **_):
+    return (A * torch.sin(A)).mean()
+
+
+def _i_lib_mean(rng):
+    return {"A": rng.normal(size=(_SIZES["N"], _SIZES["M"])), "S": _z(1)}
+
+
+@dace.program
+def df_lib_sum_axis(A: f64[N, M], v: f64[M], S: f64[1]):
+    r = np.sum(A * A, axis=0)
+    c = np.sum(A, axis=1)
+    S[0] = np.sum(r * v) + np.sum(np.tanh(c))
+
+
+def _t_lib_sum_axis(A, v, **_):
+    return ((A * A).sum(dim=0) * v).sum() + torch.tanh(A.sum(dim=1)).sum()
+
+
+def _i_lib_sum_axis(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n, m)), "v": rng.normal(size=m), "S": _z(1)}
+
+
+@dace.program
+def df_lib_softmax(X: f64[N, M], W: f64[N, M], S: f64[1]):
+    mx = np.max(X, axis=1)
+    E = np.exp(X - mx[:, np.newaxis])
+    den = np.sum(E, axis=1)
+    P = E / den[:, np.newaxis]
+    S[0] = np.sum(P * W)
+
+
+def _t_lib_softmax(X, W, **_):
+    return (torch.softmax(X, dim=1) * W).sum()
+
+
+_i_lib_softmax = _i_softmax_wcr
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+_N = {"N": _SIZES["N"]}
+_NM = {"N": _SIZES["N"], "M": _SIZES["M"]}
+
+CASES: list[Case] = [
+    Case("df_elementwise_chain", df_elementwise_chain, _t_elementwise_chain, ("X",), "S",
+         _i_elementwise_chain, _N, "exp/sin/tanh/sqrt chain, map-WCR sum"),
+    Case("df_log_pow", df_log_pow, _t_log_pow, ("X", "Y"), "S", _i_log_pow, _N,
+         "log, x**3, x**1.5, x**y on positive inputs"),
+    Case("df_abs_max_min", df_abs_max_min, _t_abs_max_min, ("X", "Y"), "S", _i_abs_max_min, _N,
+         "abs, maximum, minimum, relu away from kinks"),
+    Case("df_div_sigmoid", df_div_sigmoid, _t_div_sigmoid, ("A", "B"), "S", _i_div_sigmoid, _N,
+         "division, negation, sigmoid"),
+    Case("df_wcr_2d", df_wcr_2d, _t_wcr_2d, ("A", "B"), "S", _i_wcr_2d, _NM,
+         "2-D map, tasklet writes S with WCR directly"),
+    Case("df_broadcast", df_broadcast, _t_broadcast, ("A", "v", "w", "alpha"), "S", _i_broadcast, _NM,
+         "row-vector + matrix, matrix * column vector, alpha[0] * array"),
+    Case("df_slices", df_slices, _t_slices, ("A", "B"), "S", _i_slices, _NM,
+         "shifted windows A[1:N-1], A[0:N-2], A[2:N]; columns B[:, 0], B[:, M-1]"),
+    Case("df_strided", df_strided, _t_strided, ("X", "Y"), "S", _i_strided, {"H": _SIZES["H"]},
+         "strided reads X[::2], X[1::2], strided write Y[::3] (Y partly kept)"),
+    Case("df_overwrite_transient", df_overwrite_transient, _t_overwrite_transient, ("X",), "S",
+         _i_overwrite_transient, _N, "transient written, read, overwritten, read again"),
+    Case("df_overwrite_output", df_overwrite_output, _t_overwrite_output, ("X",), "S",
+         _i_overwrite_output, _N, "output array written, read, overwritten, read again"),
+    Case("df_inplace_input", df_inplace_input, _t_inplace_input, ("X", "W"), "S", _i_inplace_input, _N,
+         "input X[:] = X * 2 in place before use, then overwritten again"),
+    Case("df_multi_output_tasklet", df_multi_output_tasklet, _t_multi_output_tasklet, ("X", "Y"), "S",
+         _i_multi_output_tasklet, _N, "explicit tasklet with two outputs; explicit WCR tasklet"),
+    Case("df_states_sequence", df_states_sequence, _t_states_sequence, ("X",), "S", _i_states_sequence, _N,
+         "3 states: reduction read back, element and shifted-slice self-updates, S reset/accumulated/scaled"),
+    Case("df_read_many", df_read_many, _t_read_many, ("X",), "S", _i_read_many, _N,
+         "one array read by many expressions"),
+    Case("df_transients", df_transients, _t_transients, ("A",), "S", _i_transients, _NM,
+         "np.ndarray transients filled by maps"),
+    Case("df_nested_map", df_nested_map, _t_nested_map, ("A", "x"), "S", _i_nested_map, _NM,
+         "map nested in map, matvec with WCR into y, tanh reduction"),
+    Case("df_stencil_2d", df_stencil_2d, _t_stencil_2d, ("A", "B"), "S", _i_stencil_2d, _NM,
+         "5-point stencil by shifted slices; B's border comes from the input"),
+    Case("df_softmax_wcr", df_softmax_wcr, _t_softmax_wcr, ("X", "W"), "S", _i_softmax_wcr, _NM,
+         "row softmax, max by WCR-max tasklet, sum by WCR-sum, no library nodes"),
+    Case("df_partial_dependence", df_partial_dependence, _t_partial_dependence, ("X", "Y", "Z"), "S",
+         _i_partial_dependence, _N, "S independent of Z: gradient w.r.t. Z is zero"),
+    Case("df_lib_sum", df_lib_sum, _t_lib_sum, ("X", "Y"), "S", _i_lib_sum, _N,
+         "S[0] = np.sum(...) (Reduce library node)"),
+    Case("df_lib_mean", df_lib_mean, _t_lib_mean, ("A",), "S", _i_lib_mean, _NM, "np.mean over a matrix"),
+    Case("df_lib_sum_axis", df_lib_sum_axis, _t_lib_sum_axis, ("A", "v"), "S", _i_lib_sum_axis, _NM,
+         "np.sum along axis 0 and axis 1, then np.sum"),
+    Case("df_lib_softmax", df_lib_softmax, _t_lib_softmax, ("X", "W"), "S", _i_lib_softmax, _NM,
+         "row softmax with np.max / np.sum library reductions"),
+]
+
+CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

@@ -1,5 +1,7 @@
 """Running SDFGs: content-addressed compilation, fast calls, argument validation, DLPack."""
 
+from gradflow.runtime.calling import Kernel, Runner
 from gradflow.runtime.compile import cache_root, compile_sdfg
+from gradflow.runtime.plan import ArgSpec, CallPlan, plan_for
 
-__all__ = ["cache_root", "compile_sdfg"]
+__all__ = ["ArgSpec", "CallPlan", "Kernel", "Runner", "cache_root", "compile_sdfg", "plan_for"]

@@ -1,0 +1,163 @@
+"""The fast call path: a compiled SDFG's entry points called through ctypes with prebuilt arguments.
+
+`CompiledSDFG.__call__` rebuilds and type-converts its whole argument vector on every call (~90 us). Here a
+`Kernel` binds `__program_<name>`, `__dace_init_<name>` and `__dace_exit_<name>` once, with ctypes argument
+types taken from the `CallPlan`, so a call passes plain Python integers (tensor `data_ptr()`s and symbol
+values) and costs about as much as `CompiledSDFG.fast_call`.
+
+DaCe's state (persistent transients, symbol-sized allocations made at init) belongs to an init handle that
+was created for particular symbol values, so a `Kernel` keeps one handle per tuple of init-symbol values and
+finalizes all of them when it is collected. Calls on one kernel are serialised by a lock when the SDFG
+keeps memory in its state (persistent/global transients), which concurrent calls must not share.
+
+`Runner` is the validated, general entry point for arrays by name (numpy or torch, zero-copy): it checks
+every argument (`gradflow.runtime.validate`), infers the symbols, and caches per signature (shapes and
+dtypes) everything that does not depend on the data pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from typing import Any, Mapping
+
+import dace
+import numpy as np
+import torch
+from dace.codegen.compiled_sdfg import CompiledSDFG
+
+from gradflow.core.errors import ArgumentError, GradflowError
+from gradflow.core.graph import Graph
+from gradflow.runtime.compile import compile_sdfg
+from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL, CallPlan, plan_for
+from gradflow.runtime.validate import check_array, check_symbol_range, data_pointer, dtype_name, infer_symbols
+
+
+_STATEFUL = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
+             dace.dtypes.AllocationLifetime.External)
+
+
+def entry_point(compiled: CompiledSDFG, symbol: str) -> int:
+    """The address of an exported function of the compiled library."""
+    func = compiled._lib.get_symbol(symbol)  # noqa: SLF001 - DaCe exposes no public accessor
+    return ctypes.cast(func, ctypes.c_void_p).value
+
+
+def library_path(compiled: CompiledSDFG) -> str:
+    """The file the compiled library was loaded from."""
+    return compiled.filename
+
+
+def _finalize_handles(exit_fn: Any, handles: dict, compiled: CompiledSDFG) -> None:
+    # `compiled` is an argument only to keep its library loaded until every handle has been finalized.
+    for handle in list(handles.values()):
+        try:
+            exit_fn(handle)
+        except Exception:  # at interpreter shutdown ctypes may already be gone
+            pass
+    handles.clear()
+
+
+class Kernel:
+    """`__program_<name>` and its init/exit pair, bound with the argument types of a `CallPlan`."""
+
+    def __init__(self, compiled: CompiledSDFG, plan: CallPlan | None = None) -> None:
+        self.compiled = compiled
+        self.plan = plan if plan is not None else plan_for(compiled.sdfg)
+        argtypes = [a.ctypes_type for a in self.plan.args]
+        by_name = {a.name: a for a in self.plan.args}
+        init_types = [by_name[n].ctypes_type for n in self.plan.init_args]
+        self.program = ctypes.CFUNCTYPE(None, ctypes.c_void_p, *argtypes)(
+            entry_point(compiled, self.plan.program_symbol))
+        self._init = ctypes.CFUNCTYPE(ctypes.c_void_p, *init_types)(entry_point(compiled, self.plan.init_symbol))
+        self._exit = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(entry_point(compiled, self.plan.exit_symbol))
+        self._handles: dict[tuple, int] = {}
+        self.lock = threading.Lock()
+        #: False when the SDFG keeps nothing in its state between calls (no persistent, global or external
+        #: transients): then concurrent calls on one handle are safe and need no lock
+        self.stateful = any(
+            desc.transient and desc.lifetime in _STATEFUL for _, _, desc in compiled.sdfg.arrays_recursive())
+        self._finalizer = weakref.finalize(self, _finalize_handles, self._exit, self._handles, compiled)
+
+    def handle(self, init_values: tuple) -> int:
+        """The state handle for these init-symbol values (created on first use)."""
+        handle = self._handles.get(init_values)
+        if handle is None:
+            handle = self._init(*init_values)
+            if not handle:
+                raise GradflowError(f"initialising compiled SDFG '{self.plan.sdfg_name}' failed")
+            self._handles[init_values] = handle
+        return handle
+
+    def handle_for(self, symbols: Mapping[str, int]) -> int:
+        return self.handle(tuple(int(symbols[n]) for n in self.plan.init_args))
+
+    def __call__(self, handle: int, *args: Any) -> None:
+        """Call `__program_<name>(handle, *args)`; `args` in plan order (addresses and numbers)."""
+        if self.stateful:
+            with self.lock:
+                self.program(handle, *args)
+        else:
+            self.program(handle, *args)
+
+    def close(self) -> None:
+        """Finalize every handle now (also done when the kernel is collected)."""
+        self._finalizer()
+
+
+class Runner:
+    """A validated, zero-copy call of a compiled SDFG with numpy arrays or torch tensors by name.
+
+    `runner(X=x, W=w, Y=y)`: arrays are passed by pointer (the SDFG reads and writes their memory), numbers
+    for scalars, symbols inferred from the shapes (or given by name). Every array is checked first.
+    """
+
+    def __init__(self, program: Any) -> None:
+        if isinstance(program, CompiledSDFG):
+            compiled = program
+        else:
+            compiled = compile_sdfg(program if isinstance(program, (dace.SDFG, Graph)) else Graph.of(program))
+        self.kernel = Kernel(compiled)
+        self.plan = self.kernel.plan
+        self._arrays = self.plan.arrays
+        self._signatures: dict[tuple, tuple[dict, int]] = {}
+
+    def __call__(self, **kwargs: Any) -> None:
+        plan = self.plan
+        unknown = set(kwargs) - set(plan.names)
+        if unknown:
+            raise ArgumentError(f"unknown argument(s) {', '.join(sorted(unknown))}; "
+                                f"'{plan.sdfg_name}' takes {', '.join(plan.names)}")
+        for a in self._arrays:
+            value = kwargs.get(a.name)
+            if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
+                check_array(a, value, {})  # raises: names the argument and what it got
+        key = tuple(
+            (tuple(kwargs[a.name].shape), dtype_name(kwargs[a.name])) if a.name in kwargs else None
+            for a in self._arrays
+        ) + tuple((n, kwargs[n]) for n in plan.symbols if n in kwargs)
+        entry = self._signatures.get(key)
+        if entry is None:
+            missing = [a.name for a in plan.args if a.kind != SYMBOL and a.name not in kwargs]
+            if missing:
+                raise ArgumentError(f"missing argument(s) {', '.join(missing)} of '{plan.sdfg_name}'")
+            fixed = {n: int(kwargs[n]) for n in plan.symbols if n in kwargs}
+            symbols = infer_symbols([(a, tuple(kwargs[a.name].shape)) for a in self._arrays],
+                                    plan.symbols, fixed)
+            check_symbol_range(symbols, (plan,))
+            entry = (symbols, self.kernel.handle_for(symbols))
+        symbols, handle = entry
+        for a in self._arrays:  # cheap per call; the data may change between calls with equal shapes
+            check_array(a, kwargs[a.name], symbols)
+        self._signatures[key] = entry
+        args = []
+        for a in plan.args:
+            if a.kind == ARRAY:
+                args.append(data_pointer(kwargs[a.name]))
+            elif a.kind == SCALAR:
+                value = kwargs[a.name]
+                args.append(value.item() if hasattr(value, "item") else value)
+            else:
+                args.append(symbols[a.name])
+        self.kernel(handle, *args)

@@ -1,0 +1,147 @@
+"""Argument validation before any native call.
+
+DaCe passes a raw pointer to the compiled code and checks neither dtype nor strides of a torch tensor: a
+float64 tensor given for a float32 array is silently reinterpreted. Everything that reaches a native call in
+gradflow has gone through `check_array` (or the code the C++ generator emits from the same `ArgSpec`), which
+raises an `ArgumentError` that names the argument and what is wrong with it.
+
+Checked: kind (array vs. number), dtype, rank, every extent (constant, symbol, or expression of symbols,
+with each symbol consistent across all arguments), device (CPU), layout (strided), strides (element strides
+equal to the SDFG descriptor's, so a transposed or sliced tensor is caught), and torch's lazy negation /
+conjugation views (whose memory does not hold the logical values).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from gradflow.core.errors import ArgumentError
+from gradflow.runtime.plan import ARRAY, ArgSpec
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return TORCH_DTYPES[name]
+
+
+def dtype_name(array: Any) -> str:
+    """The numpy-style dtype name of a torch tensor or numpy array."""
+    if isinstance(array, torch.Tensor):
+        return DTYPE_NAMES.get(array.dtype, str(array.dtype).replace("torch.", ""))
+    return np.dtype(array.dtype).name
+
+
+def element_strides(array: Any) -> tuple[int, ...]:
+    if isinstance(array, torch.Tensor):
+        return tuple(array.stride())
+    item = array.dtype.itemsize
+    return tuple(s // item for s in array.strides)
+
+
+def data_pointer(array: Any) -> int:
+    """The address of the first element (no copy)."""
+    if isinstance(array, torch.Tensor):
+        return array.data_ptr()
+    return int(array.__array_interface__["data"][0])
+
+
+def _fail(name: str, problem: str, hint: str = "") -> ArgumentError:
+    return ArgumentError(f"argument '{name}': {problem}", hint)
+
+
+def infer_symbols(
+    given: Sequence[tuple[ArgSpec, Sequence[int]]],
+    needed: Iterable[str],
+    fixed: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Symbol values from the shapes of the given arrays; every extent is then checked against them.
+
+    `given` pairs each array's spec with the shape of the value passed for it. A symbol is fixed by the first
+    dimension that is exactly that symbol; all other occurrences (and expressions) must agree.
+    """
+    symbols: dict[str, int] = dict(fixed or {})
+    source: dict[str, str] = {k: "the symbols given" for k in symbols}
+    for spec, shape in given:
+        if len(shape) != spec.ndim:
+            raise _fail(
+                spec.name,
+                f"expected {spec.ndim} dimension(s) of shape ({', '.join(d.py for d in spec.shape)}), "
+                f"got {len(shape)} with shape {tuple(shape)}",
+            )
+        for axis, (dim, extent) in enumerate(zip(spec.shape, shape)):
+            if dim.symbol is not None and dim.symbol not in symbols:
+                symbols[dim.symbol] = int(extent)
+                source[dim.symbol] = f"dimension {axis} of '{spec.name}'"
+    missing = [s for s in needed if s not in symbols]
+    if missing:
+        raise ArgumentError(
+            f"cannot infer the value of symbol(s) {', '.join(missing)} from the shapes of the arguments",
+            "give them explicitly (symbols={...})",
+        )
+    for spec, shape in given:
+        for axis, (dim, extent) in enumerate(zip(spec.shape, shape)):
+            expected = dim.evaluate(symbols)
+            if expected != int(extent):
+                why = f" ({dim.symbol} = {symbols[dim.symbol]} from {source[dim.symbol]})" if dim.symbol else ""
+                raise _fail(
+                    spec.name,
+                    f"dimension {axis} has extent {extent}, expected {dim.py} = {expected}{why}; "
+                    f"shape ({', '.join(d.py for d in spec.shape)}) got {tuple(shape)}",
+                )
+    return symbols
+
+
+def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, what: str = "argument") -> None:
+    """Raise `ArgumentError` unless `array` can be passed as `spec` without copy and without misreading."""
+    name = spec.name
+    if spec.kind != ARRAY:
+        raise _fail(name, f"is a {spec.kind}, not an array")
+    if isinstance(array, torch.Tensor):
+        if array.layout is not torch.strided:
+            raise _fail(name, f"has layout {array.layout}; compiled SDFGs take dense (strided) tensors",
+                        "call .to_dense() first")
+        if array.device.type != "cpu":
+            raise _fail(name, f"is on device {array.device}; this compiled SDFG runs on the CPU",
+                        "move it with .cpu() first")
+        if array.is_neg() or array.is_conj():
+            raise _fail(name, "is a lazy negation/conjugation view whose memory does not hold its values",
+                        "call .resolve_neg() / .resolve_conj() first")
+    elif not isinstance(array, np.ndarray):
+        raise _fail(name, f"expected a torch.Tensor or numpy.ndarray, got {type(array).__name__}")
+    got = dtype_name(array)
+    if got != spec.dtype:
+        raise _fail(name, f"expected dtype {spec.dtype}, got {got}",
+                    f"convert it (e.g. .to(torch.{spec.dtype})) or create the function with convert=True")
+    shape = tuple(array.shape)
+    expected_shape = tuple(d.evaluate(symbols) for d in spec.shape)
+    if shape != expected_shape:
+        raise _fail(name, f"expected shape {expected_shape}, got {shape}")
+    strides = element_strides(array)
+    expected = tuple(d.evaluate(symbols) for d in spec.strides)
+    if any(e != s for e, s, n in zip(expected, strides, shape) if n > 1):
+        raise _fail(name, f"has strides {strides} (in elements), the compiled SDFG expects {expected}",
+                    "pass a contiguous copy (.contiguous()) or create the function with convert=True")
+
+
+_LIMITS = {"int32": 2**31 - 1, "int64": 2**63 - 1, "int16": 2**15 - 1, "int8": 2**7 - 1}
+
+
+def check_symbol_range(symbols: Mapping[str, int], plans: Iterable[Any]) -> None:
+    """Every symbol value must fit the C type the compiled SDFG takes it as (DaCe uses `int`)."""
+    for plan in plans:
+        for a in plan.args:
+            if a.kind == "symbol" and a.name in symbols:
+                limit = _LIMITS.get(a.dtype)
+                value = int(symbols[a.name])
+                if value < 0 or (limit is not None and value > limit):
+                    raise ArgumentError(f"symbol '{a.name}' = {value} does not fit the compiled SDFG's "
+                                        f"{a.dtype} (or is negative)")

@@ -1,0 +1,111 @@
+"""`gradflow.torch.function`: a compiled forward/backward SDFG pair as a differentiable torch callable."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from gradflow.autodiff.interface import VJPResult
+from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError
+from gradflow.core.graph import Graph, as_sdfg
+from gradflow.runtime.compile import compile_sdfg
+from gradflow.runtime.plan import plan_for
+from gradflow.torch.plan import FunctionPlan, build_plan, default_inputs_outputs, differentiable_inputs
+
+DISPATCHERS = ("ctypes", "cpp")
+
+
+def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] | None,
+            wrt: Sequence[str] | None) -> tuple[VJPResult, list[str], list[str]]:
+    if isinstance(program, VJPResult):
+        ins, outs = default_inputs_outputs(program.forward, outputs or program.of, program.saved)
+        return program, list(inputs) if inputs is not None else ins, outs
+    sdfg = as_sdfg(program)
+    ins, outs = default_inputs_outputs(sdfg, outputs)
+    ins = list(inputs) if inputs is not None else ins
+    if not outs:
+        raise InvalidArgumentError(f"program '{sdfg.name}' returns nothing; name its outputs",
+                                   "gradflow.torch.function(program, inputs=[...], outputs=[...])")
+    try:
+        import gradflow
+        vjp = gradflow.vjp
+    except AttributeError:
+        raise GradflowError("gradflow.vjp is not available in this build; pass a VJPResult instead") from None
+    chosen = list(wrt) if wrt is not None else differentiable_inputs(sdfg, ins)
+    return vjp(sdfg, wrt=chosen, of=outs), ins, outs
+
+
+class Function:
+    """A differentiable torch callable backed by a compiled forward/backward SDFG pair.
+
+    Call it with tensors (and numbers for scalar inputs) in `inputs` order; it returns one tensor for one
+    output, a tuple for several. `plan` is the one description both dispatchers are generated from.
+    """
+
+    def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool) -> None:
+        if dispatcher not in DISPATCHERS:
+            raise InvalidArgumentError(f"unknown dispatcher '{dispatcher}'", f"choose one of {DISPATCHERS}")
+        self.vjp = vjp
+        self.plan = plan
+        self.dispatcher = dispatcher
+        self._arity = len(plan.inputs)
+        self.forward_compiled = compile_sdfg(vjp.forward)
+        self.backward_compiled = compile_sdfg(vjp.backward)
+        for compiled, expected in ((self.forward_compiled, plan.forward), (self.backward_compiled, plan.backward)):
+            if plan_for(compiled.sdfg) != expected:  # compilation must not change the calling convention
+                raise GradflowError(f"the compiled '{expected.sdfg_name}' has another signature than planned")
+        if dispatcher == "ctypes":
+            from gradflow.torch.ctypes_dispatch import make_autograd_function
+
+            self.autograd_function = make_autograd_function(
+                plan, self.forward_compiled, self.backward_compiled, convert)
+            self._call = self.autograd_function.apply
+        else:
+            if convert:
+                raise InvalidArgumentError("convert=True is only supported by the ctypes dispatcher")
+            from gradflow.torch import cpp
+
+            self.extension = cpp.build(plan, self.forward_compiled, self.backward_compiled)
+            self._call = self.extension
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.plan.inputs)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.plan.outputs)
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) != self._arity:
+            raise ArgumentError(f"'{self.plan.name}' takes {self._arity} inputs ({', '.join(self.inputs)}), "
+                                f"got {len(args)}")
+        return self._call(*args)
+
+    def __repr__(self) -> str:
+        return (f"gradflow.torch.Function({self.plan.name}: ({', '.join(self.inputs)}) -> "
+                f"({', '.join(self.outputs)}), dispatcher={self.dispatcher!r})")
+
+
+def function(
+    program: Any,
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    *,
+    wrt: Sequence[str] | None = None,
+    dispatcher: str = "ctypes",
+    convert: bool = False,
+    symbols: Mapping[str, int] | None = None,
+) -> Function:
+    """A torch callable (backed by a `torch.autograd.Function`) for a program.
+
+    `program` is a `VJPResult`, a `dace.SDFG` or a `@dace.program` (then `gradflow.vjp` differentiates it
+    with respect to `wrt`, by default every floating-point input). `inputs` are taken positionally in this
+    order (default: the program's arguments that are not outputs); `outputs` are allocated by gradflow
+    (default: the VJP's `of`, or the program's return values). Symbols are inferred from input shapes;
+    `symbols` fixes those that cannot be. `dispatcher`: `"ctypes"` (Python fast path) or `"cpp"` (generated
+    C++ torch extension). `convert=True` (ctypes only) casts inputs of another floating dtype and copies
+    non-contiguous ones instead of raising `ArgumentError`; gradients come back in the input's dtype.
+    """
+    vjp, ins, outs = _vjp_of(program, inputs, outputs, wrt)
+    plan = build_plan(vjp, ins, outs, symbols)
+    return Function(vjp, plan, dispatcher, convert)

@@ -1,0 +1,121 @@
+"""The call plan, argument validation and the validated zero-copy Runner (ctypes fast path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradflow.core.errors import ArgumentError
+from gradflow.runtime import Runner, compile_sdfg, plan_for
+from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL
+from tests.torch.vjp_programs import scale_rows, square_mul
+
+
+@pytest.fixture(scope="module")
+def sq():
+    vjp = square_mul(name="rt_sqmul")
+    return vjp, Runner(vjp.forward)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    vjp = scale_rows(name="rt_rows")
+    return vjp, Runner(vjp.forward)
+
+
+def test_plan_follows_dace_signature_order(sq):
+    vjp, runner = sq
+    compiled = compile_sdfg(vjp.forward)
+    plan = plan_for(compiled.sdfg)
+    assert plan.names == tuple(compiled.sdfg.signature_arglist(with_types=False))
+    assert [a.kind for a in plan.args] == [ARRAY, ARRAY, ARRAY, ARRAY, SYMBOL]
+    assert plan.init_args == ("N",)
+    assert all(a.default_strides() for a in plan.arrays)
+    assert plan == runner.plan
+
+
+def test_plan_scalars_and_2d(rows):
+    _, runner = rows
+    plan = runner.plan
+    assert plan.arg("alpha").kind == SCALAR and plan.arg("alpha").dtype == "float64"
+    assert [d.py for d in plan.arg("A").shape] == ["N", "M"]
+    assert [d.py for d in plan.arg("A").strides] == ["M", "1"]
+
+
+@pytest.mark.parametrize("make", [torch.rand, np.random.rand])
+def test_runner_computes_in_place_without_copies(sq, make):
+    _, runner = sq
+    n = 11
+    X, W = make(n), make(n)
+    if isinstance(X, torch.Tensor):
+        X, W = X.double(), W.double()
+        Y, T = torch.full((n,), -1.0, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    else:
+        Y, T = np.full(n, -1.0), np.zeros(n)
+    before = (Y.data_ptr() if isinstance(Y, torch.Tensor) else Y.ctypes.data)
+    runner(X=X, W=W, Y=Y, T=T)
+    after = (Y.data_ptr() if isinstance(Y, torch.Tensor) else Y.ctypes.data)
+    assert before == after
+    np.testing.assert_allclose(np.asarray(Y), np.asarray(X) * np.asarray(X) * np.asarray(W))
+    np.testing.assert_allclose(np.asarray(T), np.asarray(X) ** 2)
+
+
+def test_runner_handles_several_sizes(rows):
+    _, runner = rows
+    for n, m in ((3, 4), (5, 2), (3, 4)):
+        A, b = torch.rand(n, m, dtype=torch.float64), torch.rand(m, dtype=torch.float64)
+        Z, S = torch.empty(n, m, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+        runner(A=A, b=b, alpha=0.5, Z=Z, S=S)
+        torch.testing.assert_close(Z, 0.5 * A * b)
+        torch.testing.assert_close(S, (A * A).sum(1))
+
+
+def _args(n=6, **over):
+    args = dict(X=torch.rand(n, dtype=torch.float64), W=torch.rand(n, dtype=torch.float64),
+                Y=torch.empty(n, dtype=torch.float64), T=torch.empty(n, dtype=torch.float64))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, needle", [
+    (dict(X=torch.rand(6, dtype=torch.float32)), "expected dtype float64, got float32"),
+    (dict(W=torch.rand(7, dtype=torch.float64)), "dimension 0 has extent 7, expected N = 6"),
+    (dict(W=torch.rand(6, 1, dtype=torch.float64)), "expected 1 dimension(s)"),
+    (dict(X=torch.rand(12, dtype=torch.float64)[::2]), "strides"),
+    (dict(X=torch.empty(6, dtype=torch.float64, device="meta")), "device"),
+    (dict(X=torch.rand(6, dtype=torch.float64).to_sparse()), "layout"),
+    (dict(X=[1.0] * 6), "expected a torch.Tensor or numpy.ndarray"),
+])
+def test_runner_rejects_bad_arguments_by_name(sq, over, needle):
+    _, runner = sq
+    args = _args(**over)
+    bad = next(iter(over))
+    with pytest.raises(ArgumentError) as info:
+        runner(**args)
+    assert f"'{bad}'" in str(info.value)
+    assert needle in str(info.value)
+
+
+def test_runner_rejects_negation_view(sq):
+    _, runner = sq
+    X = torch._neg_view(torch.rand(6, dtype=torch.float64))
+    with pytest.raises(ArgumentError, match="'X'.*negation"):
+        runner(**_args(X=X))
+
+
+def test_runner_missing_and_unknown(sq):
+    _, runner = sq
+    args = _args()
+    del args["T"]
+    with pytest.raises(ArgumentError, match="missing argument.*T"):
+        runner(**args)
+    with pytest.raises(ArgumentError, match="unknown argument.*Q"):
+        runner(**_args(Q=torch.zeros(6)))
+
+
+def test_bad_call_after_good_one_with_same_shapes_is_still_checked(sq):
+    _, runner = sq
+    runner(**_args())
+    with pytest.raises(ArgumentError, match="'Y'.*float64"):
+        runner(**_args(Y=torch.empty(6, dtype=torch.float32)))

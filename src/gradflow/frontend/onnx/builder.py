@@ -1,0 +1,347 @@
+"""The SDFG under construction while an ONNX graph is lowered, and the helpers rules build with.
+
+`Lowering` is private to one run of the `onnx_lower` pass: rules write into it, nobody else sees it.
+It maps ONNX tensor names to `Tensor`s (logical shape, dtype, SDFG array name and/or a value known at
+lowering time). States form one straight chain, one state per ONNX node, so ordering is explicit and no
+two nodes race. Rank-0 tensors are stored as arrays of shape (1,); their element index is "0".
+
+Index expressions and map ranges are strings over map parameters (`p0`, `r0`, ...) and symbols, built
+only from generated names and integers: no ONNX name or attribute string ever reaches them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence, Union
+
+import attrs
+import dace
+import numpy as np
+import sympy
+from dace import symbolic
+
+from gradflow.frontend.onnx.naming import Namer
+
+Dim = Union[int, sympy.Expr]
+
+
+class RuleUnsupported(Exception):
+    """Raised by a rule for a case it does not cover; becomes an `UnsupportedOpError` naming the node."""
+
+
+class NeedsValue(Exception):
+    """A rule needs the value of a tensor at lowering time (a shape, axes, pads...)."""
+
+    def __init__(self, tensor: str) -> None:
+        super().__init__(tensor)
+        self.tensor = tensor
+
+
+def norm_dim(d: Dim) -> Dim:
+    """Integers as `int`, everything else as a simplified SymPy expression."""
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    e = sympy.sympify(d)
+    if e.is_Integer:
+        return int(e)
+    return sympy.simplify(e)
+
+
+def exact_div(a: Dim, b: Dim) -> Dim:
+    """a / b for dims known to divide (integer division on ints, never a float)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b
+    return norm_dim(sympy.sympify(a) / sympy.sympify(b))
+
+
+def dstr(d: Dim) -> str:
+    """A dimension / index expression as a string DaCe parses."""
+    if isinstance(d, (int, np.integer)):
+        return str(int(d))
+    if isinstance(d, str):
+        return d
+    return symbolic.symstr(d)
+
+
+def prod(dims: Iterable[Dim]) -> Dim:
+    out: Dim = 1
+    for d in dims:
+        out = out * d
+    return norm_dim(out)
+
+
+#: Element types without a C++ type, stored (and computed) in a wider one; converted at the call boundary.
+try:
+    import ml_dtypes
+
+    STORAGE = {np.dtype(ml_dtypes.bfloat16): np.dtype(np.float32)}
+except ImportError:  # pragma: no cover
+    STORAGE = {}
+
+
+def storage_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype an SDFG array of logical element type `dtype` has (bfloat16 -> float32)."""
+    dtype = np.dtype(dtype)
+    return STORAGE.get(dtype, dtype)
+
+
+def dace_type(dtype: np.dtype) -> dace.typeclass:
+    dtype = storage_dtype(dtype)
+    if dtype == np.bool_:
+        return dace.bool_
+    return dace.dtypes.typeclass(dtype.type)
+
+
+@attrs.frozen
+class Tensor:
+    """One ONNX value: logical shape, dtype, and where it lives (SDFG array and/or known value)."""
+
+    shape: tuple[Dim, ...] = attrs.field(converter=lambda s: tuple(norm_dim(d) for d in s))
+    dtype: np.dtype = attrs.field(converter=np.dtype)
+    array: str | None = None
+    value: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def phys_shape(self) -> tuple[Dim, ...]:
+        return self.shape if self.shape else (1,)
+
+    def full(self) -> str:
+        return ", ".join(f"0:{dstr(d)}" for d in self.phys_shape)
+
+    def at(self, index: Sequence[str] | None) -> dace.Memlet:
+        """Memlet for one element (`index`, rank-many strings) or the whole array (`None`)."""
+        if index is None:
+            return dace.Memlet(f"{self.array}[{self.full()}]")
+        idx = list(index) if self.shape else ["0"]
+        assert len(idx) == len(self.phys_shape), (idx, self.shape)
+        return dace.Memlet(f"{self.array}[{', '.join(idx)}]")
+
+
+def strides(shape: Sequence[Dim]) -> list[Dim]:
+    out: list[Dim] = []
+    acc: Dim = 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc = norm_dim(acc * d)
+    return out[::-1]
+
+
+def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for k in range(rank):
+        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        not_one = [d for d in dims if not (isinstance(d, int) and d == 1)]
+        if not not_one:
+            out.append(1)
+            continue
+        first = not_one[0]
+        for d in not_one[1:]:
+            if norm_dim(d - first) != 0:
+                raise RuleUnsupported(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+        out.append(first)
+    return tuple(out)
+
+
+def bcast_index(in_shape: Sequence[Dim], out_shape: Sequence[Dim], params: Sequence[str]) -> list[str]:
+    """Index into an input broadcast (numpy rules) to `out_shape`, given the output's map parameters."""
+    off = len(out_shape) - len(in_shape)
+    idx = []
+    for k, d in enumerate(in_shape):
+        o = out_shape[k + off]
+        idx.append("0" if (isinstance(d, int) and d == 1 and not (isinstance(o, int) and o == 1)) else params[k + off])
+    return idx
+
+
+def params(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{k}" for k in range(n)]
+
+
+class Lowering:
+    """Mutable builder state of one lowering (never escapes the pass that owns it)."""
+
+    def __init__(self, name: str, opset: int, namer: Namer) -> None:
+        self.namer = namer
+        self.opset = opset
+        self.sdfg = dace.SDFG(namer("onnx", name))
+        self.prologue = self.sdfg.add_state("prologue", is_start_block=True)
+        self._last = self.prologue
+        self.tensors: dict[str, Tensor] = {}
+        self.init_values: dict[str, np.ndarray] = {}
+        self.params: dict[str, np.ndarray] = {}
+        self.pending_outputs: dict[str, str] = {}  # ONNX name -> reserved non-transient array name
+        self.symbols: dict[str, dace.symbol] = {}
+
+    # -- states -----------------------------------------------------------------------------------
+    def state(self, label: str) -> dace.SDFGState:
+        """A new state after the last one: each node's dataflow runs after its predecessors'."""
+        st = self.sdfg.add_state_after(self._last, self.namer("s", label))
+        self._last = st
+        return st
+
+    # -- symbols ----------------------------------------------------------------------------------
+    def symbol(self, dim_param: str) -> dace.symbol:
+        if dim_param not in self.symbols:
+            name = self.namer("S", dim_param)
+            self.sdfg.add_symbol(name, dace.int64)
+            self.symbols[dim_param] = dace.symbol(name, dace.int64, positive=True)
+        return self.symbols[dim_param]
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return bool(name) and name in self.tensors
+
+    def info(self, name: str) -> Tensor:
+        return self.tensors[name]
+
+    def value(self, name: str) -> np.ndarray:
+        """The value of `name` at lowering time (constants, initializers, folded shape arithmetic)."""
+        t = self.tensors[name]
+        if t.value is not None:
+            return t.value
+        if name in self.init_values:
+            return self.init_values[name]
+        raise NeedsValue(name)
+
+    def get(self, name: str) -> Tensor:
+        """The tensor with an SDFG array (a known value is materialized as a constant array on demand)."""
+        t = self.tensors[name]
+        if t.array is None:
+            t = self._materialize(name, t)
+            self.tensors[name] = t
+        return t
+
+    def _materialize(self, name: str, t: Tensor) -> Tensor:
+        arr = self.namer("c", name)
+        value = np.asarray(t.value)
+        self.sdfg.add_array(arr, t.phys_shape, dace_type(t.dtype), transient=True)
+        out = attrs.evolve(t, array=arr)
+        if value.dtype != object:
+            data = value.astype(t.dtype).astype(storage_dtype(t.dtype))
+            data = np.ascontiguousarray(data.reshape([int(d) for d in t.phys_shape]))
+            self.sdfg.add_constant(arr, data, self.sdfg.arrays[arr])
+            return out
+        # Symbolic values (shape arithmetic over symbols) are written once, in the prologue.
+        flat = value.reshape(-1)
+        lines = [
+            f"{sub('o', out, [str(int(i)) for i in np.unravel_index(k, value.shape)])} = {dstr(norm_dim(v))}"
+            for k, v in enumerate(flat)
+        ]
+        tasklet = self.prologue.add_tasklet(self.namer("sym", name), {}, {"o"}, "\n".join(lines))
+        w = self.prologue.add_write(arr)
+        m = dace.Memlet(f"{arr}[{out.full()}]")
+        m.dynamic = True
+        self.prologue.add_edge(tasklet, "o", w, None, m)
+        return out
+
+    def set(self, name: str, tensor: Tensor) -> None:
+        if name:
+            self.tensors[name] = tensor
+
+    def set_value(self, name: str, value: np.ndarray, dtype: np.dtype | None = None) -> None:
+        value = np.asarray(value)
+        dt = np.dtype(dtype) if dtype is not None else (np.dtype(np.int64) if value.dtype == object else value.dtype)
+        self.set(name, Tensor(value.shape, dt, None, value))
+
+    def output(self, name: str, shape: Sequence[Dim], dtype: np.dtype) -> Tensor:
+        """Allocate the array of node output `name` (non-transient when it is a graph output)."""
+        shape = tuple(norm_dim(d) for d in shape)
+        t = Tensor(shape, dtype)
+        reserved = self.pending_outputs.pop(name, None) if name else None
+        arr = reserved or self.namer("t", name)
+        self.sdfg.add_array(arr, t.phys_shape, dace_type(dtype), transient=reserved is None)
+        t = attrs.evolve(t, array=arr)
+        self.set(name, t)
+        return t
+
+    def temp(self, shape: Sequence[Dim], dtype: np.dtype, hint: str = "tmp") -> Tensor:
+        """A transient array that is no ONNX value (intermediate of a multi-step rule)."""
+        t = Tensor(shape, dtype)
+        arr = self.namer("t", hint)
+        self.sdfg.add_array(arr, t.phys_shape, dace_type(dtype), transient=True)
+        return attrs.evolve(t, array=arr)
+
+    # -- dataflow ---------------------------------------------------------------------------------
+    def map(
+        self,
+        label: str,
+        ranges: Sequence[tuple[str, Dim]],
+        ins: Mapping[str, tuple[Tensor, Sequence[str] | None]],
+        code: str,
+        outs: Mapping[str, tuple[Tensor, Sequence[str] | None, str | None]],
+        *,
+        state: dace.SDFGState | None = None,
+        language: dace.Language = dace.Language.Python,
+        sequential: bool = False,
+    ) -> dace.SDFGState:
+        """One mapped tasklet in a new state. `None` as index means the whole array (indexed in code)."""
+        st = state or self.state(label)
+        if any(isinstance(d, int) and d <= 0 for _, d in ranges) or any(
+            isinstance(d, int) and d == 0 for t, _, _ in outs.values() for d in t.shape
+        ):
+            return st  # empty iteration space: nothing to compute
+        rng = {p: f"0:{dstr(d)}" for p, d in ranges} or {"z0": "0:1"}
+        in_m = {c: t.at(i) for c, (t, i) in ins.items()}
+        out_m = {}
+        for c, (t, i, wcr) in outs.items():
+            m = t.at(i)
+            if wcr:
+                m = dace.Memlet(data=m.data, subset=m.subset, wcr=wcr)
+            if i is None:
+                m.dynamic = True
+            out_m[c] = m
+        kwargs = {}
+        if sequential:
+            kwargs["schedule"] = dace.ScheduleType.Sequential
+        st.add_mapped_tasklet(
+            self.namer("k", label), rng, in_m, code, out_m, language=language, external_edges=True, **kwargs
+        )
+        return st
+
+    def fill(self, label: str, out: Tensor, value_code: str) -> None:
+        p = params("p", out.rank)
+        self.map(label, list(zip(p, out.shape)), {}, f"o = {value_code}", {"o": (out, p, None)})
+
+    def elementwise(
+        self, label: str, code: str, ins: Mapping[str, Tensor], out_name: str, dtype: np.dtype, out_shape=None
+    ) -> Tensor:
+        """`code` assigns connector `res` from connectors named by `ins`, numpy-broadcast over inputs."""
+        shape = broadcast_shapes(*(t.shape for t in ins.values())) if out_shape is None else tuple(out_shape)
+        out = self.output(out_name, shape, dtype)
+        p = params("p", out.rank)
+        self.map(
+            label,
+            list(zip(p, out.shape)),
+            {c: (t, bcast_index(t.shape, out.shape, p)) for c, t in ins.items()},
+            code,
+            {"res": (out, p, None)},
+        )
+        return out
+
+    def copy_indexed(self, label: str, src: Tensor, out: Tensor, src_index: Sequence[str], p: Sequence[str]) -> None:
+        """out[p] = src[src_index(p)] with an affine/integer index known without data."""
+        self.map(label, list(zip(p, out.shape)), {"a": (src, src_index)}, "o = a", {"o": (out, p, None)})
+
+
+def literal_float(v: float) -> str:
+    """A float attribute as tasklet source (repr of a Python float: digits only, or inf/nan)."""
+    f = float(v)
+    if f != f:
+        return "nan"
+    if f in (float("inf"), float("-inf")):
+        return "inf" if f > 0 else "-inf"
+    return repr(f)
+
+
+def sub(conn: str, t: Tensor, index: Sequence[str]) -> str:
+    """Tasklet-code element access through a whole-array connector.
+
+    DaCe drops size-1 dimensions from such a connector's view, so their indices are dropped too; a
+    connector of one element is a plain value.
+    """
+    idx = list(index) if t.shape else ["0"]
+    keep = [i for i, d in zip(idx, t.phys_shape) if not (isinstance(d, int) and d == 1)]
+    return f"{conn}[{', '.join(keep)}]" if keep else conn

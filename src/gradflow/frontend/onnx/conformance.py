@@ -1,0 +1,104 @@
+"""ONNX backend node test cases for the ops gradflow covers, run through `GradflowBackend`.
+
+Cases come from `onnx.backend.test.case.node.collect_testcases` (generated in memory; expected outputs
+computed by ONNX's reference implementation). A case passes when every data set matches with the case's
+own tolerances. Shared by the CI test (a curated subset) and benchmarks/onnx_conformance.py (all cases).
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+import warnings
+from typing import Any
+
+import attrs
+import numpy as np
+
+#: The ops in scope of issue 5 (the frontend lowers more; these are the ones measured).
+OPS_IN_SCOPE = (
+    "Abs Add AveragePool Cast Clip Concat Conv ConvTranspose Cos Div Dropout Erf Exp Expand Flatten Gather "
+    "GatherElements GatherND Gelu Gemm GlobalAveragePool Identity LayerNormalization LeakyRelu Log LogSoftmax "
+    "MatMul Max MaxPool Min Mul Neg Pad Pow Reciprocal ReduceL2 ReduceLogSumExp ReduceMean ReduceSum Relu "
+    "Reshape Resize ScatterElements ScatterND Sigmoid Sin Slice Softmax SoftmaxCrossEntropyLoss Split Sqrt "
+    "Squeeze Sub Tanh Tile TopK Transpose Trilu Unsqueeze Where BatchNormalization Constant Shape ReduceMax "
+    "ReduceMin Softplus Sum CumSum Einsum"
+).split()
+
+
+@functools.cache
+def all_node_cases() -> dict[str, Any]:
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            return {c.name: c for c in node.collect_testcases(None)}
+
+
+def case_op(case: Any) -> str:
+    """The op a node case tests: the op type of its (single, non-expanded) node."""
+    ops = [n.op_type for n in case.model.graph.node]
+    return ops[-1] if len(ops) == 1 else ops[0]
+
+
+def cases_in_scope(ops: tuple[str, ...] = tuple(OPS_IN_SCOPE)) -> dict[str, Any]:
+    """Non-expanded node cases whose tested op is in `ops` (expanded variants test other ops' composition)."""
+    out = {}
+    for name, case in all_node_cases().items():
+        if name.endswith("_expanded") or "_expanded_" in name:
+            continue
+        if len(case.model.graph.node) != 1:
+            continue
+        if case_op(case) in ops:
+            out[name] = case
+    return out
+
+
+@attrs.frozen
+class Outcome:
+    name: str
+    op: str
+    passed: bool
+    reason: str = ""
+
+
+def run_case(case: Any) -> Outcome:
+    """Load the case's model with gradflow and compare every data set against the reference outputs."""
+    from gradflow.frontend.onnx.backend import GradflowBackend
+
+    op = case_op(case)
+    try:
+        rep = GradflowBackend.prepare(case.model, "CPU")
+        for inputs, expected in case.data_sets:
+            inputs = [_as_array(a) for a in inputs]
+            expected = [_as_array(a) for a in expected]
+            outs = rep.run(inputs)
+            if len(outs) != len(expected):
+                return Outcome(case.name, op, False, f"mismatch: {len(outs)} outputs, expected {len(expected)}")
+            for got, want in zip(outs, expected):
+                want = np.asarray(want)
+                got = np.asarray(got)
+                if got.dtype != want.dtype:
+                    return Outcome(case.name, op, False, f"mismatch: dtype {got.dtype} != {want.dtype}")
+                np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
+    except AssertionError as exc:
+        lines = [l for l in str(exc).splitlines() if l.strip()]
+        return Outcome(case.name, op, False, "mismatch: " + " ".join(lines[1:3])[:200])
+    except Exception as exc:  # noqa: BLE001 - every failure is a reported reason
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return Outcome(case.name, op, False, f"{type(exc).__name__}: {msg[:240]}")
+    return Outcome(case.name, op, True)
+
+
+def _as_array(value: Any) -> Any:
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    return value
+
+
+def format_trace(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))[-3000:]

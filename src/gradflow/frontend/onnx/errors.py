@@ -1,0 +1,40 @@
+"""Typed errors of the ONNX frontend (all `GradflowError`s, frozen records, raised unchanged at the edge)."""
+
+from __future__ import annotations
+
+import attrs
+
+from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError
+
+
+@attrs.frozen(eq=False)
+class OnnxError(GradflowError):
+    """Base of the frontend's errors, so callers can catch "anything the ONNX frontend rejected"."""
+
+
+@attrs.frozen(eq=False)
+class MalformedModelError(OnnxError, InvalidArgumentError):
+    """The model cannot be read or `onnx.checker` rejects it; the message carries the checker's text."""
+
+
+@attrs.frozen(eq=False)
+class UnsupportedOpError(OnnxError):
+    """No lowering rule applies to a node: names the op type, the node, its domain and opset version."""
+
+    @classmethod
+    def build(cls, op_type: str, node: str, domain: str, opset: int, why: str = "") -> "UnsupportedOpError":
+        dom = domain or "ai.onnx"
+        text = f"unsupported ONNX op '{op_type}' (domain '{dom}', opset {opset}) at node '{node}'"
+        if why:
+            text += f": {why}"
+        return cls(text, "see docs/onnx.md for the covered ops; register a rule with gradflow.frontend.onnx.onnx_rule")
+
+
+@attrs.frozen(eq=False)
+class DynamicShapeError(UnsupportedOpError):
+    """A value that decides a shape (Reshape's shape, Slice's starts, ...) is computed at run time."""
+
+
+@attrs.frozen(eq=False)
+class InputMismatchError(OnnxError, ArgumentError):
+    """An argument at call time has the wrong dtype, rank or shape for the model's input."""

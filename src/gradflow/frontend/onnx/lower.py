@@ -1,0 +1,275 @@
+"""The `onnx_lower` pass: a placeholder Graph carrying an `OnnxModel` -> the lowered SDFG.
+
+Input: `Graph` whose `meta["onnx_model"]` is an `OnnxModel` (its SDFG is an empty placeholder, untouched).
+Output: a new `Graph` owning the lowered SDFG, with `meta["onnx_signature"]` describing the calling
+convention (which array is which ONNX input/output, initializer values, symbols). Graph inputs and
+initializers (weights) are non-transient arrays, so a later AD pass can differentiate with respect to them;
+the signature carries the weight values so that callers bind them automatically.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+import attrs
+import dace
+import numpy as np
+import onnx
+from returns.result import Failure, Success
+
+from gradflow.core.errors import GradflowError
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.rule_table import RuleTable
+from gradflow.frontend.onnx import fold
+from gradflow.frontend.onnx.builder import (
+    STORAGE, Dim, Lowering, NeedsValue, RuleUnsupported, Tensor, dace_type, params, storage_dtype,
+)
+from gradflow.frontend.onnx.errors import DynamicShapeError, MalformedModelError, UnsupportedOpError
+from gradflow.frontend.onnx.model import OnnxModel
+from gradflow.frontend.onnx.naming import Namer
+from gradflow.frontend.onnx.table import Node, default_table
+
+
+@attrs.frozen(eq=False)
+class InputDecidesShapeError(DynamicShapeError):
+    """Graph inputs whose *values* decide shapes; the program specialises on them at call time."""
+
+    inputs: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Port:
+    """One ONNX graph input/output: its name, the SDFG array holding it ('' for an empty output, which
+    has no array), logical shape and dtype."""
+
+    onnx_name: str
+    array: str
+    shape: tuple[Dim, ...]
+    dtype: np.dtype
+
+
+@attrs.frozen(eq=False)
+class Signature:
+    """Calling convention of a lowered model."""
+
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    params: Mapping[str, np.ndarray] = attrs.field(converter=lambda m: MappingProxyType(dict(m)), repr=False)
+    symbols: tuple[str, ...] = ()
+
+
+#: Element types the lowering handles (DaCe has C++ types for them).
+SUPPORTED_DTYPES = frozenset(
+    np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                          np.uint64, np.float16, np.float32, np.float64)
+) | frozenset(STORAGE)
+
+
+def _elem_dtype(elem_type: int, what: str) -> np.dtype:
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        dtype = None
+    if dtype not in SUPPORTED_DTYPES:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
+        raise UnsupportedOpError(
+            f"{what} has element type {name}, which gradflow does not support",
+            "supported: bool, (u)int8-64, float16/32/64; sequences, optionals and strings are not supported",
+        )
+    return dtype
+
+
+def _value_info_shape(lw: Lowering, vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        raise UnsupportedOpError(f"graph input '{vi.name}' has no shape", "export the model with input shapes")
+    dims: list[Dim] = []
+    for k, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(lw.symbol(d.dim_param or f"{vi.name}_dim{k}"))
+    return tuple(dims)
+
+
+def lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signature]:
+    """Build the SDFG of `model` (a fresh one; nothing shared with the caller)."""
+    proto = model.proto()
+    graph = proto.graph
+    namer = Namer()
+    lw = Lowering(graph.name or "model", model.opset, namer)
+    for sub in graph.node:
+        if sub.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError.build(sub.op_type, sub.name or sub.op_type, sub.domain, _opset_of(proto, sub.domain))
+
+    inits = {t.name: t for t in graph.initializer}
+    init_values = model.initializer_values()
+    inputs: list[Port] = []
+    for vi in graph.input:
+        if vi.name in inits:
+            continue
+        dtype = _elem_dtype(vi.type.tensor_type.elem_type, f"graph input '{vi.name}'")
+        if vi.name in model.bound_inputs:
+            lw.set_value(vi.name, model.bound_inputs[vi.name], dtype)
+            continue
+        shape = _value_info_shape(lw, vi)
+        arr = namer("in", vi.name)
+        t = Tensor(shape, dtype, arr)
+        lw.sdfg.add_array(arr, t.phys_shape, dace_type(dtype))
+        lw.set(vi.name, t)
+        inputs.append(Port(vi.name, arr, t.shape, t.dtype))
+    for name, value in init_values.items():
+        if value.dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedOpError(f"initializer '{name}' has unsupported element type {value.dtype}")
+        lw.init_values[name] = value
+        if value.dtype.kind in "iub":
+            lw.set_value(name, value)  # integer data: shapes, axes, indices; never a weight
+            continue
+        arr = namer("w", name)
+        t = Tensor(value.shape, value.dtype, arr)
+        lw.sdfg.add_array(arr, t.phys_shape, dace_type(value.dtype))
+        lw.params[arr] = value.astype(storage_dtype(value.dtype)).reshape([int(d) for d in t.phys_shape])
+        lw.set(name, t)
+
+    taken = {p.onnx_name for p in inputs} | set(inits) | set(model.bound_inputs)
+    for k, vi in enumerate(graph.output):
+        if vi.name not in taken and vi.name not in lw.pending_outputs:
+            lw.pending_outputs[vi.name] = namer("out", vi.name)
+
+    for proto_node in graph.node:
+        _lower_node(lw, table, Node.of(proto_node, namer("n", proto_node.name or proto_node.op_type), model.opset))
+
+    outputs: list[Port] = []
+    used: set[str] = set()
+    for vi in graph.output:
+        if vi.name not in lw.tensors:
+            raise MalformedModelError(f"graph output '{vi.name}' is never computed")
+        t = lw.tensors[vi.name]
+        if any(isinstance(d, int) and d == 0 for d in t.shape):  # empty output: no array, nothing to write
+            if t.array in lw.sdfg.arrays and not lw.sdfg.arrays[t.array].transient:
+                lw.sdfg.remove_data(t.array, validate=False)
+            outputs.append(Port(vi.name, "", t.shape, t.dtype))
+            continue
+        if t.array is None or lw.sdfg.arrays[t.array].transient or t.array in used or t.array in lw.params or any(
+            p.array == t.array for p in inputs
+        ):
+            src = lw.get(vi.name)
+            arr = namer("out", vi.name)
+            lw.sdfg.add_array(arr, src.phys_shape, dace_type(src.dtype))
+            dst = attrs.evolve(src, array=arr, value=None)
+            p = params("p", src.rank)
+            lw.copy_indexed("output", src, dst, p, p)
+            t = dst
+        used.add(t.array)
+        outputs.append(Port(vi.name, t.array, t.shape, t.dtype))
+    sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())))
+    lw.sdfg.validate()
+    return lw.sdfg, sig
+
+
+def _opset_of(proto: onnx.ModelProto, domain: str) -> int:
+    for imp in proto.opset_import:
+        if imp.domain == domain:
+            return int(imp.version)
+    return 0
+
+
+def _try_fold(lw: Lowering, node: Node) -> bool:
+    """Evaluate `node` now when all its inputs are known values (see `fold`); False when it must be lowered."""
+    if node.op_type in fold.NO_FOLD or not node.outputs:
+        return False
+    present = [n for n in node.inputs if n]
+    if not all(lw.has(n) and lw.tensors[n].value is not None for n in present):
+        return False
+    if node.op_type == "Constant" or not present and node.op_type not in ("ConstantOfShape",):
+        return False  # handled by rules (Constant) / nothing to fold
+    values = [lw.tensors[n].value if n else None for n in node.inputs]
+    if any(v is not None and np.asarray(v).dtype == object for v in values):
+        folder = fold.SYMBOLIC.get(node.op_type)
+        if folder is None:
+            return False
+        try:
+            out = folder(node, values)
+        except Exception:
+            return False
+        lw.set_value(node.outputs[0], fold.simplify_object(np.asarray(out, dtype=object)))
+        return True
+    onnx_node = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs))
+    onnx_node.attribute.extend(_attrs_proto(node))
+    results = fold.fold_numeric(onnx_node, values, lw.opset)
+    if results is None or any(r.size > fold.MAX_FOLD_ELEMENTS for r in results):
+        return False
+    for name, value in zip(node.outputs, results):
+        lw.set_value(name, value)
+    return True
+
+
+def _attrs_proto(node: Node) -> list[onnx.AttributeProto]:
+    out = []
+    for k, v in node.attrs.items():
+        if isinstance(v, np.ndarray):
+            out.append(onnx.helper.make_attribute(k, onnx.numpy_helper.from_array(v)))
+        else:
+            out.append(onnx.helper.make_attribute(k, v))
+    return out
+
+
+def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
+    where = node.name or f"{node.label} (unnamed)"
+    for name in node.inputs:
+        if name and name not in lw.tensors:
+            raise MalformedModelError(f"node '{where}' ({node.op_type}) reads '{name}', which is not defined before it")
+    try:
+        if _try_fold(lw, node):
+            return
+        rule = table.lookup(node.op_type, node)
+        if rule is None:
+            known = node.op_type in table.keys()
+            why = "no rule applies to its attributes/opset" if known else "no lowering rule for this op"
+            raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, why)
+        rule.fn(lw, node)
+    except RuleUnsupported as exc:
+        raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, str(exc)) from None
+    except NeedsValue as exc:
+        raise InputDecidesShapeError(
+            f"node '{where}' ({node.op_type}) needs the value of '{exc.tensor}' at compile time",
+            "only constants, initializers, shape arithmetic or graph inputs may decide shapes",
+            (exc.tensor,),
+        ) from None
+    for out in node.outputs:
+        if out and out not in lw.tensors:
+            raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, f"output '{out}' not produced")
+
+
+@register_pass
+@attrs.frozen
+class OnnxLower(Pass):
+    """Lower the ONNX model in `graph.meta["onnx_model"]` to an SDFG (the placeholder SDFG is ignored).
+
+    `table` selects the rule table (default: the built-in registry), so users can override or add rules.
+    """
+
+    table: RuleTable | None = None
+    name = "onnx_lower"
+
+    def run(self, graph: Graph) -> PassResult:
+        model = graph.meta.get("onnx_model")
+        if not isinstance(model, OnnxModel):
+            return Failure(
+                UnsupportedOpError(
+                    "onnx_lower needs a Graph with meta['onnx_model'] (an OnnxModel)",
+                    "create it with gradflow.frontend.onnx.model_graph(model)",
+                )
+            )
+        try:
+            sdfg, sig = lower_model(model, self.table or default_table())
+        except GradflowError as err:
+            return Failure(err)
+        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig}))
+
+
+def model_graph(model: OnnxModel) -> Graph:
+    """The placeholder Graph `onnx_lower` consumes: an empty SDFG plus the model in `meta`."""
+    return Graph.adopt(dace.SDFG("onnx_placeholder"), {"onnx_model": model})

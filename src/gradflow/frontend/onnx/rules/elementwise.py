@@ -1,0 +1,216 @@
+"""Elementwise ops. Ops listed under `onnx` in rules/elementwise.toml get their code from that table's
+SymPy formula (printed with `print_code`); the few parametrised ones (LeakyRelu's alpha, Clip's bounds,
+tanh-Gelu) build a SymPy formula from their attributes here and print it the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from gradflow.core.elementwise import ElementwiseEntry, elementwise_table
+from gradflow.core.symbolic import print_code
+from gradflow.frontend.onnx.builder import (
+    Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, params, storage_dtype,
+)
+from gradflow.frontend.onnx.table import Node, onnx_rule
+
+X, Y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
+
+
+def apply_formula(lw: Lowering, node: Node, expr: sympy.Expr, ins: dict[str, Tensor], out: str, dtype=None) -> Tensor:
+    """Lower `res = expr` over numpy-broadcast inputs (connectors named like the free symbols)."""
+    dtype = dtype if dtype is not None else next(iter(ins.values())).dtype
+    return lw.elementwise(node.label, f"res = {print_code(expr)}", ins, out, dtype)
+
+
+def _table_rule(entry: ElementwiseEntry):
+    code = f"res = {print_code(entry.expr)}"
+    args = entry.args
+
+    def rule(lw: Lowering, node: Node) -> None:
+        names = [n for n in node.inputs if n]
+        if len(args) == 1:
+            x = lw.get(names[0])
+            lw.elementwise(node.label, code, {args[0]: x}, node.outputs[0], x.dtype)
+            return
+        # binary formula; variadic ops (Max, Min, Sum) fold left
+        if len(names) == 1:
+            x = lw.get(names[0])
+            lw.elementwise(node.label, "res = x", {"x": x}, node.outputs[0], x.dtype)
+            return
+        acc = lw.get(names[0])
+        for name in names[1:-1]:
+            y = lw.get(name)
+            tmp = lw.temp(broadcast_shapes(acc.shape, y.shape), acc.dtype)
+            _ew_into(lw, node.label, code, {args[0]: acc, args[1]: y}, tmp)
+            acc = tmp
+        lw.elementwise(node.label, code, {args[0]: acc, args[1]: lw.get(names[-1])}, node.outputs[0], acc.dtype)
+
+    rule.__name__ = f"table_{entry.name}"
+    rule.__doc__ = f"ONNX op lowered from the elementwise table entry '{entry.name}' ({entry.formula})."
+    return rule
+
+
+def _ew_into(lw: Lowering, label: str, code: str, ins: dict[str, Tensor], out: Tensor) -> None:
+    """Like `lw.elementwise`, into an existing (temporary) tensor."""
+    p = params("p", out.rank)
+    lw.map(label, list(zip(p, out.shape)), {c: (t, bcast_index(t.shape, out.shape, p)) for c, t in ins.items()},
+           code, {"res": (out, p, None)})
+
+
+for _op, _entry in elementwise_table().by_onnx.items():
+    onnx_rule(_op)(_table_rule(_entry))
+
+
+@onnx_rule("Sum")
+def sum_(lw: Lowering, node: Node) -> None:
+    """Variadic sum: the table's `add` folded over the inputs."""
+    _table_rule(elementwise_table().by_onnx["Add"])(lw, node)
+
+
+@onnx_rule("Mean")
+def mean(lw: Lowering, node: Node) -> None:
+    """Variadic mean: the table's `add` folded over the inputs, then divided by their count."""
+    import attrs
+
+    names = [n for n in node.inputs if n]
+    inner = node.outputs[0] + "\x00sum"  # an internal value name no ONNX graph can hold
+    _table_rule(elementwise_table().by_onnx["Add"])(lw, attrs.evolve(node, outputs=(inner,)))
+    apply_formula(lw, node, X / len(names), {"x": lw.get(inner)}, node.outputs[0])
+
+
+def _f(node: Node, name: str, default: float) -> sympy.Float:
+    return sympy.Float(float(node.attr(name, default)))
+
+
+@onnx_rule("LeakyRelu")
+def leaky_relu(lw: Lowering, node: Node) -> None:
+    alpha = _f(node, "alpha", 0.01)
+    apply_formula(lw, node, sympy.Piecewise((X, X >= 0), (alpha * X, True)), {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("Elu")
+def elu(lw: Lowering, node: Node) -> None:
+    alpha = _f(node, "alpha", 1.0)
+    expr = sympy.Piecewise((X, X >= 0), (alpha * (sympy.exp(X) - 1), True))
+    apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("Selu")
+def selu(lw: Lowering, node: Node) -> None:
+    alpha, gamma = _f(node, "alpha", 1.67326319217681884765625), _f(node, "gamma", 1.05070102214813232421875)
+    expr = gamma * sympy.Piecewise((X, X > 0), (alpha * (sympy.exp(X) - 1), True))
+    apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("Celu")
+def celu(lw: Lowering, node: Node) -> None:
+    alpha = _f(node, "alpha", 1.0)
+    expr = sympy.Max(0, X) + sympy.Min(0, alpha * (sympy.exp(X / alpha) - 1))
+    apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("HardSigmoid")
+def hard_sigmoid(lw: Lowering, node: Node) -> None:
+    alpha, beta = _f(node, "alpha", 0.2), _f(node, "beta", 0.5)
+    expr = sympy.Max(0, sympy.Min(1, alpha * X + beta))
+    apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("HardSwish")
+def hard_swish(lw: Lowering, node: Node) -> None:
+    expr = X * sympy.Max(0, sympy.Min(1, X / 6 + sympy.Rational(1, 2)))
+    apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("Softsign")
+def softsign(lw: Lowering, node: Node) -> None:
+    apply_formula(lw, node, X / (1 + sympy.Abs(X)), {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("ThresholdedRelu")
+def thresholded_relu(lw: Lowering, node: Node) -> None:
+    alpha = _f(node, "alpha", 1.0)
+    apply_formula(lw, node, sympy.Piecewise((X, X > alpha), (0, True)), {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("Gelu", priority=1, applies=lambda n: n.attr("approximate", "none") == "tanh")
+def gelu_tanh(lw: Lowering, node: Node) -> None:
+    """Gelu(approximate='tanh'); the exact Gelu comes from the elementwise table."""
+    c = sympy.sqrt(2 / sympy.pi)
+    expr = X / 2 * (1 + sympy.tanh(c * (X + sympy.Float(0.044715) * X**3)))
+    apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
+
+
+@onnx_rule("Clip")
+def clip(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    expr: sympy.Expr = X
+    ins = {"x": x}
+    if node.opset < 11:
+        lo, hi = node.attr("min"), node.attr("max")
+        if lo is not None:
+            expr = sympy.Max(expr, sympy.Float(lo))
+        if hi is not None:
+            expr = sympy.Min(expr, sympy.Float(hi))
+    else:
+        for k, (conn, fn) in enumerate((("lo", sympy.Max), ("hi", sympy.Min)), start=1):
+            if node.input(k):
+                ins[conn] = lw.get(node.input(k))
+                expr = fn(expr, sympy.Symbol(conn, real=True))
+    apply_formula(lw, node, expr, ins, node.outputs[0], x.dtype)
+
+
+_CMP = {"Equal": "==", "Less": "<", "LessOrEqual": "<=", "Greater": ">", "GreaterOrEqual": ">="}
+for _op, _sym in _CMP.items():
+    def _cmp(lw: Lowering, node: Node, _sym=_sym) -> None:
+        lw.elementwise(node.label, f"res = (x {_sym} y)", {"x": lw.get(node.inputs[0]), "y": lw.get(node.inputs[1])},
+                       node.outputs[0], np.bool_)
+    onnx_rule(_op)(_cmp)
+
+_LOGIC = {"And": "(x and y)", "Or": "(x or y)", "Xor": "(x != y)"}
+for _op, _code in _LOGIC.items():
+    def _logic(lw: Lowering, node: Node, _code=_code) -> None:
+        lw.elementwise(node.label, f"res = {_code}", {"x": lw.get(node.inputs[0]), "y": lw.get(node.inputs[1])},
+                       node.outputs[0], np.bool_)
+    onnx_rule(_op)(_logic)
+
+
+@onnx_rule("Not")
+def not_(lw: Lowering, node: Node) -> None:
+    lw.elementwise(node.label, "res = not x", {"x": lw.get(node.inputs[0])}, node.outputs[0], np.bool_)
+
+
+@onnx_rule("Where")
+def where(lw: Lowering, node: Node) -> None:
+    x, y = lw.get(node.inputs[1]), lw.get(node.inputs[2])
+    lw.elementwise(node.label, "res = (x if c else y)", {"c": lw.get(node.inputs[0]), "x": x, "y": y},
+                   node.outputs[0], x.dtype)
+
+
+_CASTABLE = frozenset("biuf")
+
+
+@onnx_rule("Cast")
+def cast(lw: Lowering, node: Node) -> None:
+    from onnx import helper
+
+    x = lw.get(node.inputs[0])
+    from gradflow.frontend.onnx.lower import _elem_dtype
+
+    to = _elem_dtype(int(node.attr("to")), "the Cast target")
+    # bfloat16 is stored as float32: a cast to it rounds only where it leaves the graph (docs/onnx.md)
+    if storage_dtype(to).kind not in _CASTABLE or storage_dtype(x.dtype).kind not in _CASTABLE:
+        raise RuleUnsupported(f"cast from {x.dtype} to {to}")
+    code = "res = (x != 0)" if to == np.bool_ else "res = x"
+    lw.elementwise(node.label, code, {"x": x}, node.outputs[0], to)
+
+
+@onnx_rule("CastLike")
+def cast_like(lw: Lowering, node: Node) -> None:
+    import attrs
+    from onnx import helper
+
+    to = lw.info(node.inputs[1]).dtype
+    cast(lw, attrs.evolve(node, attrs={"to": helper.np_dtype_to_tensor_dtype(to)}))

@@ -1,0 +1,135 @@
+"""Contractions: MatMul, Gemm and Einsum all lower to one pattern, a map over every index of the
+contraction whose tasklet multiplies the operands and accumulates into the output with a sum WCR
+(an init state writes zeros, or Gemm's `beta * C`). Broadcast batch dims index 0 in the smaller operand.
+"""
+
+from __future__ import annotations
+
+import string
+
+from gradflow.frontend.onnx.builder import (
+    Dim, Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, literal_float, params,
+)
+from gradflow.frontend.onnx.table import Node, onnx_rule
+
+SUM = "lambda a, b: a + b"
+
+
+def contract(
+    lw: Lowering,
+    label: str,
+    out: Tensor,
+    out_index: list[str],
+    ranges: list[tuple[str, Dim]],
+    operands: list[tuple[Tensor, list[str]]],
+    scale: str = "",
+    init: tuple[str, dict] | None = None,
+) -> None:
+    """out[out_index] (+)= scale * prod(operand[index]) over `ranges`; `init` = (code, ins) for the init map."""
+    p = params("p", out.rank)
+    if init is None:
+        lw.fill(label, out, "0")
+    else:
+        code, ins = init
+        lw.map(label, list(zip(p, out.shape)), {c: (t, bcast_index(t.shape, out.shape, p)) for c, t in ins.items()},
+               code, {"o": (out, p, None)})
+    conns = {f"a{k}": (t, idx) for k, (t, idx) in enumerate(operands)}
+    expr = " * ".join(conns) if conns else "1"
+    if scale:
+        expr = f"{scale} * {expr}"
+    lw.map(label, ranges, conns, f"o = {expr}", {"o": (out, out_index, SUM)})
+
+
+@onnx_rule("MatMul")
+def matmul(lw: Lowering, node: Node) -> None:
+    a, b = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    if a.rank == 0 or b.rank == 0:
+        raise RuleUnsupported("MatMul of a scalar")
+    a_batch = a.shape[:-2] if a.rank >= 2 else ()
+    b_batch = b.shape[:-2] if b.rank >= 2 else ()
+    batch = broadcast_shapes(a_batch, b_batch)
+    bp = params("b", len(batch))
+    k_dim = a.shape[-1]
+    shape = list(batch) + ([a.shape[-2]] if a.rank >= 2 else []) + ([b.shape[-1]] if b.rank >= 2 else [])
+    out = lw.output(node.outputs[0], shape, a.dtype)
+    ranges = list(zip(bp, batch))
+    a_idx = bcast_index(a_batch, batch, bp)
+    b_idx = bcast_index(b_batch, batch, bp)
+    out_idx = list(bp)
+    if a.rank >= 2:
+        ranges.append(("i", a.shape[-2]))
+        a_idx.append("i")
+        out_idx.append("i")
+    if b.rank >= 2:
+        ranges.append(("j", b.shape[-1]))
+        out_idx.append("j")
+    ranges.append(("k", k_dim))
+    a_idx.append("k")
+    b_idx += ["k", "j"] if b.rank >= 2 else ["k"]
+    contract(lw, node.label, out, out_idx, ranges, [(a, a_idx), (b, b_idx)])
+
+
+@onnx_rule("Gemm")
+def gemm(lw: Lowering, node: Node) -> None:
+    a, b = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    ta, tb = node.attr("transA", 0), node.attr("transB", 0)
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    m, k = (a.shape[1], a.shape[0]) if ta else (a.shape[0], a.shape[1])
+    n = b.shape[0] if tb else b.shape[1]
+    out = lw.output(node.outputs[0], [m, n], a.dtype)
+    init = None
+    if node.input(2) and beta != 0.0:
+        init = (f"o = {literal_float(beta)} * c" if beta != 1.0 else "o = c", {"c": lw.get(node.input(2))})
+    contract(
+        lw, node.label, out, ["i", "j"], [("i", m), ("j", n), ("k", k)],
+        [(a, ["k", "i"] if ta else ["i", "k"]), (b, ["j", "k"] if tb else ["k", "j"])],
+        scale=literal_float(alpha) if alpha != 1.0 else "", init=init,
+    )
+
+
+@onnx_rule("Einsum")
+def einsum(lw: Lowering, node: Node) -> None:
+    ops = [lw.get(n) for n in node.inputs if n]
+    eq = str(node.attr("equation")).replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ops):
+        raise RuleUnsupported("equation does not match the number of inputs")
+    free = [c for c in string.ascii_letters if c not in eq]
+    ell_rank = max((t.rank - (len(term) - 3) for term, t in zip(terms, ops) if "..." in term), default=0)
+    ell = free[:ell_rank]
+    dims: dict[str, Dim] = {}
+    op_letters: list[list[str]] = []
+    ell_shapes = []
+    for term, t in zip(terms, ops):
+        if "..." in term:
+            pre, post = term.split("...")
+            n_ell = t.rank - len(pre) - len(post)
+            letters = list(pre) + ell[ell_rank - n_ell:] + list(post)
+            ell_shapes.append(t.shape[len(pre): len(pre) + n_ell])
+        else:
+            letters = list(term)
+        if len(letters) != t.rank:
+            raise RuleUnsupported(f"term {term!r} does not match an input of rank {t.rank}")
+        op_letters.append(letters)
+    ell_dims = broadcast_shapes(*ell_shapes) if ell_shapes else ()
+    for letter, d in zip(ell, ell_dims):
+        dims[letter] = d
+    for letters, t in zip(op_letters, ops):
+        for c, d in zip(letters, t.shape):
+            if c in ell:
+                continue
+            if c not in dims or dims[c] == 1:
+                dims[c] = d
+    if "->" in eq:
+        out_letters = list(rhs.replace("...", "".join(ell))) if "..." in rhs else list(rhs)
+    else:
+        counts = {c: sum(l.count(c) for l in op_letters) for c in dims}
+        out_letters = ell + sorted(c for c in dims if c not in ell and counts[c] == 1)
+    pname = {c: f"e{k}" for k, c in enumerate(dims)}
+    out = lw.output(node.outputs[0], [dims[c] for c in out_letters], ops[0].dtype)
+    operands = []
+    for letters, t in zip(op_letters, ops):
+        idx = ["0" if (d == 1 and dims[c] != 1) else pname[c] for c, d in zip(letters, t.shape)]
+        operands.append((t, idx))
+    contract(lw, node.label, out, [pname[c] for c in out_letters], [(pname[c], dims[c]) for c in dims], operands)

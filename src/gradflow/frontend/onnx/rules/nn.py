@@ -1,0 +1,400 @@
+"""Neural-network ops: convolutions, pooling, batch normalisation, losses, TopK, CumSum.
+
+Windows (Conv, pools) are maps over output position x kernel offset that accumulate with a WCR. Where
+padding can make a read fall outside the input, the tasklet reads the whole input through a dynamic
+memlet and guards the index; without padding the read is a plain affine memlet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from gradflow.frontend.onnx.builder import (
+    Dim, Lowering, RuleUnsupported, Tensor, dstr, literal_float, norm_dim, params, prod, storage_dtype, sub, exact_div,
+)
+from gradflow.frontend.onnx.rules.reduce import kept_shape, reduce_into
+from gradflow.frontend.onnx.table import Node, onnx_rule
+
+SUM = "lambda a, b: a + b"
+
+
+def _floor_div(a: Dim, b: int) -> Dim:
+    if isinstance(a, int):
+        return a // b
+    return norm_dim(sympy.floor(sympy.sympify(a) / b))
+
+
+def _ceil_div(a: Dim, b: int) -> Dim:
+    if isinstance(a, int):
+        return -(-a // b)
+    return norm_dim(sympy.ceiling(sympy.sympify(a) / b))
+
+
+def window(node: Node, spatial: tuple[Dim, ...], kernel: list[int], ceil_mode: bool = False):
+    """Output dims and (begin, end) pads of a sliding window, per ONNX's auto_pad / pads / ceil_mode."""
+    n = len(spatial)
+    strides = list(node.attr("strides", [1] * n) or [1] * n)
+    dil = list(node.attr("dilations", [1] * n) or [1] * n)
+    auto = node.attr("auto_pad", "NOTSET")
+    pads = list(node.attr("pads", [0] * 2 * n) or [0] * 2 * n)
+    begin, end, out = pads[:n], pads[n:], []
+    for k in range(n):
+        eff = (kernel[k] - 1) * dil[k] + 1
+        d = spatial[k]
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            o = _ceil_div(d, strides[k])
+            if not isinstance(o, int):
+                raise RuleUnsupported("auto_pad SAME with symbolic spatial dims")
+            total = max(0, (o - 1) * strides[k] + eff - d)
+            small = total // 2
+            begin[k], end[k] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
+            out.append(o)
+        elif auto == "VALID":
+            begin[k] = end[k] = 0
+            out.append(_floor_div(norm_dim(d - eff), strides[k]) + 1 if isinstance(d, int) else
+                       norm_dim(_floor_div(norm_dim(d - eff), strides[k]) + 1))
+        else:
+            span = norm_dim(d + begin[k] + end[k] - eff)
+            if ceil_mode:
+                o = norm_dim(_ceil_div(span, strides[k]) + 1)
+                if isinstance(o, int) and (o - 1) * strides[k] >= d + begin[k]:
+                    o -= 1
+            else:
+                o = norm_dim(_floor_div(span, strides[k]) + 1)
+            out.append(o)
+    return out, begin, end, strides, dil
+
+
+def _kernel(node: Node, w: Tensor | None, n: int) -> list[int]:
+    ks = node.attr("kernel_shape")
+    if ks is None and w is not None:
+        ks = w.shape[2:]
+    if ks is None or not all(isinstance(k, int) for k in ks):
+        raise RuleUnsupported("kernel shape must be static")
+    return [int(k) for k in ks]
+
+
+@onnx_rule("Conv")
+def conv(lw: Lowering, node: Node) -> None:
+    x, w = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    n = x.rank - 2
+    ks = _kernel(node, w, n)
+    out_sp, begin, end, st, dil = window(node, x.shape[2:], ks)
+    g = int(node.attr("group", 1))
+    M, Cg = w.shape[0], w.shape[1]
+    out = lw.output(node.outputs[0], [x.shape[0], M, *out_sp], x.dtype)
+    op = params("o", n)
+    kp = params("k", n)
+    if node.input(2):
+        b = lw.get(node.input(2))
+        q = params("p", out.rank)
+        lw.map(node.label, list(zip(q, out.shape)), {"b": (b, [q[1]])}, "o = b", {"o": (out, q, None)})
+    else:
+        lw.fill(node.label, out, "0")
+    ch = f"(m // ({dstr(exact_div(M, g))})) * ({dstr(Cg)}) + c" if g != 1 else "c"
+    sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]} - {begin[k]}" for k in range(n)]
+    ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), ("c", Cg), *zip(kp, ks)]
+    padded = any(begin) or any(end)
+    if padded:
+        cond = " and ".join(f"({s}) >= 0 and ({s}) < {dstr(d)}" for s, d in zip(sp, x.shape[2:]))
+        code = f"o = ({sub('x', x, ['n', ch, *sp])} * w) if ({cond}) else 0"
+        ins = {"x": (x, None), "w": (w, ["m", "c", *kp])}
+    else:
+        code = "o = x * w"
+        ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
+    lw.map(node.label, ranges, ins, code, {"o": (out, ["n", "m", *op], SUM)})
+
+
+@onnx_rule("ConvTranspose")
+def conv_transpose(lw: Lowering, node: Node) -> None:
+    """out[n, m, o] = sum x[n, c, i] * w[c, m, k] over o = i*s + k*d - pad (a gather over valid i)."""
+    x, w = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    n = x.rank - 2
+    ks = _kernel(node, w, n)
+    g = int(node.attr("group", 1))
+    st = list(node.attr("strides", [1] * n) or [1] * n)
+    dil = list(node.attr("dilations", [1] * n) or [1] * n)
+    opad = list(node.attr("output_padding", [0] * n) or [0] * n)
+    pads = list(node.attr("pads", [0] * 2 * n) or [0] * 2 * n)
+    auto = node.attr("auto_pad", "NOTSET")
+    spatial = x.shape[2:]
+    if not all(isinstance(d, int) for d in spatial):
+        raise RuleUnsupported("symbolic spatial dims")
+    full = [st[k] * (spatial[k] - 1) + opad[k] + (ks[k] - 1) * dil[k] + 1 for k in range(n)]
+    out_shape = node.attr("output_shape")
+    if out_shape is not None:
+        out_shape = list(out_shape)[-n:]
+        total = [full[k] - out_shape[k] for k in range(n)]
+        if auto == "SAME_UPPER":
+            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+        else:
+            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        out_shape = [spatial[k] * st[k] for k in range(n)]
+        total = [full[k] - out_shape[k] for k in range(n)]
+        if auto == "SAME_UPPER":
+            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+        else:
+            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
+    else:
+        out_shape = [full[k] - pads[k] - pads[k + n] for k in range(n)]
+    begin = pads[:n]
+    C, Mg = x.shape[1], w.shape[1]
+    M = norm_dim(Mg * g)
+    out = lw.output(node.outputs[0], [x.shape[0], M, *out_shape], x.dtype)
+    if node.input(2):
+        b = lw.get(node.input(2))
+        q = params("p", out.rank)
+        lw.map(node.label, list(zip(q, out.shape)), {"b": (b, [q[1]])}, "o = b", {"o": (out, q, None)})
+    else:
+        lw.fill(node.label, out, "0")
+    op, kp = params("o", n), params("k", n)
+    Cg = exact_div(C, g)
+    cf = f"(m // {dstr(Mg)}) * {dstr(Cg)} + c" if g != 1 else "c"
+    lines, conds, idx = [], [], []
+    for k in range(n):
+        lines.append(f"t{k} = {op[k]} + {begin[k]} - {kp[k]} * {dil[k]}")
+        conds.append(f"t{k} >= 0 and t{k} % {st[k]} == 0 and t{k} // {st[k]} < {spatial[k]}")
+        idx.append(f"t{k} // {st[k]}")
+    xr, wr = sub("x", x, ["n", cf, *idx]), sub("w", w, [cf, f"m % {dstr(Mg)}", *kp])
+    lines.append(f"o = ({xr} * {wr}) if ({' and '.join(conds)}) else 0")
+    ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_shape), ("c", Cg), *zip(kp, ks)]
+    lw.map(node.label, ranges, {"x": (x, None), "w": (w, None)}, "\n".join(lines), {"o": (out, ["n", "m", *op], SUM)})
+
+
+def _lowest(dtype: np.dtype) -> str:
+    dtype = storage_dtype(dtype)
+    return "-inf" if dtype.kind == "f" else str(int(np.iinfo(dtype).min))
+
+
+@onnx_rule("MaxPool", "AveragePool", "LpPool")
+def pool(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    n = x.rank - 2
+    ks = _kernel(node, None, n)
+    out_sp, begin, end, st, dil = window(node, x.shape[2:], ks, bool(node.attr("ceil_mode", 0)))
+    out = lw.output(node.outputs[0], [x.shape[0], x.shape[1], *out_sp], x.dtype)
+    op, kp = params("o", n), params("k", n)
+    sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]} - {begin[k]}" for k in range(n)]
+    inb = " and ".join(f"({s}) >= 0 and ({s}) < {dstr(d)}" for s, d in zip(sp, x.shape[2:]))
+    ranges = [("n", x.shape[0]), ("c", x.shape[1]), *zip(op, out_sp), *zip(kp, ks)]
+    read = sub("x", x, ["n", "c", *sp])
+    oidx = ["n", "c", *op]
+    if node.op_type == "MaxPool":
+        lw.fill(node.label, out, _lowest(x.dtype))
+        lw.map(node.label, ranges, {"x": (x, None)}, f"o = ({read} if ({inb}) else {_lowest(x.dtype)})",
+               {"o": (out, oidx, "lambda a, b: max(a, b)")})
+        if node.output(1):  # argmax: first in-window position (row-major) holding the maximum
+            ind = lw.output(node.output(1), out.shape, np.int64)
+            lw.fill(node.label, ind, "-1")
+            flat = f"(n) * ({dstr(x.shape[1])}) + c"
+            if node.attr("storage_order", 0):  # column-major over the spatial dims
+                inner = "0"
+                for d, s in reversed(list(zip(x.shape[2:], sp))):
+                    inner = f"({s}) + ({dstr(d)}) * ({inner})"
+                flat = f"({flat}) * ({dstr(prod(x.shape[2:]))}) + {inner}"
+            else:
+                for d, s in zip(x.shape[2:], sp):
+                    flat = f"({flat}) * ({dstr(d)}) + ({s})"
+            lw.map(node.label, ranges, {"x": (x, None), "m": (out, oidx), "ii": (ind, oidx)},
+                   f"io = ({flat}) if (({inb}) and ii < 0 and {read} == m) else ii", {"io": (ind, oidx, None)},
+                   sequential=True)
+        return
+    if node.op_type == "LpPool":
+        pw = int(node.attr("p", 2))
+        acc = lw.temp(out.shape, x.dtype, "lp")
+        lw.fill(node.label, acc, "0")
+        lw.map(node.label, ranges, {"x": (x, None)}, f"o = (abs({read}) ** {pw} if ({inb}) else 0)",
+               {"o": (acc, oidx, SUM)})
+        q = params("p", out.rank)
+        lw.map(node.label, list(zip(q, out.shape)), {"a": (acc, q)}, f"o = a ** (1.0 / {pw})", {"o": (out, q, None)})
+        return
+    acc = lw.temp(out.shape, x.dtype, "sum")
+    cnt = lw.temp(out.shape, x.dtype, "count")
+    lw.fill(node.label, acc, "0")
+    lw.fill(node.label, cnt, "0")
+    if node.attr("count_include_pad", 0):
+        cnt_cond = " and ".join(f"({s}) >= -{b} and ({s}) < {dstr(d)} + {e}" for s, d, b, e in
+                                zip(sp, x.shape[2:], begin, end))
+    else:
+        cnt_cond = inb
+    lw.map(node.label, ranges, {"x": (x, None)},
+           f"o = ({read} if ({inb}) else 0)\nk = (1 if ({cnt_cond}) else 0)",
+           {"o": (acc, oidx, SUM), "k": (cnt, oidx, SUM)})
+    q = params("p", out.rank)
+    lw.map(node.label, list(zip(q, out.shape)), {"a": (acc, q), "b": (cnt, q)}, "o = a / b", {"o": (out, q, None)})
+
+
+@onnx_rule("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    axes = list(range(2, x.rank))
+    shape = kept_shape(x, axes)
+    if node.op_type == "GlobalMaxPool":
+        out = lw.output(node.outputs[0], shape, x.dtype)
+        reduce_into(lw, node.label, x, axes, True, "max", out)
+        return
+    acc = lw.temp(shape, x.dtype, "sum")
+    reduce_into(lw, node.label, x, axes, True, "sum", acc)
+    out = lw.output(node.outputs[0], shape, x.dtype)
+    q = params("p", out.rank)
+    lw.map(node.label, list(zip(q, shape)), {"a": (acc, q)}, f"o = a / ({dstr(prod(x.shape[2:]))})", {"o": (out, q, None)})
+
+
+@onnx_rule("BatchNormalization")
+def batch_norm(lw: Lowering, node: Node) -> None:
+    """Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias (running statistics)."""
+    training = bool(node.attr("training_mode", 0)) if node.opset >= 14 else any(node.output(k) for k in (1, 2, 3, 4))
+    if training:
+        batch_norm_training(lw, node)
+        return
+    x, s, b, m, v = (lw.get(node.inputs[k]) for k in range(5))
+    eps = literal_float(node.attr("epsilon", 1e-5))
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    p = params("p", x.rank)
+    c = [p[1]] if x.rank > 1 else ["0"]
+    lw.map(node.label, list(zip(p, x.shape)),
+           {"x": (x, p), "s": (s, c), "b": (b, c), "m": (m, c), "v": (v, c)},
+           f"o = (x - m) / sqrt(v + {eps}) * s + b", {"o": (out, p, None)})
+
+
+@onnx_rule("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
+    """loss[n, d] = -w[t] * log_softmax(x)[n, t, d] with t = label[n, d] (0 where t == ignore_index)."""
+    x, lab = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    wt = lw.get(node.input(2)) if node.input(2) else None
+    red = node.attr("reduction", "mean")
+    ignore = node.attr("ignore_index")
+    axes = [1]
+    keep = kept_shape(x, axes)
+    kidx = lambda idx: ["0" if k == 1 else q for k, q in enumerate(idx)]  # noqa: E731
+    mx = lw.temp(keep, x.dtype, "max")
+    reduce_into(lw, node.label, x, axes, True, "max", mx)
+    s = lw.temp(keep, x.dtype, "sum")
+    reduce_into(lw, node.label, x, axes, True, "sum", s, "exp(a - m)", {"m": (mx, kidx)})
+    p = params("p", x.rank)
+    if node.output(1):
+        logp = lw.output(node.output(1), x.shape, x.dtype)
+    else:
+        logp = lw.temp(x.shape, x.dtype, "logp")
+    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (mx, kidx(p)), "s": (s, kidx(p))},
+           "o = a - m - log(s)", {"o": (logp, p, None)})
+    lp = params("p", lab.rank)
+    full_idx = [lp[0], "t", *lp[1:]]
+    ok = f"t != {int(ignore)}" if ignore is not None else "True"
+    ins = {"lp": (logp, None), "t": (lab, lp)}
+    if wt is not None:
+        ins["w"] = (wt, None)
+        wexpr = sub("w", wt, ["t"])
+    else:
+        wexpr = "1.0"
+    per = lw.output(node.outputs[0], lab.shape, x.dtype) if red == "none" else lw.temp(lab.shape, x.dtype, "loss")
+    wsum = lw.temp(lab.shape, x.dtype, "weight")
+    lw.map(node.label, list(zip(lp, lab.shape)), ins,
+           f"o = (-{wexpr} * {sub('lp', logp, full_idx)}) if ({ok}) else 0\nv = {wexpr} if ({ok}) else 0",
+           {"o": (per, lp, None), "v": (wsum, lp, None)})
+    if red == "none":
+        return
+    out = lw.output(node.outputs[0], (), x.dtype)
+    total = lw.temp((), x.dtype, "total")
+    reduce_into(lw, node.label, per, list(range(lab.rank)), False, "sum", total)
+    if red == "sum":
+        lw.map(node.label, [], {"a": (total, ["0"])}, "o = a", {"o": (out, ["0"], None)})
+        return
+    wtot = lw.temp((), x.dtype, "wtotal")
+    reduce_into(lw, node.label, wsum, list(range(lab.rank)), False, "sum", wtot)
+    lw.map(node.label, [], {"a": (total, ["0"]), "b": (wtot, ["0"])}, "o = a / b", {"o": (out, ["0"], None)})
+
+
+@onnx_rule("TopK")
+def topk(lw: Lowering, node: Node) -> None:
+    """Per slice along `axis`: K rounds of selecting the best unused element (ties: lower index first)."""
+    x = lw.get(node.inputs[0])
+    axis = node.attr("axis", -1) % x.rank
+    K = int(np.asarray(lw.value(node.inputs[1])).reshape(-1)[0]) if node.opset >= 10 else int(node.attr("k"))
+    largest = node.attr("largest", 1)
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise RuleUnsupported("TopK along a symbolic axis")
+    shape = list(x.shape)
+    shape[axis] = K
+    vals = lw.output(node.outputs[0], shape, x.dtype)
+    inds = lw.output(node.outputs[1], shape, np.int64) if node.output(1) else lw.temp(shape, np.int64, "idx")
+    p = params("p", x.rank)
+    outer = [(q, d) for k, (q, d) in enumerate(zip(p, x.shape)) if k != axis]
+
+    def at(conn: str, t: Tensor, j: str) -> str:
+        return sub(conn, t, [j if k == axis else q for k, q in enumerate(p)])
+
+    better = ">" if largest else "<"
+    code = f"""
+for t in range({K}):
+    best = -1
+    for j in range({n}):
+        used = False
+        for u in range(t):
+            if {at('ii', inds, 'u')} == j:
+                used = True
+        if not used:
+            if best < 0:
+                best = j
+            elif {at('a', x, 'j')} {better} {at('a', x, 'best')}:
+                best = j
+    {at('vo', vals, 't')} = {at('a', x, 'best')}
+    {at('io', inds, 't')} = best
+    {at('ii', inds, 't')} = best
+"""
+    lw.map(node.label, outer, {"a": (x, None), "ii": (inds, None)}, code.strip(),
+           {"vo": (vals, None, None), "io": (inds, None, None)}, sequential=True)
+
+
+@onnx_rule("CumSum")
+def cumsum(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    axis = int(np.asarray(lw.value(node.inputs[1])).reshape(-1)[0]) % x.rank
+    excl, rev = node.attr("exclusive", 0), node.attr("reverse", 0)
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    lw.fill(node.label, out, "0")
+    p = params("p", x.rank)
+    j = p[axis]
+    cmp = (">" if excl else ">=") if rev else ("<" if excl else "<=")
+    src = list(p)
+    src[axis] = "r"
+    lw.map(node.label, [*zip(p, x.shape), ("r", x.shape[axis])], {"a": (x, src)},
+           f"o = (a if (r {cmp} {j}) else 0)", {"o": (out, p, SUM)})
+
+
+def batch_norm_training(lw: Lowering, node: Node) -> None:
+    """Training mode: normalise with the batch statistics (biased variance); running stats are updated
+    as running * momentum + batch * (1 - momentum)."""
+    if node.opset < 14:
+        raise RuleUnsupported("training-mode BatchNormalization before opset 14")
+    x, s, b, rm, rv = (lw.get(node.inputs[k]) for k in range(5))
+    eps = literal_float(node.attr("epsilon", 1e-5))
+    mom = literal_float(node.attr("momentum", 0.9))
+    axes = [k for k in range(x.rank) if k != 1]
+    keep = kept_shape(x, axes)
+    count = dstr(prod(x.shape[k] for k in axes))
+    kidx = lambda idx: ["0" if k != 1 else q for k, q in enumerate(idx)]  # noqa: E731
+    total = lw.temp(keep, x.dtype, "sum")
+    reduce_into(lw, node.label, x, axes, True, "sum", total)
+    mean = lw.temp(keep, x.dtype, "mean")
+    kp = params("p", x.rank)
+    lw.map(node.label, list(zip(kp, keep)), {"a": (total, kp)}, f"o = a / ({count})", {"o": (mean, kp, None)})
+    sq = lw.temp(keep, x.dtype, "sq")
+    reduce_into(lw, node.label, x, axes, True, "sum", sq, "(a - m) * (a - m)", {"m": (mean, kidx)})
+    var = lw.temp(keep, x.dtype, "var")
+    lw.map(node.label, list(zip(kp, keep)), {"a": (sq, kp)}, f"o = a / ({count})", {"o": (var, kp, None)})
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    p = params("p", x.rank)
+    lw.map(node.label, list(zip(p, x.shape)),
+           {"x": (x, p), "s": (s, [p[1]]), "b": (b, [p[1]]), "m": (mean, kidx(p)), "v": (var, kidx(p))},
+           f"o = (x - m) / sqrt(v + {eps}) * s + b", {"o": (out, p, None)})
+    c = params("c", 1)
+    for k, (running, batch) in enumerate(((rm, mean), (rv, var)), start=1):
+        if node.output(k):
+            res = lw.output(node.output(k), running.shape, x.dtype)
+            lw.map(node.label, list(zip(c, running.shape)),
+                   {"r": (running, c), "a": (batch, ["0" if j != 1 else c[0] for j in range(x.rank)])},
+                   f"o = r * {mom} + a * (1 - {mom})", {"o": (res, c, None)})

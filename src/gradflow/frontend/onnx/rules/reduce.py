@@ -1,0 +1,212 @@
+"""Reductions and the normalisations built from them (Softmax, LogSoftmax, LayerNormalization).
+
+A reduction is an init map (identity, or the first element along the reduced axes for max/min, which is
+exact for every dtype) followed by a map over the input that accumulates into the output with a WCR.
+Composite ops are sequences of these helpers, mirroring their ONNX function definitions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gradflow.frontend.onnx.builder import Dim, Lowering, Tensor, dstr, params, prod
+from gradflow.frontend.onnx.rules.tensor import axes_of
+from gradflow.frontend.onnx.table import Node, onnx_rule
+
+WCR = {"sum": "lambda a, b: a + b", "prod": "lambda a, b: a * b", "max": "lambda a, b: max(a, b)",
+       "min": "lambda a, b: min(a, b)"}
+
+
+def kept_shape(x: Tensor, axes: list[int]) -> tuple[Dim, ...]:
+    return tuple(1 if k in axes else d for k, d in enumerate(x.shape))
+
+
+def out_shape(x: Tensor, axes: list[int], keepdims: bool) -> tuple[Dim, ...]:
+    return kept_shape(x, axes) if keepdims else tuple(d for k, d in enumerate(x.shape) if k not in axes)
+
+
+def reduce_into(lw: Lowering, label: str, x: Tensor, axes: list[int], keepdims: bool, op: str, out: Tensor,
+                pre: str = "a", extra: dict | None = None) -> None:
+    """out = reduce_op over `axes` of pre(x) (`pre` is code over connector `a` and the `extra` connectors)."""
+    p = params("p", x.rank)
+    out_idx = ["0" if k in axes else q for k, q in enumerate(p)] if keepdims else [q for k, q in enumerate(p) if k not in axes]
+    if op in ("max", "min"):
+        qo = params("p", out.rank)
+        src, it = [], iter(qo)
+        for k in range(x.rank):
+            src.append("0" if k in axes else (qo[k] if keepdims else next(it)))
+        ins0 = {"a": (x, src)}
+        code0 = f"o = {pre}"
+        for c, (t, idx_fn) in (extra or {}).items():
+            ins0[c] = (t, idx_fn(src))
+        lw.map(label, list(zip(qo, out.shape)), ins0, code0, {"o": (out, qo, None)})
+    else:
+        lw.fill(label, out, "0" if op == "sum" else "1")
+    ins = {"a": (x, p)}
+    for c, (t, idx_fn) in (extra or {}).items():
+        ins[c] = (t, idx_fn(p))
+    lw.map(label, list(zip(p, x.shape)), ins, f"o = {pre}", {"o": (out, out_idx, WCR[op])})
+
+
+def _reduce_axes(lw: Lowering, node: Node, x: Tensor, attr_until: int) -> list[int] | None:
+    """Axes of a Reduce* node; None = identity (noop_with_empty_axes)."""
+    if node.opset < attr_until:
+        axes = node.attr("axes")
+        axes = [int(a) for a in axes] if axes is not None else None
+    else:
+        axes = axes_of(lw, node, 1)
+    if not axes:
+        if node.attr("noop_with_empty_axes", 0):
+            return None
+        axes = list(range(x.rank))
+    return sorted({a % x.rank for a in axes}) if x.rank else []
+
+
+#: op -> (accumulation, code applied to each element, code applied to the result `r`)
+REDUCTIONS = {
+    "ReduceSum": ("sum", "a", None, 13),
+    "ReduceMean": ("sum", "a", "mean", 18),
+    "ReduceMax": ("max", "a", None, 18),
+    "ReduceMin": ("min", "a", None, 18),
+    "ReduceProd": ("prod", "a", None, 18),
+    "ReduceL1": ("sum", "abs(a)", None, 18),
+    "ReduceL2": ("sum", "a * a", "sqrt(r)", 18),
+    "ReduceSumSquare": ("sum", "a * a", None, 18),
+    "ReduceLogSum": ("sum", "a", "log(r)", 18),
+    "ReduceLogSumExp": ("sum", "exp(a - m)", "log(r) + m", 18),
+}
+
+
+def _empty_value(op: str, dtype: np.dtype) -> str:
+    """The value of a reduction over an empty set (its identity element)."""
+    if op in ("ReduceMax", "ReduceMin"):
+        if dtype == np.bool_:
+            return "False" if op == "ReduceMax" else "True"
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            return str(int(info.min if op == "ReduceMax" else info.max))
+        return "-inf" if op == "ReduceMax" else "inf"
+    if op in ("ReduceLogSum", "ReduceLogSumExp"):
+        return "-inf"
+    if op == "ReduceProd":
+        return "1"
+    if op == "ReduceMean":
+        return "nan"
+    return "0"
+
+
+def reduce_rule(op: str):
+    acc, pre, post, attr_until = REDUCTIONS[op]
+
+    def rule(lw: Lowering, node: Node) -> None:
+        x = lw.get(node.inputs[0])
+        axes = _reduce_axes(lw, node, x, attr_until)
+        keep = bool(node.attr("keepdims", 1))
+        if axes is None:
+            p = params("p", x.rank)
+            out = lw.output(node.outputs[0], x.shape, x.dtype)
+            code = {"ReduceL1": "o = abs(a)", "ReduceL2": "o = abs(a)", "ReduceSumSquare": "o = a * a",
+                    "ReduceLogSum": "o = log(a)", "ReduceLogSumExp": "o = a"}.get(op, "o = a")
+            lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, code, {"o": (out, p, None)})
+            return
+        shape = out_shape(x, axes, keep)
+        if any(isinstance(x.shape[a], int) and x.shape[a] == 0 for a in axes):
+            out = lw.output(node.outputs[0], shape, x.dtype)
+            lw.fill(node.label, out, _empty_value(op, x.dtype))
+            return
+        extra = None
+        if op == "ReduceLogSumExp":
+            m = lw.temp(kept_shape(x, axes), x.dtype, "max")
+            reduce_into(lw, node.label, x, axes, True, "max", m)
+            extra = {"m": (m, lambda idx, axes=axes: [("0" if k in axes else q) for k, q in enumerate(idx)])}
+        if post is None:
+            out = lw.output(node.outputs[0], shape, x.dtype)
+            reduce_into(lw, node.label, x, axes, keep, acc, out, pre, extra)
+            return
+        r = lw.temp(kept_shape(x, axes), x.dtype, "acc")
+        reduce_into(lw, node.label, x, axes, True, acc, r, pre, extra)
+        out = lw.output(node.outputs[0], shape, x.dtype)
+        q = params("p", x.rank)
+        oidx = q if keep else [v for k, v in enumerate(q) if k not in axes]
+        ridx = ["0" if k in axes else v for k, v in enumerate(q)]
+        ranges = [(v, 1 if k in axes else d) for k, (v, d) in enumerate(zip(q, x.shape))]
+        ins = {"r": (r, ridx)}
+        code = post
+        if post == "mean":
+            code = f"r / ({dstr(prod(x.shape[k] for k in axes))})"
+        if extra:
+            ins["m"] = (extra["m"][0], ridx)
+        lw.map(node.label, ranges, ins, f"o = {code}", {"o": (out, oidx, None)})
+
+    rule.__name__ = f"reduce_{op}"
+    return rule
+
+
+for _op in REDUCTIONS:
+    onnx_rule(_op)(reduce_rule(_op))
+
+
+def softmax_like(lw: Lowering, node: Node, log: bool) -> None:
+    x = lw.get(node.inputs[0])
+    if node.opset < 13:
+        axis = node.attr("axis", 1) % x.rank
+        axes = list(range(axis, x.rank))
+    else:
+        axes = [node.attr("axis", -1) % x.rank]
+    keep = kept_shape(x, axes)
+    m = lw.temp(keep, x.dtype, "max")
+    reduce_into(lw, node.label, x, axes, True, "max", m)
+    kidx = lambda idx: ["0" if k in axes else q for k, q in enumerate(idx)]  # noqa: E731
+    s = lw.temp(keep, x.dtype, "sum")
+    reduce_into(lw, node.label, x, axes, True, "sum", s, "exp(a - m)", {"m": (m, kidx)})
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    p = params("p", x.rank)
+    code = "o = a - m - log(s)" if log else "o = exp(a - m) / s"
+    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (m, kidx(p)), "s": (s, kidx(p))}, code,
+           {"o": (out, p, None)})
+
+
+@onnx_rule("Softmax")
+def softmax(lw: Lowering, node: Node) -> None:
+    softmax_like(lw, node, log=False)
+
+
+@onnx_rule("LogSoftmax")
+def log_softmax(lw: Lowering, node: Node) -> None:
+    softmax_like(lw, node, log=True)
+
+
+@onnx_rule("LayerNormalization")
+def layer_norm(lw: Lowering, node: Node) -> None:
+    """Y = (X - mean) * invstd * scale + bias over the axes from `axis` on; Mean / InvStdDev outputs kept."""
+    x = lw.get(node.inputs[0])
+    axis = node.attr("axis", -1) % x.rank
+    eps = float(node.attr("epsilon", 1e-5))
+    axes = list(range(axis, x.rank))
+    keep = kept_shape(x, axes)
+    n = dstr(prod(x.shape[axis:]))
+    kidx = lambda idx: ["0" if k in axes else q for k, q in enumerate(idx)]  # noqa: E731
+    p = params("p", x.rank)
+    kp = params("p", x.rank)
+    kranges = list(zip(kp, keep))
+    s = lw.temp(keep, x.dtype, "sum")
+    reduce_into(lw, node.label, x, axes, True, "sum", s)
+    mean = lw.output(node.output(1), keep, x.dtype) if node.output(1) else lw.temp(keep, x.dtype, "mean")
+    lw.map(node.label, kranges, {"s": (s, kp)}, f"o = s / ({n})", {"o": (mean, kp, None)})
+    v = lw.temp(keep, x.dtype, "var")
+    reduce_into(lw, node.label, x, axes, True, "sum", v, "(a - m) * (a - m)", {"m": (mean, kidx)})
+    inv = lw.output(node.output(2), keep, x.dtype) if node.output(2) else lw.temp(keep, x.dtype, "invstd")
+    lw.map(node.label, kranges, {"v": (v, kp)}, f"o = 1.0 / sqrt(v / ({n}) + {eps!r})", {"o": (inv, kp, None)})
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    from gradflow.frontend.onnx.builder import bcast_index
+
+    ins = {"a": (x, p), "m": (mean, kidx(p)), "r": (inv, kidx(p))}
+    code = "o = (a - m) * r"
+    scale = lw.get(node.inputs[1])
+    ins["g"] = (scale, bcast_index(scale.shape, x.shape, p))
+    code += " * g"
+    if node.input(2):
+        bias = lw.get(node.input(2))
+        ins["b"] = (bias, bcast_index(bias.shape, x.shape, p))
+        code += " + b"
+    lw.map(node.label, list(zip(p, x.shape)), ins, code, {"o": (out, p, None)})

@@ -1,0 +1,467 @@
+"""Data movement ops: constants, shapes, reshapes, indexing, padding, gathers and scatters.
+
+Index maps known without data (reshape, transpose, slice, tile, concat) are memlet subsets, so the
+dataflow stays analysable. Data-dependent reads (Gather*, Pad's reflection, scatters) read the whole
+array through a dynamic memlet and index it in the tasklet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from gradflow.frontend.onnx.builder import (
+    Dim, Lowering, RuleUnsupported, Tensor, broadcast_shapes, dstr, norm_dim, params, prod, strides, sub, exact_div,
+)
+from gradflow.frontend.onnx.table import Node, as_int_list, onnx_rule
+
+BIG = 2**62
+
+
+# -- constants and shapes ---------------------------------------------------------------------------
+@onnx_rule("Constant")
+def constant(lw: Lowering, node: Node) -> None:
+    a = node.attrs
+    if "value" in a:
+        v = np.asarray(a["value"])
+    elif "value_float" in a:
+        v = np.array(a["value_float"], dtype=np.float32)
+    elif "value_floats" in a:
+        v = np.array(a["value_floats"], dtype=np.float32)
+    elif "value_int" in a:
+        v = np.array(a["value_int"], dtype=np.int64)
+    elif "value_ints" in a:
+        v = np.array(a["value_ints"], dtype=np.int64)
+    else:
+        raise RuleUnsupported("only numeric constant values are supported")
+    if v.dtype.kind not in "biuf":
+        raise RuleUnsupported(f"constant of dtype {v.dtype}")
+    lw.set_value(node.outputs[0], v)
+
+
+@onnx_rule("Shape")
+def shape(lw: Lowering, node: Node) -> None:
+    dims = list(lw.info(node.inputs[0]).shape)
+    start, end = node.attr("start", 0), node.attr("end", None)
+    dims = dims[start:end] if end is not None else dims[start:]
+    if all(isinstance(d, int) for d in dims):
+        lw.set_value(node.outputs[0], np.array(dims, dtype=np.int64))
+    else:
+        v = np.empty(len(dims), dtype=object)
+        v[:] = dims
+        lw.set_value(node.outputs[0], v, np.int64)
+
+
+@onnx_rule("Size")
+def size(lw: Lowering, node: Node) -> None:
+    n = prod(lw.info(node.inputs[0]).shape)
+    v = np.array(n, dtype=np.int64) if isinstance(n, int) else np.array(n, dtype=object)
+    lw.set_value(node.outputs[0], v, np.int64)
+
+
+@onnx_rule("ConstantOfShape")
+def constant_of_shape(lw: Lowering, node: Node) -> None:
+    shp = [norm_dim(d) for d in np.asarray(lw.value(node.inputs[0])).reshape(-1)]
+    val = np.asarray(node.attr("value", np.zeros(1, np.float32))).reshape(-1)
+    out = lw.output(node.outputs[0], shp, val.dtype)
+    lw.fill(node.label, out, literal(val[0]))
+
+
+def literal(v) -> str:
+    v = np.asarray(v).item()
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, int):
+        return str(int(v))
+    f = float(v)
+    if np.isnan(f):
+        return "nan"
+    if np.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return repr(f)
+
+
+@onnx_rule("Identity")
+def identity(lw: Lowering, node: Node) -> None:
+    lw.set(node.outputs[0], lw.info(node.inputs[0]))
+
+
+@onnx_rule("Dropout")
+def dropout(lw: Lowering, node: Node) -> None:
+    """Inference dropout is the identity (mask: all true); training mode with ratio > 0 is random."""
+    training = node.input(2) and bool(np.asarray(lw.value(node.input(2))).reshape(-1)[0])
+    if node.opset < 7 and not node.attr("is_test", 0):
+        training = True
+    if training:
+        ratio = float(np.asarray(lw.value(node.input(1))).reshape(-1)[0]) if node.input(1) else node.attr("ratio", 0.5)
+        if ratio != 0.0:
+            raise RuleUnsupported("training-mode dropout (random) is not supported")
+    x = lw.info(node.inputs[0])
+    lw.set(node.outputs[0], x)
+    if node.output(1):
+        mask = lw.output(node.output(1), x.shape, np.bool_)
+        lw.fill(node.label, mask, "True")
+
+
+# -- reshapes ----------------------------------------------------------------------------------------
+def reshape_to(lw: Lowering, node: Node, shape: tuple[Dim, ...]) -> None:
+    """Copy with C-order reinterpretation: out[p] = x[unflatten(flatten(p))]."""
+    x = lw.get(node.inputs[0])
+    if norm_dim(prod(shape) - prod(x.shape)) != 0:
+        raise RuleUnsupported(f"cannot reshape {x.shape} to {shape}")
+    out = lw.output(node.outputs[0], shape, x.dtype)
+    p = params("p", out.rank)
+    lw.copy_indexed(node.label, x, out, reindex(out.shape, x.shape, p), p)
+
+
+def reindex(out_shape, in_shape, p) -> list[str]:
+    """Index of `in_shape` holding the element at `p` of `out_shape` (same C-order element count)."""
+    squeezed_o = [(k, d) for k, d in enumerate(out_shape) if d != 1]
+    squeezed_i = [(k, d) for k, d in enumerate(in_shape) if d != 1]
+    if [d for _, d in squeezed_o] == [d for _, d in squeezed_i]:  # only unit dims differ: direct map
+        idx = ["0"] * len(in_shape)
+        for (ko, _), (ki, _) in zip(squeezed_o, squeezed_i):
+            idx[ki] = p[ko]
+        return idx
+    so, si = strides(out_shape), strides(in_shape)
+    flat = " + ".join(f"{p[k]}*({dstr(s)})" for k, s in enumerate(so)) or "0"
+    idx = []
+    for k, (d, s) in enumerate(zip(in_shape, si)):
+        e = f"(({flat}) // ({dstr(s)}))"
+        idx.append(e if k == 0 else f"({e} % ({dstr(d)}))")
+    return idx
+
+
+@onnx_rule("Reshape")
+def reshape(lw: Lowering, node: Node) -> None:
+    x = lw.info(node.inputs[0])
+    target = list(np.asarray(lw.value(node.inputs[1])).reshape(-1))
+    allowzero = node.attr("allowzero", 0)
+    dims: list = []
+    for k, s in enumerate(target):
+        if isinstance(s, (int, np.integer)) and int(s) == 0 and not allowzero:
+            dims.append(x.shape[k])
+        else:
+            dims.append(norm_dim(s))
+    if any(isinstance(d, int) and d == -1 for d in dims):
+        known = prod(d for d in dims if not (isinstance(d, int) and d == -1))
+        dims = [exact_div(prod(x.shape), known) if (isinstance(d, int) and d == -1) else d for d in dims]
+    reshape_to(lw, node, tuple(dims))
+
+
+@onnx_rule("Flatten")
+def flatten(lw: Lowering, node: Node) -> None:
+    x = lw.info(node.inputs[0])
+    axis = node.attr("axis", 1)
+    axis = axis + x.rank if axis < 0 else axis
+    reshape_to(lw, node, (prod(x.shape[:axis]), prod(x.shape[axis:])))
+
+
+def axes_of(lw: Lowering, node: Node, k: int) -> list[int] | None:
+    """Axes from the `axes` attribute (old opsets) or input `k` (newer opsets); None when absent."""
+    if node.attr("axes") is not None:
+        return [int(a) for a in node.attr("axes")]
+    if node.input(k):
+        return as_int_list(lw.value(node.input(k)))
+    return None
+
+
+@onnx_rule("Squeeze")
+def squeeze(lw: Lowering, node: Node) -> None:
+    x = lw.info(node.inputs[0])
+    axes = axes_of(lw, node, 1)
+    if axes is None:
+        axes = [k for k, d in enumerate(x.shape) if d == 1]
+    axes = {a % x.rank for a in axes}
+    reshape_to(lw, node, tuple(d for k, d in enumerate(x.shape) if k not in axes))
+
+
+@onnx_rule("Unsqueeze")
+def unsqueeze(lw: Lowering, node: Node) -> None:
+    x = lw.info(node.inputs[0])
+    axes = axes_of(lw, node, 1) or []
+    r = x.rank + len(axes)
+    axes = sorted(a % r for a in axes)
+    dims = list(x.shape)
+    for a in axes:
+        dims.insert(a, 1)
+    reshape_to(lw, node, tuple(dims))
+
+
+@onnx_rule("Transpose")
+def transpose(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    perm = node.attr("perm") or list(range(x.rank))[::-1]
+    out = lw.output(node.outputs[0], [x.shape[k] for k in perm], x.dtype)
+    p = params("p", out.rank)
+    idx = [""] * x.rank
+    for k, src in enumerate(perm):
+        idx[src] = p[k]
+    lw.copy_indexed(node.label, x, out, idx, p)
+
+
+# -- slicing -----------------------------------------------------------------------------------------
+def _clamp(v: int, lo: Dim, hi: Dim, d: Dim) -> Dim:
+    """ONNX Slice clamping of a start/end `v` against dim `d` into [lo, hi]."""
+    if isinstance(d, int):
+        if v < 0:
+            v += d
+        lo_i, hi_i = int(lo), int(hi)
+        return min(max(v, lo_i), hi_i)
+    if v >= BIG // 4:
+        return hi
+    if v <= -BIG // 4:
+        return lo
+    return norm_dim(d + v) if v < 0 else v
+
+
+def slice_spec(x: Tensor, starts, ends, axes, steps) -> list[tuple[Dim, Dim, int]]:
+    """Per dim (start, length, step)."""
+    spec: list[tuple[Dim, Dim, int]] = [(0, d, 1) for d in x.shape]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a %= x.rank
+        d = x.shape[a]
+        if st == 0:
+            raise RuleUnsupported("slice step 0")
+        if st > 0:
+            s0, e0 = _clamp(s, 0, d, d), _clamp(e, 0, d, d)
+            length = norm_dim(sympy.ceiling(sympy.Max(0, sympy.sympify(e0) - s0) / st))
+        else:
+            s0, e0 = _clamp(s, 0, norm_dim(d - 1), d), _clamp(e, -1, norm_dim(d - 1), d)
+            if isinstance(d, int) and e < 0 and e + d < 0:
+                e0 = -1
+            length = norm_dim(sympy.ceiling(sympy.Max(0, sympy.sympify(s0) - e0) / (-st)))
+        spec[a] = (s0, length, st)
+    return spec
+
+
+@onnx_rule("Slice")
+def slice_(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    if node.opset < 10:
+        starts, ends = node.attr("starts"), node.attr("ends")
+        axes = node.attr("axes") or list(range(len(starts)))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = as_int_list(lw.value(node.inputs[1])), as_int_list(lw.value(node.inputs[2]))
+        axes = as_int_list(lw.value(node.input(3))) if node.input(3) else list(range(len(starts)))
+        steps = as_int_list(lw.value(node.input(4))) if node.input(4) else [1] * len(starts)
+    spec = slice_spec(x, starts, ends, axes, steps)
+    out = lw.output(node.outputs[0], [length for _, length, _ in spec], x.dtype)
+    p = params("p", out.rank)
+    idx = [f"{dstr(s)} + ({st})*{q}" if (s, st) != (0, 1) else q for (s, _, st), q in zip(spec, p)]
+    lw.copy_indexed(node.label, x, out, idx, p)
+
+
+@onnx_rule("Concat")
+def concat(lw: Lowering, node: Node) -> None:
+    ins = [lw.get(n) for n in node.inputs if n]
+    ins = [t for t in ins if not (t.rank and any(isinstance(d, int) and d == 0 for d in t.shape))] or ins[:1]
+    axis = node.attr("axis") % ins[0].rank
+    total = prod([]) * 0
+    for t in ins:
+        total = norm_dim(total + t.shape[axis])
+    shape = list(ins[0].shape)
+    shape[axis] = total
+    out = lw.output(node.outputs[0], shape, ins[0].dtype)
+    offset: Dim = 0
+    for t in ins:
+        p = params("p", t.rank)
+        oidx = list(p)
+        oidx[axis] = f"{p[axis]} + {dstr(offset)}" if offset != 0 else p[axis]
+        lw.map(node.label, list(zip(p, t.shape)), {"a": (t, p)}, "o = a", {"o": (out, oidx, None)})
+        offset = norm_dim(offset + t.shape[axis])
+
+
+@onnx_rule("Split")
+def split(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    axis = node.attr("axis", 0) % x.rank
+    d = x.shape[axis]
+    n_out = len(node.outputs)
+    if node.input(1):
+        sizes = as_int_list(lw.value(node.input(1)))
+    elif node.attr("split") is not None:
+        sizes = [int(s) for s in node.attr("split")]
+    else:
+        if not isinstance(d, int):
+            raise RuleUnsupported("even split of a symbolic dimension")
+        n = node.attr("num_outputs", n_out)
+        chunk = -(-d // n)
+        sizes = [min(chunk, d - k * chunk) for k in range(n)]
+    offset = 0
+    for name, size in zip(node.outputs, sizes):
+        shape = list(x.shape)
+        shape[axis] = size
+        out = lw.output(name, shape, x.dtype)
+        p = params("p", out.rank)
+        idx = list(p)
+        idx[axis] = f"{p[axis]} + {offset}"
+        lw.copy_indexed(node.label, x, out, idx, p)
+        offset += size
+
+
+@onnx_rule("Expand")
+def expand(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    target = [norm_dim(s) for s in np.asarray(lw.value(node.inputs[1])).reshape(-1)]
+    shape = broadcast_shapes(x.shape, target)
+    lw.elementwise(node.label, "res = x", {"x": x}, node.outputs[0], x.dtype, out_shape=shape)
+
+
+@onnx_rule("Tile")
+def tile(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    reps = as_int_list(lw.value(node.inputs[1]))
+    out = lw.output(node.outputs[0], [norm_dim(d * r) for d, r in zip(x.shape, reps)], x.dtype)
+    p = params("p", out.rank)
+    idx = [f"{q} % ({dstr(d)})" if r != 1 else q for q, d, r in zip(p, x.shape, reps)]
+    lw.copy_indexed(node.label, x, out, idx, p)
+
+
+@onnx_rule("Trilu")
+def trilu(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    k = int(np.asarray(lw.value(node.input(1))).reshape(-1)[0]) if node.input(1) else 0
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    p = params("p", out.rank)
+    i, j = p[-2], p[-1]
+    cond = f"({j} - {i} >= {k})" if node.attr("upper", 1) else f"({j} - {i} <= {k})"
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, p)}, f"o = (a if {cond} else 0)", {"o": (out, p, None)})
+
+
+# -- padding -----------------------------------------------------------------------------------------
+@onnx_rule("Pad")
+def pad(lw: Lowering, node: Node) -> None:
+    x = lw.get(node.inputs[0])
+    mode = node.attr("mode", "constant")
+    if node.opset < 11:
+        pads = [int(v) for v in node.attr("pads")]
+        cval = literal(node.attr("value", 0.0))
+        cin = None
+    else:
+        pads = as_int_list(lw.value(node.inputs[1]))
+        cin = lw.get(node.input(2)) if node.input(2) else None
+        cval = "cv" if cin is not None else "0"
+    axes = as_int_list(lw.value(node.input(3))) if node.input(3) else list(range(x.rank))
+    axes = [a % x.rank for a in axes]
+    begin, end = [0] * x.rank, [0] * x.rank
+    for k, a in enumerate(axes):
+        begin[a], end[a] = pads[k], pads[k + len(axes)]
+    out = lw.output(node.outputs[0], [norm_dim(d + b + e) for d, b, e in zip(x.shape, begin, end)], x.dtype)
+    p = params("p", out.rank)
+    lines, idx, inb = [], [], []
+    for k, (q, d, b) in enumerate(zip(p, x.shape, begin)):
+        D = dstr(d)
+        lines.append(f"q{k} = {q} - ({b})")
+        if mode == "constant":
+            inb.append(f"q{k} >= 0 and q{k} < {D}")
+        elif mode == "edge":
+            lines.append(f"q{k} = min(max(q{k}, 0), {D} - 1)")
+        elif mode == "reflect":
+            lines.append(f"q{k} = abs(q{k})")
+            lines.append(f"q{k} = ({D} - 1) - abs({D} - 1 - q{k})")
+        elif mode == "wrap":
+            lines.append(f"q{k} = ((q{k} % {D}) + {D}) % {D}")
+        else:
+            raise RuleUnsupported(f"pad mode {mode!r}")
+        idx.append(f"q{k}")
+    read = sub("a", x, idx)
+    if inb:
+        lines.append(f"o = ({read} if ({' and '.join(inb)}) else {cval})")
+    else:
+        lines.append(f"o = {read}")
+    ins = {"a": (x, None)}
+    if cin is not None:
+        ins["cv"] = (cin, ["0"] * cin.rank)
+    lw.map(node.label, list(zip(p, out.shape)), ins, "\n".join(lines), {"o": (out, p, None)})
+
+
+# -- gathers and scatters ------------------------------------------------------------------------------
+def _fix(i: str, d: Dim) -> str:
+    return f"({i} if {i} >= 0 else {i} + {dstr(d)})"
+
+
+@onnx_rule("Gather")
+def gather(lw: Lowering, node: Node) -> None:
+    x, ind = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    axis = node.attr("axis", 0) % x.rank
+    shape = list(x.shape[:axis]) + list(ind.shape) + list(x.shape[axis + 1:])
+    out = lw.output(node.outputs[0], shape, x.dtype)
+    p = params("p", out.rank)
+    ip = p[axis: axis + ind.rank]
+    src = p[:axis] + [_fix("i", x.shape[axis])] + p[axis + ind.rank:]
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, ip)}, f"o = {sub('a', x, src)}",
+           {"o": (out, p, None)})
+
+
+@onnx_rule("GatherElements")
+def gather_elements(lw: Lowering, node: Node) -> None:
+    x, ind = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    axis = node.attr("axis", 0) % x.rank
+    out = lw.output(node.outputs[0], ind.shape, x.dtype)
+    p = params("p", out.rank)
+    src = list(p)
+    src[axis] = _fix("i", x.shape[axis])
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, p)}, f"o = {sub('a', x, src)}",
+           {"o": (out, p, None)})
+
+
+@onnx_rule("GatherND")
+def gather_nd(lw: Lowering, node: Node) -> None:
+    x, ind = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    b = node.attr("batch_dims", 0)
+    k = ind.shape[-1]
+    if not isinstance(k, int):
+        raise RuleUnsupported("symbolic index depth")
+    shape = list(ind.shape[:-1]) + list(x.shape[b + k:])
+    out = lw.output(node.outputs[0], shape, x.dtype)
+    p = params("p", out.rank)
+    nb = ind.rank - 1
+    ipre = p[:nb]
+    src = p[:b] + [_fix(sub("i", ind, ipre + [str(j)]), x.shape[b + j]) for j in range(k)] + p[nb:]
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, None)}, f"o = {sub('a', x, src)}",
+           {"o": (out, p, None)})
+
+
+def _scatter_update(reduction: str, old: str, new: str) -> str:
+    return {
+        "none": new, "add": f"{old} + {new}", "mul": f"{old} * {new}", "max": f"max({old}, {new})",
+        "min": f"min({old}, {new})",
+    }[reduction]
+
+
+def _copy(lw: Lowering, label: str, x: Tensor, out: Tensor) -> None:
+    p = params("p", out.rank)
+    lw.copy_indexed(label, x, out, p, p)
+
+
+@onnx_rule("ScatterElements", "Scatter")
+def scatter_elements(lw: Lowering, node: Node) -> None:
+    x, ind, upd = (lw.get(n) for n in node.inputs[:3])
+    axis = node.attr("axis", 0) % x.rank
+    red = node.attr("reduction", "none")
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    _copy(lw, node.label, x, out)
+    p = params("p", upd.rank)
+    dst = list(p)
+    dst[axis] = _fix("i", x.shape[axis])
+    st = lw.state(node.label)
+    lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, p), "u": (upd, p), "oi": (out, None)},
+           f"{sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}", {"oo": (out, None, None)},
+           state=st, sequential=True)
+
+
+@onnx_rule("ScatterND")
+def scatter_nd(lw: Lowering, node: Node) -> None:
+    x, ind, upd = (lw.get(n) for n in node.inputs[:3])
+    red = node.attr("reduction", "none")
+    k = ind.shape[-1]
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    _copy(lw, node.label, x, out)
+    p = params("p", upd.rank)
+    nb = ind.rank - 1
+    dst = [_fix(sub("i", ind, p[:nb] + [str(j)]), x.shape[j]) for j in range(k)] + p[nb:]
+    lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, None), "u": (upd, p), "oi": (out, None)},
+           f"{sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}", {"oo": (out, None, None)},
+           sequential=True)

@@ -1,0 +1,106 @@
+"""Lowering behaviour: elementwise ops come from the elementwise table, symbolic shapes, value inputs."""
+
+from __future__ import annotations
+
+import ast
+
+import dace
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from gradflow.core.elementwise import elementwise_table
+from gradflow.core.symbolic import print_code
+from gradflow.frontend.onnx import InputMismatchError, OnnxError, load
+from onnx_testutil import export, reference, single_node_model
+
+F = TensorProto.FLOAT
+TABLE_OPS = sorted(elementwise_table().by_onnx)
+
+
+def _norm(code: str) -> str:
+    return ast.unparse(ast.parse(code.strip()))
+
+
+@pytest.mark.parametrize("op", TABLE_OPS)
+def test_table_elementwise_op_matches_reference(op):
+    """Every ONNX op named in rules/elementwise.toml lowers to its formula and matches ONNX's reference."""
+    entry = elementwise_table().by_onnx[op]
+    names = [f"in{k}" for k in range(len(entry.args))]
+    shapes = [[3, 4], [4]][: len(names)] if len(names) > 1 else [[3, 4]]
+    model = single_node_model(op, [(n, F, s) for n, s in zip(names, shapes)], [("out", F, [3, 4])], opset=20)
+    rng = np.random.default_rng(abs(hash(op)) % 2**32)
+    feeds = {
+        n: rng.uniform(*entry.domain[a], size=s).astype(np.float32) for n, a, s in zip(names, entry.args, shapes)
+    }
+    prog = load(model)
+    codes = [_norm(n.code.as_string) for n, _ in prog.sdfg.all_nodes_recursive() if isinstance(n, dace.nodes.Tasklet)]
+    assert _norm(f"res = {print_code(entry.expr)}") in codes, "tasklet code must be the table's formula"
+    (got,) = prog(*feeds.values())
+    (want,) = reference(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class Flat(torch.nn.Module):
+    def forward(self, x):
+        y = x.reshape(x.shape[0], -1)  # Shape -> Gather -> Concat -> Reshape over a symbolic batch
+        return torch.softmax(y, dim=1) * y.shape[1]
+
+
+def test_shape_arithmetic_over_symbolic_batch():
+    model = export(Flat(), (torch.randn(2, 3, 4),), dynamo=False, input_names=["x"],
+                   dynamic_axes={"x": {0: "batch"}})
+    assert {"Shape", "Reshape"} <= {n.op_type for n in model.graph.node}
+    prog = load(model)
+    assert len(prog.signature.symbols) == 1
+    for batch in (2, 5):
+        x = torch.randn(batch, 3, 4)
+        (got,) = prog(x)
+        torch.testing.assert_close(got, Flat()(x), rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_that_decide_shapes_specialise_per_value():
+    model = single_node_model("Reshape", [("data", F, [2, 6]), ("shape", TensorProto.INT64, [2])],
+                              [("out", F, ["a", "b"])])
+    prog = load(model)
+    assert prog.value_inputs == ("shape",)
+    with pytest.raises(OnnxError, match="decide shapes"):
+        prog.graph
+    data = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for target in ([3, 4], [-1, 2], [12, 1]):
+        shape = np.array(target, dtype=np.int64)
+        (got,) = prog(data, shape)
+        np.testing.assert_array_equal(got, reference(model, {"data": data, "shape": shape})[0])
+    assert prog.specialize({"data": data, "shape": np.array([3, 4])}).graph.sdfg.arrays
+
+
+def test_constants_and_integer_initializers_are_not_weights():
+    w = helper.make_tensor("w", F, [4], [1.0, 2.0, 3.0, 4.0])
+    idx = helper.make_tensor("idx", TensorProto.INT64, [2], [3, 0])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=helper.make_tensor("cv", F, [], [0.5])),
+        helper.make_node("Mul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "c"], ["s"]),
+        helper.make_node("Gather", ["s", "idx"], ["y"], axis=0),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4])],
+                              [helper.make_tensor_value_info("y", F, [2])], initializer=[w, idx])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    prog = load(model)
+    assert list(prog.weights.values())[0].tolist() == [1.0, 2.0, 3.0, 4.0] and len(prog.weights) == 1
+    x = np.array([1, -1, 2, -2], np.float32)
+    np.testing.assert_allclose(prog(x)[0], reference(model, {"x": x})[0])
+
+
+def test_bfloat16_is_computed_in_float32_and_rounded_at_outputs():
+    model = single_node_model("Mul", [("a", TensorProto.BFLOAT16, [5]), ("b", TensorProto.BFLOAT16, [5])],
+                              [("c", TensorProto.BFLOAT16, [5])])
+    prog = load(model)
+    a = torch.tensor([1.5, -2.25, 3.0, 1e-3, 7.0], dtype=torch.bfloat16)
+    b = torch.tensor([0.3, 1.7, -2.1, 5.0, 1.01], dtype=torch.bfloat16)
+    (c,) = prog(a, b)
+    assert c.dtype == torch.bfloat16
+    assert torch.equal(c, a * b)  # one rounding of the float32 product, as torch does
+    with pytest.raises(InputMismatchError, match="dtype"):
+        prog(a.float(), b.float())

@@ -18,7 +18,7 @@ from gradflow.core.errors import NotDifferentiableError
 
 @attrs.frozen
 class Op:
-    """One operation of a state. Ids are `state.node_id(node)`; edges are (src id, dst id, edge index)."""
+    """One operation of a state; node ids are `state.node_id(node)`."""
 
     kind: str  # "map" | "tasklet" | "copy" | "library" | "nested" | "other"
     nodes: frozenset[int]  # compute nodes of the op (empty for a copy)
@@ -51,7 +51,7 @@ def decompose(state: SDFGState) -> list[Op]:
         if e.src not in boundary and e.dst not in boundary:
             groups.add_edge(e.src, e.dst)
 
-    ops: list[tuple[Op, list]] = []
+    ops: list[Op] = []
     for component in nx.connected_components(groups):
         members = list(component)
         tops = [n for n in members if scope[n] is None and not isinstance(n, nd.ExitNode)]
@@ -64,35 +64,35 @@ def decompose(state: SDFGState) -> list[Op]:
         reads = sorted({state.node_id(e.src) for n in members for e in state.in_edges(n) if e.src in boundary})
         writes = sorted({state.node_id(e.dst) for n in members for e in state.out_edges(n) if e.dst in boundary})
         op = Op(_kind(head), frozenset(state.node_id(n) for n in members), tuple(reads), tuple(writes), str(head))
-        ops.append((op, members))
+        ops.append(op)
     for e in state.edges():
         if e.src in boundary and e.dst in boundary:
             op = Op("copy", frozenset(), (state.node_id(e.src),), (state.node_id(e.dst),), f"copy {e.src}->{e.dst}")
-            ops.append((op, []))
+            ops.append(op)
 
     # Order: op A before op B when A writes an access node that B reads.
     order = nx.DiGraph()
     order.add_nodes_from(range(len(ops)))
     writer_of: dict[int, list[int]] = {}
-    for i, (op, _) in enumerate(ops):
+    for i, op in enumerate(ops):
         for w in op.writes:
             writer_of.setdefault(w, []).append(i)
-    for j, (op, _) in enumerate(ops):
+    for j, op in enumerate(ops):
         for r in op.reads:
             for i in writer_of.get(r, []):
                 if i != j:
                     order.add_edge(i, j)
     # Access nodes of the same array ordered by a path (read-before-write through another node) also order ops.
-    for j, (op, _) in enumerate(ops):
+    for j, op in enumerate(ops):
         for r in op.reads:
-            for i, (other, _) in enumerate(ops):
+            for i, other in enumerate(ops):
                 if i == j:
                     continue
                 for w in other.writes:
                     if w != r and state.node(w).data == state.node(r).data and nx.has_path(state.nx, state.node(r), state.node(w)):
                         order.add_edge(j, i)
     try:
-        sequence = list(nx.lexicographical_topological_sort(order, key=lambda i: ops[i][0].label))
+        sequence = list(nx.lexicographical_topological_sort(order, key=lambda i: ops[i].label))
     except nx.NetworkXUnfeasible:
         raise NotDifferentiableError(f"state '{state.label}': operations form a cycle") from None
-    return [ops[i][0] for i in sequence]
+    return [ops[i] for i in sequence]

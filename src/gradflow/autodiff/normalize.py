@@ -100,9 +100,11 @@ def _split_state(state: SDFGState) -> None:
             mapped[original] = nd.AccessNode(original.data)
             new.add_node(mapped[original])
         for e in state.edges():
-            if e.src in mapped and e.dst in mapped and (e.src in members or e.dst in members or op.kind == "copy"):
-                if op.kind == "copy" and not (state.node_id(e.src) in op.reads and state.node_id(e.dst) in op.writes):
-                    continue
+            if op.kind == "copy":
+                belongs = state.node_id(e.src) in op.reads and state.node_id(e.dst) in op.writes
+            else:
+                belongs = e.src in members or e.dst in members
+            if belongs:
                 new.add_edge(mapped[e.src], e.src_conn, mapped[e.dst], e.dst_conn, e.data)
         for node in members:
             if isinstance(node, nd.NestedSDFG):

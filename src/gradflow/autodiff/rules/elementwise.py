@@ -47,11 +47,16 @@ def _contributions(ef: ElementFunction, ctx: ReverseContext, where: str):
     return gouts, contrib
 
 
+def _used_symbols(contrib: dict[int, sympy.Expr]) -> set[sympy.Symbol]:
+    """The symbols the reverse code reads: forward input values and output gradients."""
+    return set().union(*(c.free_symbols for c in contrib.values()))
+
+
 class ElementwiseReverse:
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         ef = _element_function(site)
         _, contrib = _contributions(ef, ctx, site.op.label)
-        used = set().union(*(c.free_symbols for c in contrib.values())) if contrib else set()
+        used = _used_symbols(contrib)
         return frozenset(p.array for p in ef.inputs if p.symbol in used)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
@@ -83,10 +88,8 @@ class ElementwiseReverse:
         inputs: dict[str, dace.Memlet] = {}
         outputs: dict[str, dace.Memlet] = {}
         lines: list[tuple[str, sympy.Expr]] = []
-        used = set()
-        for expr in contrib.values():
-            used |= expr.free_symbols
-        for j, port in enumerate(ef.inputs):
+        used = _used_symbols(contrib)
+        for port in ef.inputs:
             if port.symbol in used:
                 inputs[port.symbol.name] = dace.Memlet(f"{ctx.value_of(site.index, port.array)}[{port.subset}]")
         for i in gouts:
@@ -97,13 +100,13 @@ class ElementwiseReverse:
             name = f"__gin{j}"
             lines.append((name, contrib[j]))
             outputs[name] = dace.Memlet(f"{ctx.grad_of(port.array)}[{port.subset}]", wcr=SUM)
-        for n, (key, i) in enumerate(sorted(overwritten.items())):
+        for n, key in enumerate(sorted(overwritten)):
             name = f"__gset{n}"
             lines.append((name, assigned.get(key, sympy.Integer(0))))
             outputs[name] = dace.Memlet(f"{ctx.grad_of(key[0])}[{key[1]}]")
         if not outputs:
             return
-        code = assignments_code([(n, e) for n, e in lines])
+        code = assignments_code(lines)
         state = ctx.new_state(f"reverse_{site.state.label}")
         ranges = map_ranges(ef.map_entry) if in_map else None
         add_element_tasklet(state, f"rev_{site.op.label}", ranges, inputs, code, outputs)

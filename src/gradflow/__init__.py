@@ -1,7 +1,8 @@
 """gradflow: reverse-mode automatic differentiation of DaCe SDFGs as pure graph rewriting.
 
-Public API: `grad`, `vjp`, `value_and_grad` (functional AD), `Graph`, `Pass`, `Pipeline` (custom pipelines),
-and the typed errors. Everything else is reachable through the subpackages.
+Public API: `grad`, `vjp`, `value_and_grad` (functional AD), the forwarding policies (`STORE_ALL`,
+`RECOMPUTE_ALL`, `recompute`, `Forwarding`), `Graph`, `Pass`, `Pipeline` (custom pipelines),
+the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is reachable through the subpackages.
 """
 
 from gradflow.core import (
@@ -10,6 +11,7 @@ from gradflow.core import (
     GradflowError,
     Graph,
     InvalidArgumentError,
+    LoopBoundError,
     NoRuleError,
     NotDifferentiableError,
     Pass,
@@ -20,13 +22,18 @@ from gradflow.core import (
 )
 
 from gradflow.api import grad, value_and_grad, vjp
+from gradflow.autodiff.forwarding import RECOMPUTE_ALL, STORE_ALL, Forwarding, recompute
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import ad_pipeline
+
+import gradflow.onnx  # noqa: E402,F401  - `gradflow.onnx.load`; registers the `onnx_lower` pass
 
 __version__ = "0.1.0"
 
 __all__ = [
     "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline",
-    "ArgumentError", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError", "NoRuleError",
+    "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
+    "ArgumentError", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError", "LoopBoundError",
+    "NoRuleError",
     "NotDifferentiableError", "Pass", "Pipeline", "UnknownArrayError", "register_pass", "registered_passes",
 ]

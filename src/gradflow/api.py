@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from gradflow.analysis.activity import is_float
+from gradflow.autodiff.engine import OVERFLOW
+from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
-from gradflow.core.errors import InvalidArgumentError, UnknownArrayError
+from gradflow.core.errors import InvalidArgumentError, LoopBoundError, UnknownArrayError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 
@@ -50,8 +52,11 @@ def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str,
                 f"of names '{name}' with {desc.total_size} elements; grad differentiates a one-element array",
                 "use gradflow.vjp for a non-scalar output (it takes a cotangent)",
             )
-        if name in wrt:
-            raise InvalidArgumentError(f"'{name}' is both in wrt and of")
+        if name in wrt and not scalar_of:
+            raise InvalidArgumentError(
+                f"'{name}' is both in wrt and of; vjp names the gradient and the cotangent '{prefix + name}'",
+                "use grad for a one-element array updated in place, or copy the output to a new array",
+            )
     for name in list(wrt) + (list(of) if not scalar_of else []):
         if prefix + name in arrays:
             raise InvalidArgumentError(
@@ -69,28 +74,50 @@ def _prepare(program: Any, wrt, of, prefix: str, scalar_of: bool) -> tuple[Graph
 
 
 def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefix: str = "grad_",
-         pipeline: Pipeline | None = None):
+         pipeline: Pipeline | None = None, forwarding: Forwarding = STORE_ALL):
     """A new SDFG computing what `program` computes plus `grad_<x>` = d(of)/d(x) for each x in `wrt`.
 
     `program` is a `dace.SDFG` or `@dace.program` and is not modified. `of` names a one-element array
     (inferred when the program writes exactly one). `pipeline` replaces the default AD pipeline (it must
-    end with a `Reverse` pass, e.g. `gradflow.autodiff.ad_pipeline(...)` plus custom steps).
+    end with a `Reverse` pass, e.g. `gradflow.autodiff.ad_pipeline(...)` plus custom steps). `forwarding`
+    chooses how values reach the backward sweep (`STORE_ALL`, `RECOMPUTE_ALL`, `recompute(...)`); with
+    while-loop bounds the SDFG has one more output, `gradflow_overflow` (see `gradflow.Forwarding`).
     """
+    return _grad_graph(program, wrt, of, prefix, pipeline, forwarding).to_sdfg()
+
+
+def _grad_graph(program, wrt, of, prefix: str, pipeline: Pipeline | None, forwarding: Forwarding) -> Graph:
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=True)
-    pipe = pipeline or ad_pipeline(Reverse(wrt_names, of_names, "grad", prefix))
-    result = unwrap_or_raise(pipe(graph))
-    return result.to_sdfg()
+    pipe = pipeline or ad_pipeline(Reverse(wrt_names, of_names, "grad", prefix, forwarding))
+    return unwrap_or_raise(pipe(graph))
 
 
-def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str = "grad_") -> VJPResult:
+def check_loop_bounds(arrays: Any, interface: Any) -> None:
+    """Raise `LoopBoundError` when a run of a differentiated program stopped a while loop at its bound."""
+    flag = arrays.get(OVERFLOW) if interface is not None and interface.bounded_loops else None
+    if flag is None:
+        return
+    number = int(flag.reshape(-1)[0])
+    if number:
+        label, bound = interface.bounded_loops[number - 1]
+        raise LoopBoundError(
+            f"while loop '{label}' ran more than its bound of {bound} iterations; the gradients of this call are "
+            "invalid",
+            f"raise the bound: forwarding=gradflow.Forwarding(loop_bounds={{'{label}': <larger>}})",
+        )
+
+
+def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str = "grad_",
+        forwarding: Forwarding = STORE_ALL) -> VJPResult:
     """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`)."""
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=False)
-    pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix)) + SplitVJP()
+    pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix, forwarding)) + SplitVJP()
     result = unwrap_or_raise(pipe(graph))
     return result.meta["vjp"]
 
 
-def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None) -> Callable[..., tuple]:
+def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *,
+                   forwarding: Forwarding = STORE_ALL) -> Callable[..., tuple]:
     """A callable `f(*arrays, **arrays) -> (value, grads)` in the style of `jax.value_and_grad`.
 
     Arguments follow the program's argument order (or are passed by name); arrays the program writes but
@@ -99,20 +126,22 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     """
     from gradflow.runtime.invoke import Invoker
 
-    sdfg = grad(program, wrt, of)
-    graph = Graph.adopt(sdfg)
+    result = _grad_graph(program, wrt, of, "grad_", None, forwarding)
+    interface = result.meta.get("ad")
+    graph = Graph.adopt(result.to_sdfg())
     wrt_names = _names(wrt, "wrt")
     of_name = of if of is not None else infer_of(graph.sdfg)
     invoker = Invoker(graph)
 
     def call(*args: Any, **kwargs: Any):
         arrays, as_torch = invoker(*args, **kwargs)
+        check_loop_bounds(arrays, interface)
         value = arrays[of_name].reshape(-1)[0].item()
         grads = {x: arrays["grad_" + x] for x in wrt_names}
         if as_torch:
             import torch
 
-            grads = {k: torch.from_numpy(v) for k, v in grads.items()}
+            grads = {k: torch.as_tensor(v) for k, v in grads.items()}  # zero-copy; tensors as they are
         return value, (grads[wrt] if isinstance(wrt, str) else grads)
 
     return call

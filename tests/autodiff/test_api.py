@@ -100,7 +100,7 @@ def test_value_and_grad_numpy_and_torch() -> None:
 
 def test_value_and_grad_rejects_wrong_dtype() -> None:
     f = gradflow.value_and_grad(energy, wrt="X")
-    with pytest.raises(gradflow.ArgumentError, match="dtype float32"):
+    with pytest.raises(gradflow.ArgumentError, match=r"argument 'X': expected dtype float64, got float32"):
         f(X=np.ones(4, np.float32), W=np.ones(4))
 
 
@@ -128,11 +128,11 @@ def test_taken_gradient_name_needs_a_prefix() -> None:
     assert "d_X" in out.arrays
 
 
-def test_node_without_a_rule_names_the_node_and_state() -> None:
+def _outer_with_nested() -> dace.SDFG:
     inner = dace.SDFG("inner")
     inner.add_array("a", [1], dace.float64)
     inner.add_array("b", [1], dace.float64)
-    inner.add_state().add_mapped_tasklet("t", {"i": "0:1"}, {"x": dace.Memlet("a[i]")}, "y = 2 * x",
+    inner.add_state().add_mapped_tasklet("t", {"i": "0:1"}, {"x": dace.Memlet("a[i]")}, "y = 2 * x * x",
                                          {"y": dace.Memlet("b[i]")}, external_edges=True)
     outer = dace.SDFG("outer")
     outer.add_array("A", [1], dace.float64)
@@ -141,5 +141,22 @@ def test_node_without_a_rule_names_the_node_and_state() -> None:
     node = state.add_nested_sdfg(inner, {"a": None}, {"b": None})
     state.add_edge(state.add_read("A"), None, node, "a", dace.Memlet("A[0]"))
     state.add_edge(node, "b", state.add_write("S"), None, dace.Memlet("S[0]"))
-    with pytest.raises(NoRuleError, match=r"nested 'inner'.*state 'the_state'"):
-        gradflow.grad(outer, wrt="A", of="S")
+    return outer
+
+
+def test_nested_sdfg_is_differentiated_recursively() -> None:
+    value, grad = gradflow.value_and_grad(_outer_with_nested(), wrt="A", of="S")(A=np.array([1.5]), S=np.zeros(1))
+    assert value == pytest.approx(4.5) and grad[0] == pytest.approx(6.0)
+
+
+def test_operation_without_a_rule_names_the_node_and_state() -> None:
+    from gradflow.analysis.ops import Op
+    from gradflow.autodiff.context import OpSite
+    from gradflow.autodiff.engine import _rule_for
+    from gradflow.autodiff.rules import load_builtin_rules
+
+    load_builtin_rules()
+    state = _outer_with_nested().nodes()[0]
+    site = OpSite(0, state, Op("other", frozenset(), (), (), "odd_node"))
+    with pytest.raises(NoRuleError, match=r"other 'odd_node'.*state 'the_state'"):
+        _rule_for(site)

@@ -22,11 +22,7 @@ from tests.corpus.case import Case, run_compiled, torch_grads, torch_value
 RTOL = 1e-9
 
 #: Cases whose constructs are not differentiated yet; strict, so each turns into a failure once it works.
-NOT_YET = {
-    "df_strided": "strided slices become DaCe View nodes; views have no reverse rule yet",
-    "df_softmax_wcr": "write-conflict resolution 'max' has no reverse rule yet (sum only)",
-    "df_lib_softmax": "np.max expands to a max-WCR reduction, which has no reverse rule yet",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _param(case: Case):

@@ -48,7 +48,8 @@ class Case:
 
 def run_compiled(case: Case, compiled: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Call a compiled SDFG of `case` on copies of `inputs`; return all arrays as they are afterwards."""
-    arrays = {k: np.array(v, dtype=np.float64, copy=True) for k, v in inputs.items()}
+    arrays = {k: np.array(v, dtype=np.float64 if np.asarray(v).dtype.kind == "f" else None, copy=True)
+              for k, v in inputs.items()}
     compiled(**arrays, **dict(case.symbols))
     return arrays
 

@@ -679,6 +679,38 @@ def _t_map_with_branch(X, S, **_):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# `break` on data inside a for loop, inside an outer loop (a search that stops at the first large element)
+
+
+@dace.program
+def lp_break_search(X: f64[M, N], S: f64[1]):
+    for r in range(M):
+        for i in range(N):
+            S[0] += X[r, i] * X[r, i]
+            if X[r, i] > 1.0:
+                break
+            S[0] += np.sin(X[r, i]) * X[r, i]
+
+
+def _t_break_search(X, S, **_):
+    total = S[0]
+    for r in range(X.shape[0]):
+        for i in range(X.shape[1]):
+            total = total + X[r, i] * X[r, i]
+            if X[r, i] > 1.0:
+                break
+            total = total + torch.sin(X[r, i]) * X[r, i]
+    return total
+
+
+def _i_break_search(rng):
+    X = rng.uniform(-0.9, 0.9, size=(4, 7))
+    X[0, 2] = 1.5  # row 0 breaks early, row 2 at its last element, rows 1 and 3 run to the end
+    X[2, 6] = 1.7
+    return {"X": X, "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 
 def _inputs(**shapes):
@@ -746,6 +778,8 @@ CASES: list[Case] = [
          _inputs(X=(5, 6), Y=(5,)), {"N": 5, "M": 6}, "sequential loop inside a dace.map body"),
     Case("lp_map_with_branch", lp_map_with_branch, _t_map_with_branch, ("X",), "S", _i_if_else_in_map,
          {"N": 10}, "data-dependent if/else inside a dace.map body"),
+    Case("lp_break_search", lp_break_search, _t_break_search, ("X",), "S", _i_break_search,
+         {"M": 4, "N": 7}, "break on data inside a for loop nested in another loop"),
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

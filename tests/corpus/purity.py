@@ -2,7 +2,8 @@
 
 `purity_corpus()` builds fresh SDFGs on every call (so a test may mutate-check them freely):
 - programs of the dataflow and loop corpora through `to_sdfg(simplify=True)`: maps with WCR, multi-output
-  tasklets, library nodes (Reduce), LoopRegions, ConditionalBlocks, a data-dependent while loop;
+  tasklets, library nodes (Reduce), LoopRegions, ConditionalBlocks, a data-dependent while loop, a
+  `break`, a map over a nested SDFG with loops;
 - a few programs through `to_sdfg(simplify=False)`, which keeps nested SDFGs (one per map body) and one
   state per statement;
 - SDFGs built with the SDFG API: a nested SDFG, a LoopRegion, a ConditionalBlock (`api_sdfgs()`).
@@ -36,6 +37,8 @@ _SIMPLIFIED = (
     loops.lp_strided_step2_odd,
     loops.lp_negative_step,
     loops.lp_if_else,
+    loops.lp_break_search,
+    loops.lp_map_of_loops,
 )
 
 _UNSIMPLIFIED = (

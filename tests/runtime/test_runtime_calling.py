@@ -119,3 +119,16 @@ def test_bad_call_after_good_one_with_same_shapes_is_still_checked(sq):
     runner(**_args())
     with pytest.raises(ArgumentError, match="'Y'.*float64"):
         runner(**_args(Y=torch.empty(6, dtype=torch.float32)))
+
+
+@pytest.mark.parametrize("over", [
+    dict(X=torch.rand(12, dtype=torch.float64)[::2]),  # same shape and dtype, other strides
+    dict(X=torch._neg_view(torch.rand(6, dtype=torch.float64))),  # same layout, a negation view
+    dict(X=np.random.rand(12)[::2]),  # numpy, other strides
+])
+def test_cached_checks_are_keyed_by_the_whole_layout(sq, over):
+    _, runner = sq
+    runner(**_args())
+    runner(**_args(X=np.random.rand(6)))
+    with pytest.raises(ArgumentError, match="'X'"):
+        runner(**_args(**over))

@@ -8,7 +8,8 @@ import torch
 
 import gradflow.torch as gt
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError
-from tests.torch.vjp_programs import scale_rows, scale_rows_reference, square_mul, square_mul_reference
+from tests.torch.vjp_programs import (scale_rows, scale_rows_reference, square_in_place, square_mul,
+                                     square_mul_reference)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +160,43 @@ def test_bad_arguments_raise_typed_errors(sq64, args, name, needle):
     with pytest.raises(ArgumentError) as info:
         sq64(*args())
     assert f"'{name}'" in str(info.value) and needle in str(info.value)
+
+
+def test_scalar_input_given_as_one_element_tensor_gets_its_gradient(rows):
+    A, b = _leaf(3, 4), _leaf(4)
+    for alpha in (torch.tensor([0.5], dtype=torch.float64, requires_grad=True),
+                  torch.tensor(0.5, dtype=torch.float64, requires_grad=True)):
+        Z, S = rows(A, b, alpha)
+        (Z.sum() + S.sum()).backward()
+        assert alpha.grad.shape == alpha.shape
+        torch.testing.assert_close(alpha.grad.reshape(()), (A.detach() * b.detach()).sum())
+    with torch.no_grad():  # a number and a tensor that needs no gradient give the same values
+        assert torch.equal(rows(A, b, 0.5)[0], rows(A, b, torch.tensor(0.5, dtype=torch.float64))[0])
+
+
+def test_written_input_is_copied_in(request):
+    """The forward program overwrites X (X <- X * X) and the backward its cotangent: the caller's tensors
+    are left alone, and the gradients are those of Y = X * X * W with respect to the values passed."""
+    f = gt.function(square_in_place(name="ct_sq_inplace"), inputs=["X", "W"], outputs=["Y"])
+    assert f.plan.copied == (0,) and f.plan.backward_copied == {"gY"}
+    X, W = _leaf(7), _leaf(7)
+    X0 = X.detach().clone()
+    g = torch.rand(7, dtype=torch.float64)
+    g0 = g.clone()
+    Y = f(X, W)
+    assert torch.equal(X.detach(), X0)
+    torch.testing.assert_close(Y, square_mul_reference(X0, W.detach()))
+    X.data.add_(1.0)  # the forward read a private copy: the backward does not depend on X any more
+    gX, gW = torch.autograd.grad(Y, (X, W), g)
+    assert torch.equal(g, g0)
+    torch.testing.assert_close(gX, 2 * X0 * W.detach() * g)
+    torch.testing.assert_close(gW, X0 * X0 * g)
+    assert torch.autograd.gradcheck(f, (_leaf(5), _leaf(5)))
+
+
+def test_refused_under_functorch_transforms(sq64):
+    with pytest.raises(GradflowError, match="functorch"):
+        torch.func.vmap(sq64)(torch.rand(3, 4, dtype=torch.float64), torch.rand(3, 4, dtype=torch.float64))
 
 
 def test_wrong_number_of_inputs(sq64):

@@ -28,6 +28,12 @@ def tv_scaled(x: dace.float64[N], w: dace.float64[N], out: dace.float64[N]):
     out[:] = 3.0 * x * w - w
 
 
+@dace.program
+def tv_inplace(x: dace.float64[N], w: dace.float64[N], y: dace.float64[N]):
+    x[:] = x * x
+    y[:] = x * w
+
+
 def _function(program, **kw):
     if not hasattr(gradflow, "vjp"):
         pytest.skip("gradflow.vjp is not available in this checkout")
@@ -74,3 +80,18 @@ def test_program_through_cpp_extension_agrees(poly):
     for a, b in zip(torch.autograd.grad(y_cpp, (x, w), g), torch.autograd.grad(y_ct, (x, w), g)):
         assert torch.equal(a, b)
     assert torch.autograd.gradcheck(f_cpp, (x, w))
+
+
+def test_program_writing_its_input_is_copied_in():
+    f = _function(tv_inplace, inputs=["x", "w"], outputs=["y"])
+    assert f.plan.copied == (0,)
+    x, w = torch.rand(5, dtype=torch.float64, requires_grad=True), torch.rand(5, dtype=torch.float64,
+                                                                               requires_grad=True)
+    x0 = x.detach().clone()
+    y = f(x, w)
+    assert torch.equal(x.detach(), x0)  # the caller's tensor is left alone
+    torch.testing.assert_close(y, x0 * x0 * w.detach())
+    gx, gw = torch.autograd.grad(y.sum(), (x, w))
+    torch.testing.assert_close(gx, 2 * x0 * w.detach())
+    torch.testing.assert_close(gw, x0 * x0)
+    assert torch.autograd.gradcheck(f, (x, w))

@@ -95,3 +95,38 @@ def scale_rows(dtype=dace.float64, name: str = "scalerows") -> VJPResult:
 
 def scale_rows_reference(A: torch.Tensor, b: torch.Tensor, alpha) -> tuple[torch.Tensor, torch.Tensor]:
     return alpha * A * b, (A * A).sum(dim=1)
+
+
+def square_in_place(dtype=dace.float64, name: str = "sqinplace") -> VJPResult:
+    """A forward that overwrites its input and a backward that overwrites its cotangent:
+    X <- X * X (in place; the old X is stored in T first), Y = X * W. The backward first doubles gY in
+    place, then gX = T * W * gY (= 2 X0 W gY), gW = X * gY / 2 (= X0^2 gY)."""
+    fwd = dace.SDFG(f"{name}_fwd")
+    for a in ("X", "W", "Y", "T"):
+        fwd.add_array(a, [N], dtype)
+    s1 = fwd.add_state("store")
+    s1.add_mapped_tasklet("store", dict(i="0:N"), dict(x=dace.Memlet("X[i]")), "t = x",
+                          dict(t=dace.Memlet("T[i]")), external_edges=True)
+    s2 = fwd.add_state_after(s1, "square")
+    s2.add_mapped_tasklet("sq", dict(i="0:N"), dict(x=dace.Memlet("X[i]")), "o = x * x",
+                          dict(o=dace.Memlet("X[i]")), external_edges=True)
+    s3 = fwd.add_state_after(s2, "mul")
+    s3.add_mapped_tasklet("mul", dict(i="0:N"), dict(x=dace.Memlet("X[i]"), w=dace.Memlet("W[i]")),
+                          "y = x * w", dict(y=dace.Memlet("Y[i]")), external_edges=True)
+
+    bwd = dace.SDFG(f"{name}_bwd")
+    for a in ("X", "W", "T", "gY", "gX", "gW"):
+        bwd.add_array(a, [N], dtype)
+    b1 = bwd.add_state("double")
+    b1.add_mapped_tasklet("dbl", dict(i="0:N"), dict(g=dace.Memlet("gY[i]")), "o = 2 * g",
+                          dict(o=dace.Memlet("gY[i]")), external_edges=True)
+    b2 = bwd.add_state_after(b1, "grads")
+    b2.add_mapped_tasklet(
+        "grads", dict(i="0:N"),
+        dict(x=dace.Memlet("X[i]"), w=dace.Memlet("W[i]"), t=dace.Memlet("T[i]"), gy=dace.Memlet("gY[i]")),
+        "gx = t * w * gy\ngw = x * gy / 2",
+        dict(gx=dace.Memlet("gX[i]"), gw=dace.Memlet("gW[i]")), external_edges=True)
+    return VJPResult(
+        forward=fwd, backward=bwd, wrt=("X", "W"), of=("Y",), grads={"X": "gX", "W": "gW"},
+        cotangents={"Y": "gY"}, forwarded=("X", "W", "T"), saved=("T",),
+    )

@@ -2,16 +2,19 @@
 
 Rules never look up gradient names or decide where a forward value comes from themselves: the context
 answers "which array holds the gradient of A" and "where do I read A's value as operation k saw it"
-(the original array, or a copy stored before it was overwritten). Rules only append states.
+(the original array, a working copy that the backward sweep restores from the tape, or a recomputed
+copy). Rules only append states to the region the engine is currently filling (a reversed loop body,
+a branch, or the top of the backward sweep).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import contextlib
+from typing import Iterator, Mapping
 
 import attrs
 import dace
-from dace.sdfg.state import ControlFlowRegion, SDFGState
+from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, SDFGState
 
 from gradflow.analysis.activity import Activity
 from gradflow.analysis.ops import Op
@@ -23,31 +26,53 @@ class ReverseContext:
     region: ControlFlowRegion
     activity: Activity
     grad_buffers: Mapping[str, str]  # forward array -> gradient buffer
-    stores: dict[tuple[int, str], str] = attrs.field(factory=dict)  # (op index, array) -> stored copy
-    _last: SDFGState | None = None
+    values: dict[str, str] = attrs.field(factory=dict)  # forward array -> array the backward reads instead
+    _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
 
     def grad_of(self, array: str) -> str | None:
         return self.grad_buffers.get(array)
 
     def value_of(self, op_index: int, array: str) -> str:
-        """The array holding `array`'s value as operation `op_index` read it."""
-        return self.stores.get((op_index, array), array)
+        """The array holding `array`'s value as operation `op_index` read it, at the point where the
+        backward sweep reverses that operation."""
+        return self.values.get(array, array)
 
-    def new_state(self, label: str) -> SDFGState:
-        state = self.region.add_state(label, is_start_block=self._last is None)
-        if self._last is not None:
-            self.region.add_edge(self._last, state, dace.InterstateEdge())
-        self._last = state
+    def add_block(self, block: ControlFlowBlock, assignments: Mapping[str, str] | None = None) -> None:
+        """Append `block` to the current region; `assignments` go on the edge into it."""
+        last = self._last.get(id(self.region))
+        if assignments and last is None:
+            last = self.region.add_state(f"{self.region.label}_entry", is_start_block=True)
+        self.region.add_node(block, is_start_block=last is None, ensure_unique_name=True)
+        if last is not None:
+            self.region.add_edge(last, block, dace.InterstateEdge(assignments=dict(assignments or {})))
+        self._last[id(self.region)] = block
+
+    def new_state(self, label: str, assignments: Mapping[str, str] | None = None) -> SDFGState:
+        state = SDFGState(label, self.sdfg)
+        self.add_block(state, assignments)
         return state
+
+    @contextlib.contextmanager
+    def inside(self, region: ControlFlowRegion) -> Iterator[None]:
+        """Emit into `region` (a reversed loop body or branch) until the block ends."""
+        outer, self.region = self.region, region
+        try:
+            yield
+        finally:
+            if id(region) not in self._last:
+                self.new_state(f"{region.label}_empty")
+            self.region = outer
 
 
 @attrs.frozen
 class OpSite:
-    """A forward operation as a rule sees it: the state holding it (alone) and its position."""
+    """A forward operation as a rule sees it: the state holding it (alone), its position in program
+    order, and the loops around it (outermost first)."""
 
     index: int
     state: SDFGState
     op: Op
+    loops: tuple = ()
 
     def members(self) -> list:
         return [self.state.node(i) for i in sorted(self.op.nodes)]

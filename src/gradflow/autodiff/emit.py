@@ -66,8 +66,10 @@ def add_element_tasklet(
     reads: dict[str, dace.nodes.AccessNode] = {}
     writes: dict[str, dace.nodes.AccessNode] = {}
     for conn, memlet in inputs.items():
-        node = reads.setdefault(memlet.data, state.add_read(memlet.data))
-        state.add_edge(node, None, tasklet, conn, memlet)
+        if memlet.data not in reads:
+            reads[memlet.data] = state.add_read(memlet.data)
+        state.add_edge(reads[memlet.data], None, tasklet, conn, memlet)
     for conn, memlet in outputs.items():
-        node = writes.setdefault(memlet.data, state.add_write(memlet.data))
-        state.add_edge(tasklet, conn, node, None, memlet)
+        if memlet.data not in writes:
+            writes[memlet.data] = state.add_write(memlet.data)
+        state.add_edge(tasklet, conn, writes[memlet.data], None, memlet)

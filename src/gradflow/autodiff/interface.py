@@ -31,4 +31,17 @@ class VJPResult:
     cotangents: Mapping[str, str]
     forwarded: tuple[str, ...]
     saved: tuple[str, ...]
-    forwarded_bytes: int = 0
+    forwarded_bytes: int = 0  # bytes of `saved` when their sizes are constants (see `saved_bytes`)
+    saved_sizes: Mapping[str, object] = attrs.field(factory=dict)  # saved array -> size in bytes (symbolic)
+
+    def saved_bytes(self, symbols: Mapping[str, int] | None = None) -> int:
+        """Bytes the forward keeps for the backward beyond the program's own arguments (its transients
+        and the tape), with symbolic sizes evaluated at `symbols`."""
+        values = {dace.symbolic.symbol(k): v for k, v in (symbols or {}).items()}
+        total = 0
+        for name, size in self.saved_sizes.items():
+            size = dace.symbolic.pystr_to_symbolic(str(size)).subs(values)
+            if getattr(size, "free_symbols", None):
+                raise ValueError(f"size of '{name}' depends on {sorted(map(str, size.free_symbols))}; pass symbols=")
+            total += int(size)
+        return total

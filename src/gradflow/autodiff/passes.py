@@ -15,7 +15,10 @@ from returns.result import Success
 
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.engine import ADInterface, ADSpec, build_reverse
+from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
+from gradflow.autodiff.jumps import LowerBreaks
+from gradflow.autodiff.views import RemoveViews
 from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
 from gradflow.core.errors import InvalidArgumentError
 from gradflow.core.graph import Graph
@@ -63,13 +66,14 @@ class Reverse(Pass):
     of: tuple[str, ...] | None = None
     mode: str = "grad"
     prefix: str = "grad_"
+    forwarding: Forwarding = STORE_ALL
     name: ClassVar[str] = "reverse"
 
     def run(self, graph: Graph) -> PassResult:
         sdfg = graph.editable()
         of = self.of if self.of is not None else (infer_of(sdfg),)
         wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
-        interface = build_reverse(sdfg, ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix))
+        interface = build_reverse(sdfg, ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding))
         sdfg.validate()
         return Success(Graph.adopt(sdfg, {**graph.meta, "ad": interface}))
 
@@ -79,13 +83,16 @@ def _backward_region(sdfg: dace.SDFG, interface: ADInterface):
 
 
 def _arrays_used(blocks) -> set[str]:
+    """Arrays read or written by the states of `blocks`, or read by their interstate edges."""
     used = set()
     for block in blocks:
-        states = [block] if isinstance(block, dace.SDFGState) else [
-            b for b in block.all_control_flow_blocks() if isinstance(b, dace.SDFGState)
-        ]
-        for s in states:
-            used |= {n.data for n in s.data_nodes()}
+        regions = [block] if isinstance(block, dace.SDFGState) else list(block.all_control_flow_blocks())
+        for b in regions:
+            if isinstance(b, dace.SDFGState):
+                used |= {n.data for n in b.data_nodes()}
+        if not isinstance(block, dace.SDFGState):
+            for edge in block.all_interstate_edges():
+                used |= set(edge.data.read_symbols())
     return used
 
 
@@ -95,8 +102,11 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
 
     region = _backward_region(sdfg, interface)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
-    used_backward = _arrays_used([region])
-    forwarded = tuple(sorted(a for a in used_backward - gradient_arrays if a in sdfg.arrays))
+    used_backward = _arrays_used([region]) & set(sdfg.arrays)
+    used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
+    arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
+    # Backward-local transients (working copies, recomputed values) are not forwarded.
+    forwarded = tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
 
     fwd = copy.deepcopy(sdfg)
     fwd.remove_node(_backward_region(fwd, interface))
@@ -123,11 +133,8 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     bwd.name = f"{sdfg.name}_backward"
     fwd.reset_cfg_list()
     bwd.reset_cfg_list()
-    nbytes = 0
-    for a in forwarded:
-        desc = sdfg.arrays[a]
-        size = desc.total_size * desc.dtype.bytes
-        nbytes += int(size) if not hasattr(size, "free_symbols") or not size.free_symbols else 0
+    saved_sizes = {a: sdfg.arrays[a].total_size * sdfg.arrays[a].dtype.bytes for a in saved}
+    nbytes = sum(int(v) for v in saved_sizes.values() if not getattr(v, "free_symbols", None))
     return VJPResult(
         forward=fwd,
         backward=bwd,
@@ -138,7 +145,17 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         forwarded=forwarded,
         saved=saved,
         forwarded_bytes=nbytes,
+        saved_sizes=saved_sizes,
     )
+
+
+def forwarded_bytes(graph: Graph, symbols: dict[str, int] | None = None) -> int:
+    """Bytes a differentiated graph's forward sweep keeps for its backward sweep beyond the program's own
+    arguments (transients it reads and the tape), with symbolic sizes evaluated at `symbols`."""
+    interface = graph.meta.get("ad")
+    if interface is None:
+        raise InvalidArgumentError("the graph is not differentiated (no `reverse` pass ran on it)")
+    return split_vjp(graph.sdfg, interface).saved_bytes(symbols)
 
 
 @register_pass
@@ -157,4 +174,4 @@ class SplitVJP(Pass):
 
 def ad_pipeline(reverse: Reverse) -> Pipeline:
     """The default pipeline: normalize, then reverse."""
-    return Pipeline((ExpandLibraryNodes(), CollapseMaps(), SplitOperations(), reverse))
+    return Pipeline((LowerBreaks(), RemoveViews(), ExpandLibraryNodes(), CollapseMaps(), SplitOperations(), reverse))

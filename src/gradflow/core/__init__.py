@@ -5,6 +5,7 @@ from gradflow.core.errors import (
     CompilationError,
     GradflowError,
     InvalidArgumentError,
+    LoopBoundError,
     NoRuleError,
     NotDifferentiableError,
     PassError,
@@ -18,7 +19,7 @@ from gradflow.core.passes import PASS_REGISTRY, Pass, Pipeline, register_pass, r
 from gradflow.core.rule_table import MutableRuleRegistry, Rule, RuleTable
 
 __all__ = [
-    "ArgumentError", "CompilationError", "GradflowError", "InvalidArgumentError", "NoRuleError",
+    "ArgumentError", "CompilationError", "GradflowError", "InvalidArgumentError", "LoopBoundError", "NoRuleError",
     "NotDifferentiableError", "PassError", "PurityError", "RuleTableError", "UnknownArrayError", "render",
     "Graph", "fingerprint", "PASS_REGISTRY", "Pass", "Pipeline", "register_pass", "registered_passes",
     "unwrap_or_raise", "MutableRuleRegistry", "Rule", "RuleTable",

@@ -87,6 +87,11 @@ class ArgumentError(GradflowError, TypeError):
     """A runtime argument (array, tensor, scalar) does not match what the compiled program expects."""
 
 
+@attrs.frozen(eq=False)
+class LoopBoundError(GradflowError, RuntimeError):
+    """A while loop ran past the trip-count bound its forwarding policy gave; the gradients are invalid."""
+
+
 def render(error: GradflowError) -> str:
     """The one place that turns an error value into text."""
     return f"{type(error).__name__}: {error.render()}"

@@ -31,11 +31,17 @@ from gradflow.core.errors import ArgumentError, GradflowError
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL, CallPlan, plan_for
-from gradflow.runtime.validate import check_array, check_symbol_range, data_pointer, dtype_name, infer_symbols
+from gradflow.runtime.validate import check_array, check_symbol_range, data_pointer, infer_symbols
 
 
 _STATEFUL = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
              dace.dtypes.AllocationLifetime.External)
+
+
+def is_stateful(sdfg: dace.SDFG) -> bool:
+    """True when the SDFG keeps memory in its DaCe state between calls (persistent, global or external
+    transients): concurrent calls on one state handle must then be serialised."""
+    return any(desc.transient and desc.lifetime in _STATEFUL for _, _, desc in sdfg.arrays_recursive())
 
 
 def entry_point(compiled: CompiledSDFG, symbol: str) -> int:
@@ -76,8 +82,7 @@ class Kernel:
         self.lock = threading.Lock()
         #: False when the SDFG keeps nothing in its state between calls (no persistent, global or external
         #: transients): then concurrent calls on one handle are safe and need no lock
-        self.stateful = any(
-            desc.transient and desc.lifetime in _STATEFUL for _, _, desc in compiled.sdfg.arrays_recursive())
+        self.stateful = is_stateful(compiled.sdfg)
         self._finalizer = weakref.finalize(self, _finalize_handles, self._exit, self._handles, compiled)
 
     def handle(self, init_values: tuple) -> int:
@@ -106,11 +111,23 @@ class Kernel:
         self._finalizer()
 
 
+def _layout_key(value: Any) -> tuple:
+    """Everything `check_array` looks at, as a hashable tuple (no evaluation, no allocation of numpy)."""
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.shape, value.stride(), value.layout, value.device, value.is_neg(),
+                value.is_conj())
+    if isinstance(value, np.ndarray):
+        return (value.dtype, value.shape, value.strides)
+    return (type(value),)
+
+
 class Runner:
     """A validated, zero-copy call of a compiled SDFG with numpy arrays or torch tensors by name.
 
     `runner(X=x, W=w, Y=y)`: arrays are passed by pointer (the SDFG reads and writes their memory), numbers
-    for scalars, symbols inferred from the shapes (or given by name). Every array is checked first.
+    for scalars, symbols inferred from the shapes (or given by name). Every array is checked first; the
+    outcome of the checks is cached by the layout of the arguments (dtype, shape, strides, device, ...), so
+    a repeated call with arrays of the same layout costs a dictionary lookup.
     """
 
     def __init__(self, program: Any) -> None:
@@ -121,36 +138,25 @@ class Runner:
         self.kernel = Kernel(compiled)
         self.plan = self.kernel.plan
         self._arrays = self.plan.arrays
+        self._names = frozenset(self.plan.names)
+        #: layout key of the arguments -> (symbols, state handle, the argument vector as (kind, name) pairs)
         self._signatures: dict[tuple, tuple[dict, int]] = {}
 
     def __call__(self, **kwargs: Any) -> None:
         plan = self.plan
-        unknown = set(kwargs) - set(plan.names)
-        if unknown:
-            raise ArgumentError(f"unknown argument(s) {', '.join(sorted(unknown))}; "
+        if not self._names.issuperset(kwargs):
+            unknown = sorted(set(kwargs) - self._names)
+            raise ArgumentError(f"unknown argument(s) {', '.join(unknown)}; "
                                 f"'{plan.sdfg_name}' takes {', '.join(plan.names)}")
-        for a in self._arrays:
-            value = kwargs.get(a.name)
-            if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
-                check_array(a, value, {})  # raises: names the argument and what it got
-        key = tuple(
-            (tuple(kwargs[a.name].shape), dtype_name(kwargs[a.name])) if a.name in kwargs else None
-            for a in self._arrays
-        ) + tuple((n, kwargs[n]) for n in plan.symbols if n in kwargs)
+        key = tuple(_layout_key(kwargs[a.name]) if a.name in kwargs else None for a in self._arrays) \
+            + tuple((n, kwargs[n]) for n in plan.symbols if n in kwargs)
         entry = self._signatures.get(key)
         if entry is None:
-            missing = [a.name for a in plan.args if a.kind != SYMBOL and a.name not in kwargs]
-            if missing:
-                raise ArgumentError(f"missing argument(s) {', '.join(missing)} of '{plan.sdfg_name}'")
-            fixed = {n: int(kwargs[n]) for n in plan.symbols if n in kwargs}
-            symbols = infer_symbols([(a, tuple(kwargs[a.name].shape)) for a in self._arrays],
-                                    plan.symbols, fixed)
-            check_symbol_range(symbols, (plan,))
-            entry = (symbols, self.kernel.handle_for(symbols))
+            entry = self._signature(kwargs)
+            if len(self._signatures) >= 256:
+                self._signatures.clear()
+            self._signatures[key] = entry
         symbols, handle = entry
-        for a in self._arrays:  # cheap per call; the data may change between calls with equal shapes
-            check_array(a, kwargs[a.name], symbols)
-        self._signatures[key] = entry
         args = []
         for a in plan.args:
             if a.kind == ARRAY:
@@ -161,3 +167,28 @@ class Runner:
             else:
                 args.append(symbols[a.name])
         self.kernel(handle, *args)
+
+    def _signature(self, kwargs: dict) -> tuple[dict, int]:
+        """Check the arguments (first call with this layout): symbols and the state handle."""
+        plan = self.plan
+        for a in self._arrays:
+            value = kwargs.get(a.name)
+            if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
+                check_array(a, value, {})  # raises: names the argument and what it got
+        missing = [a.name for a in plan.args if a.kind != SYMBOL and a.name not in kwargs]
+        if missing:
+            raise ArgumentError(f"missing argument(s) {', '.join(missing)} of '{plan.sdfg_name}'")
+        fixed = {n: int(kwargs[n]) for n in plan.symbols if n in kwargs}
+        symbols = infer_symbols([(a, tuple(kwargs[a.name].shape)) for a in self._arrays], plan.symbols, fixed)
+        check_symbol_range(symbols, (plan,))
+        for a in self._arrays:
+            check_array(a, kwargs[a.name], symbols)
+        return symbols, self.kernel.handle_for(symbols)
+
+    def symbols_for(self, arrays: Mapping[str, Any], fixed: Mapping[str, int] | None = None) -> dict[str, int]:
+        """The symbol values the given arrays (a subset of the arguments, by name) imply; every symbol of
+        the SDFG must be determined by them or by `fixed`. The first array (in `arrays` order) whose extent is
+        a symbol fixes it; a later one that disagrees is the one reported."""
+        specs = {a.name: a for a in self._arrays}
+        given = [(specs[n], tuple(v.shape)) for n, v in arrays.items() if n in specs]
+        return infer_symbols(given, self.plan.symbols, fixed)

@@ -1,7 +1,8 @@
 """Content-addressed compilation of SDFGs.
 
 A build lives in `<cache root>/<fingerprint prefix>/`, keyed by the SDFG's canonical fingerprint and the
-DaCe version, so a second build of an identical graph is a cache hit in this process (a dict) or in any
+DaCe version and the BLAS in use (`runtime.blas`: BLAS library nodes become OpenBLAS calls while a build
+runs), so a second build of an identical graph is a cache hit in this process (a dict) or in any
 other (a folder with a `BUILT` marker). Parallel processes serialise on a per-key file lock; a build is
 marked complete only after the library exists, so a crash never leaves a half-written cache entry behind.
 """
@@ -21,6 +22,7 @@ from dace.codegen.compiled_sdfg import CompiledSDFG
 
 from gradflow.core.errors import CompilationError
 from gradflow.core.graph import Graph, fingerprint
+from gradflow.runtime import blas
 
 _LOADED: dict[str, CompiledSDFG] = {}
 _LOCK = threading.Lock()
@@ -36,7 +38,7 @@ def cache_root() -> Path:
 
 
 def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
-    text = f"{fp or fingerprint(sdfg)}|dace={dace.__version__}"
+    text = f"{fp or fingerprint(sdfg)}|dace={dace.__version__}|blas={blas.tag()}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -70,7 +72,7 @@ def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
 
 def _build(sdfg: dace.SDFG, folder: Path) -> CompiledSDFG:
     try:
-        with dace.config.set_temporary("compiler", "use_cache", value=False):
+        with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context():
             return sdfg.compile()
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)

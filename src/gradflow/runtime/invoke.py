@@ -1,104 +1,85 @@
 """Calling a compiled SDFG with numpy arrays or torch tensors, by position or by name.
 
-Binds arguments to the SDFG's array arguments, infers symbols from shapes (checking that every argument
-agrees), validates dtype and layout before the native call (DaCe itself would silently reinterpret a
-float64 buffer as float32), and allocates the arrays the caller left out.
+`Invoker` only binds: positional arguments to the SDFG's arguments in declaration order, and arrays the
+caller left out to new zero-filled ones (torch tensors when any argument is a torch tensor, else numpy
+arrays). Everything else, checking every argument (dtype, shape, symbols, strides, device), inferring the
+symbols and the zero-copy native call, is `gradflow.runtime.calling.Runner`: one set of checks and one
+fast call path for every way of running a compiled SDFG in gradflow.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import dace
 import numpy as np
-import sympy
+import torch
 
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
-from gradflow.runtime.compile import compile_sdfg
+from gradflow.runtime.calling import Runner
+from gradflow.runtime.plan import ARRAY, SYMBOL
+from gradflow.runtime.validate import torch_dtype
 
 
-def _to_numpy(value: Any, name: str) -> tuple[np.ndarray, bool]:
-    if isinstance(value, np.ndarray):
-        return value, False
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        torch = None
-    if torch is not None and isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
-            raise ArgumentError(f"argument '{name}' is on {value.device}; this program runs on the CPU")
-        return value.detach().numpy(), True
-    if isinstance(value, (int, float, np.number)):
-        return np.asarray(value), False
-    raise ArgumentError(f"argument '{name}' is a {type(value).__name__}; expected a numpy array or torch tensor")
+def _one_element(value: Any, shape: tuple[int, ...]) -> Any:
+    """A number, or a one-element array of another rank (e.g. 0-d), given for a one-element array: a
+    view of it with the descriptor's shape (numbers become a new one-element array)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        size = value.numel() if isinstance(value, torch.Tensor) else value.size
+        return value.reshape(shape) if size == 1 and tuple(value.shape) != shape else value
+    if isinstance(value, (bool, int, float, np.number)):
+        return np.asarray(value).reshape(shape)
+    return value
 
 
 class Invoker:
-    """Bind, validate and call a compiled SDFG (compiled lazily, once, through the content cache)."""
+    """Bind positional arguments and allocate omitted arrays, then call the SDFG through `Runner`
+    (compiled lazily, once, through the content cache)."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        sdfg = graph.sdfg
-        self.arrays = {n: d for n, d in sdfg.arrays.items() if not d.transient}
-        self.order = [n for n in sdfg.arg_names if n in self.arrays]
-        self.symbols = sorted(str(s) for s in sdfg.free_symbols)
-        self._compiled = None
+        self._runner: Runner | None = None
 
-    def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, np.ndarray], dict[str, int], bool]:
-        if len(args) > len(self.order):
-            raise ArgumentError(f"{len(args)} positional arguments given; the program takes {self.order}")
-        given = dict(zip(self.order, args))
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            self._runner = Runner(self.graph)
+        return self._runner
+
+    def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, int], bool]:
+        """(arrays and scalars by name, symbols given by name, whether torch tensors were given)."""
+        plan = self.runner.plan
+        # positional order: the program's declared arguments (an SDFG without `arg_names` takes names only)
+        order = [n for n in self.graph.sdfg.arg_names if n in plan.names and plan.arg(n).kind != SYMBOL]
+        if len(args) > len(order):
+            raise ArgumentError(f"{len(args)} positional arguments given; the program takes {order} by position",
+                                "pass the others by name")
+        given = dict(zip(order, args))
         for k, v in kwargs.items():
             if k in given:
                 raise ArgumentError(f"argument '{k}' given both by position and by name")
-            if k not in self.arrays and k not in self.symbols:
-                raise ArgumentError(f"unknown argument '{k}'; the program takes {self.order + self.symbols}")
+            if k not in plan.names:
+                raise ArgumentError(f"unknown argument '{k}'; the program takes {order + list(plan.symbols)}")
             given[k] = v
-        symbols: dict[str, int] = {s: int(given.pop(s)) for s in list(given) if s in self.symbols}
-        arrays: dict[str, np.ndarray] = {}
-        as_torch = False
-        for name, value in given.items():
-            arr, is_torch = _to_numpy(value, name)
-            as_torch |= is_torch
-            desc = self.arrays[name]
-            expected = desc.dtype.as_numpy_dtype()
-            if arr.dtype != expected:
-                raise ArgumentError(f"argument '{name}' has dtype {arr.dtype}; the program expects {expected}",
-                                    f"convert it first, e.g. .astype(np.{expected})")
-            shape = tuple(desc.shape)
-            if arr.ndim != len(shape) and not (arr.size == 1 and desc.total_size == 1):
-                raise ArgumentError(f"argument '{name}' has shape {arr.shape}; the program expects {shape}")
-            if arr.ndim == len(shape):
-                for dim, (actual, formal) in enumerate(zip(arr.shape, shape)):
-                    formal = sympy.sympify(formal)
-                    if formal.is_Symbol and str(formal) not in symbols:
-                        symbols[str(formal)] = actual
-            if not arr.flags.c_contiguous:
-                raise ArgumentError(f"argument '{name}' is not C-contiguous", "pass np.ascontiguousarray(...)")
-            arrays[name] = arr
-        for name, arr in arrays.items():
-            desc = self.arrays[name]
-            want = tuple(int(sympy.sympify(s).subs(symbols)) if not isinstance(s, int) else s for s in desc.shape)
-            if arr.size != int(np.prod(want)) or (arr.ndim == len(want) and arr.shape != want):
-                raise ArgumentError(f"argument '{name}' has shape {arr.shape}; with {symbols or 'no symbols'} the "
-                                    f"program expects {want}")
-        missing_symbols = [s for s in self.symbols if s not in symbols]
-        if missing_symbols:
-            raise ArgumentError(f"cannot infer symbol(s) {missing_symbols} from the arguments; pass them by name")
-        for name, desc in self.arrays.items():
-            if name not in arrays:
-                shape = tuple(int(sympy.sympify(s).subs(symbols)) for s in desc.shape)
-                arrays[name] = np.zeros(shape, dtype=desc.dtype.as_numpy_dtype())
-        return arrays, symbols, as_torch
+        symbols = {s: given.pop(s) for s in plan.symbols if s in given}
+        as_torch = any(isinstance(v, torch.Tensor) for v in given.values())
+        for spec in plan.arrays:
+            if spec.name in given and all(d.const == 1 for d in spec.shape):
+                given[spec.name] = _one_element(given[spec.name], tuple(1 for _ in spec.shape))
+        return given, symbols, as_torch
 
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[dict[str, np.ndarray], bool]:
-        arrays, symbols, as_torch = self.bind(args, kwargs)
-        if self._compiled is None:
-            self._compiled = compile_sdfg(self.graph)
-        # Layout and dtype were validated above, so arrays that view other memory (torch tensors seen
-        # through numpy) are safe to pass without the copy DaCe would otherwise demand.
-        with dace.config.set_temporary("compiler", "allow_view_arguments", value=True):
-            self._compiled(**arrays, **symbols)
-        return arrays, as_torch
-
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], bool]:
+        """Run the SDFG; returns every array argument by name (the given ones and the allocated ones,
+        written in place) and whether torch tensors were given."""
+        runner = self.runner
+        given, symbols, as_torch = self.bind(args, kwargs)
+        omitted = [a for a in runner.plan.arrays if a.name not in given]
+        if omitted:
+            values = runner.symbols_for({n: v for n, v in given.items() if hasattr(v, "shape")},
+                                        {k: int(v) for k, v in symbols.items()})
+            for spec in omitted:
+                shape = tuple(d.evaluate(values) for d in spec.shape)
+                given[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch
+                                    else np.zeros(shape, dtype=spec.dtype))
+        runner(**given, **symbols)
+        return {a.name: given[a.name] for a in runner.plan.arrays if a.kind == ARRAY}, as_torch

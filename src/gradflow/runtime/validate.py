@@ -120,7 +120,8 @@ def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, what: 
     got = dtype_name(array)
     if got != spec.dtype:
         raise _fail(name, f"expected dtype {spec.dtype}, got {got}",
-                    f"convert it (e.g. .to(torch.{spec.dtype})) or create the function with convert=True")
+                    f"convert it first (torch: .to(torch.{spec.dtype}), numpy: .astype(np.{spec.dtype})); "
+                    "gradflow.torch.function(..., convert=True) converts floating inputs itself")
     shape = tuple(array.shape)
     expected_shape = tuple(d.evaluate(symbols) for d in spec.shape)
     if shape != expected_shape:
@@ -129,7 +130,8 @@ def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, what: 
     expected = tuple(d.evaluate(symbols) for d in spec.strides)
     if any(e != s for e, s, n in zip(expected, strides, shape) if n > 1):
         raise _fail(name, f"has strides {strides} (in elements), the compiled SDFG expects {expected}",
-                    "pass a contiguous copy (.contiguous()) or create the function with convert=True")
+                    "pass a contiguous copy (torch: .contiguous(), numpy: np.ascontiguousarray); "
+                    "gradflow.torch.function(..., convert=True) copies inputs itself")
 
 
 _LIMITS = {"int32": 2**31 - 1, "int64": 2**63 - 1, "int16": 2**15 - 1, "int8": 2**7 - 1}

@@ -1,14 +1,19 @@
 """The ctypes dispatcher: a `torch.autograd.Function` generated (as Python source) from a `FunctionPlan`.
 
-Per plan, one `forward`/`backward` pair is generated with straight-line code: a cheap acceptance test of
-the arguments (dtype identity, CPU, strided, contiguous, no lazy-negation view), a lookup of the signature
-(the tuple of input shapes), the native call, and the autograd bookkeeping. Per signature, the argument
-vectors are generated once: output/extra/gradient shapes and the symbol values are literals, the handles
-are bound, and a call passes `data_ptr()`s straight to `__program_<name>` through ctypes (no copies).
+Per plan, the Function's `forward`/`backward` are generated with straight-line code: a cheap acceptance
+test of the arguments (dtype identity, CPU, strided, contiguous, no lazy-negation view; a non-tensor or a
+sparse tensor raises inside the test and is caught), a lookup of the signature (the tuple of input shapes,
+validated in full when first seen), and a jump to the signature's own generated `forward(ctx, ...)`.
+Per signature, everything that depends on the shapes is generated once: output/extra/gradient shapes and
+symbol values are literals, the state handles are bound, allocation is `empty_like` of an input of the same
+layout where there is one, and the call passes `data_ptr()`s straight to `__program_<name>` through
+ctypes (no copies, no DLPack). The forward stores the signature's backward in `ctx.bwd`.
 
-Anything the fast test does not accept goes to `_Dispatcher.slow`, which either raises an `ArgumentError`
-(from `gradflow.runtime.validate`) or, when the function was created with `convert=True`, converts the
-input (dtype cast and/or contiguous copy; gradients are cast back to the input's dtype).
+Anything the fast test does not accept (and a wrong number of inputs) goes to
+`_Dispatcher.slow_forward`, which either raises an `ArgumentError` (from `gradflow.runtime.validate`) or,
+when the function was created with `convert=True`, converts the input (dtype cast and/or contiguous copy;
+gradients are cast back to the input's dtype); a scalar input given as a tensor is read there too (its
+gradient gets the tensor's shape).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from gradflow.runtime.validate import TORCH_DTYPES, check_array, check_symbol_ra
 from gradflow.torch.plan import EXTRA, INPUT, OUTPUT, FunctionPlan
 
 _MAX_SIGNATURES = 256
+_MISSING = object()  # default of the generated forward's parameters: fewer inputs than the plan's
 _ALLOC = {"_empty": torch.empty, "_zeros": torch.zeros, "_empty_like": torch.empty_like,
-          "_zeros_like": torch.zeros_like, "_empty_strided": torch.empty_strided}
+          "_zeros_like": torch.zeros_like, "_empty_strided": torch.empty_strided, "_clone": torch.clone,
+          "_contiguous": torch.contiguous_format}
 
 
 def _exec(source: str, env: dict, name: str) -> Callable:
@@ -36,19 +43,20 @@ def _exec(source: str, env: dict, name: str) -> Callable:
 
 
 class Signature:
-    """Everything about one tuple of input shapes: symbol values, handles, and the generated calls."""
+    """Everything about one tuple of input shapes: symbol values, handles, and the generated
+    `forward(ctx, ...)` / `backward(ctx, ...)` of the autograd.Function for these shapes."""
 
     def __init__(self, dispatcher: "_Dispatcher", symbols: dict[str, int]) -> None:
         plan = dispatcher.plan
         self.symbols = symbols
         fwd_handle = dispatcher.fwd.handle_for(symbols)
         bwd_handle = dispatcher.bwd.handle_for(symbols)
-        self.forward = _exec(_forward_source(plan, symbols, dispatcher.fwd.stateful), {
-            **_ALLOC, "_call": dispatcher.fwd.program,
-            "_lock": dispatcher.fwd.lock, "_H": fwd_handle, **_dtype_env(plan)}, "forward")
         self.backward = _exec(_backward_source(plan, symbols, dispatcher.bwd.stateful), {
-            **_ALLOC, "_call": dispatcher.bwd.program,
+            **_ALLOC, "_call": dispatcher.bwd.program, "_cotangent": dispatcher.cotangent,
             "_lock": dispatcher.bwd.lock, "_H": bwd_handle, **_dtype_env(plan)}, "backward")
+        self.forward = _exec(_forward_source(plan, symbols, dispatcher.fwd.stateful), {
+            **_ALLOC, "_call": dispatcher.fwd.program, "_BWD": self.backward,
+            "_lock": dispatcher.fwd.lock, "_H": fwd_handle, **_dtype_env(plan)}, "forward")
 
 
 def _dtype_env(plan: FunctionPlan) -> dict:
@@ -82,113 +90,127 @@ def _call_lines(args: list[str], locked: bool) -> list[str]:
     return [f"    _call(_H, {', '.join(args)})"]
 
 
+def _copy(var: str, spec: ArgSpec, symbols: dict[str, int]) -> str:
+    """A private copy of a validated input with the descriptor's layout (copy-in of written inputs)."""
+    if spec.default_strides():
+        return f"_clone({var}, memory_format=_contiguous)"
+    strides = repr(tuple(d.evaluate(symbols) for d in spec.strides))
+    return f"_empty_strided({_shape(spec, symbols)}, {strides}, dtype=_D_{spec.dtype}).copy_({var})"
+
+
 def _forward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = True) -> str:
-    """`forward(a0, a1, ...) -> (outputs, extras)`: allocate, call the forward SDFG."""
+    """`forward(ctx, a0, a1, ...)` for one signature (inputs already accepted): copy-in of the written
+    inputs, allocation, the forward SDFG's call, and the autograd bookkeeping (`ctx.bwd` is this
+    signature's backward)."""
     args = [f"a{i}" for i in range(len(plan.inputs))]
-    lines = [f"def forward({', '.join(args)}):"]
+    lines = [f"def forward(ctx, {', '.join(args)}):"]
     local = {}
     for i, s in enumerate(plan.inputs):
         local[s.name] = f"a{i}.data_ptr()" if s.kind == ARRAY else f"a{i}"
-    like = {_layout(s): f"a{i}" for i, s in reversed(list(enumerate(plan.inputs))) if s.kind == ARRAY}
+    value = {i: f"a{i}" for i in range(len(plan.inputs))}
+    for i in plan.copied:  # the forward writes this input: it gets a private copy (copy-in)
+        lines.append(f"    p{i} = {_copy(f'a{i}', plan.inputs[i], symbols)}")
+        local[plan.inputs[i].name] = f"p{i}.data_ptr()"
+        value[i] = f"p{i}"
+    like = {_layout(s): value[i] for i, s in reversed(list(enumerate(plan.inputs))) if s.kind == ARRAY}
     for prefix, specs in (("o", plan.outputs), ("e", plan.extras)):
         for i, s in enumerate(specs):
             lines.append(f"    {prefix}{i} = {_alloc(s, symbols, like, s.name in plan.zero_init)}")
             local[s.name] = f"{prefix}{i}.data_ptr()"
     call = [local[a.name] if a.kind != SYMBOL else repr(int(symbols[a.name])) for a in plan.forward.args]
     lines += _call_lines(call, locked)
-    outs = "".join(f"o{i}, " for i in range(len(plan.outputs)))
-    extras = "".join(f"e{i}, " for i in range(len(plan.extras)))
-    lines.append(f"    return ({outs}), ({extras})")
+    lines.append("    ctx.bwd = _BWD")
+    saved_tensors, saved_scalars = [], []
+    for name, src in plan.forwarded:
+        expr = {INPUT: value[src.index], OUTPUT: f"o{src.index}", EXTRA: f"e{src.index}"}[src.role]
+        (saved_scalars if plan.backward.arg(name).kind != ARRAY else saved_tensors).append(expr)
+    lines.append(f"    ctx.save_for_backward({', '.join(saved_tensors)})")
+    if saved_scalars:
+        lines.append(f"    ctx.scalars = ({''.join(e + ', ' for e in saved_scalars)})")
+    nondiff = [f"o{i}" for i, d in enumerate(plan.differentiable) if not d]
+    if nondiff:
+        lines.append(f"    ctx.mark_non_differentiable({', '.join(nondiff)})")
+    outs = [f"o{i}" for i in range(len(plan.outputs))]
+    lines.append(f"    return {outs[0]}" if len(outs) == 1 else f"    return {', '.join(outs)}")
     return "\n".join(lines) + "\n"
 
 
 def _backward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = True) -> str:
-    """`backward(s0.., c0..) -> grads`: the forwarded values, the cotangents; returns the gradients."""
-    params = [f"s{i}" for i in range(len(plan.forwarded))] + [f"c{i}" for i in range(len(plan.cotangents))]
-    lines = [f"def backward({', '.join(params)}):"]
-    local = {}
-    like = {}
-    for i, (_, name) in reversed(list(enumerate(plan.cotangents))):
-        local[name] = f"c{i}.data_ptr()"
-        like[_layout(plan.backward.arg(name))] = f"c{i}"
-    for i, (name, _) in reversed(list(enumerate(plan.forwarded))):
+    """`backward(ctx, c0, c1, ...)` for one signature: the cotangents of every output arrive (those the
+    backward SDFG takes are made dense and contiguous if needed); allocation of the gradients, the
+    backward SDFG's call, and the gradients of the inputs that need them."""
+    n = len(plan.inputs)
+    lines = [f"def backward(ctx, {', '.join(f'c{i}' for i in range(len(plan.outputs)))}):"]
+    tensors = [name for name, _ in plan.forwarded if plan.backward.arg(name).kind == ARRAY]
+    if tensors:
+        lines.append(f"    {''.join(f's{i}, ' for i in range(len(tensors)))}= ctx.saved_tensors")
+    local, like = {}, {}
+    ti = si = 0
+    for name, _ in plan.forwarded:
         spec = plan.backward.arg(name)
-        local[name] = f"s{i}.data_ptr()" if spec.kind == ARRAY else f"s{i}"
         if spec.kind == ARRAY:
-            like[_layout(spec)] = f"s{i}"
+            if name in plan.backward_copied:  # the backward writes it: never the saved tensor itself
+                lines.append(f"    s{ti} = {_copy(f's{ti}', spec, symbols)}")
+            local[name] = f"s{ti}.data_ptr()"
+            like.setdefault(_layout(spec), f"s{ti}")
+            ti += 1
+        else:
+            local[name] = f"ctx.scalars[{si}]"
+            si += 1
+    for oi, name in plan.cotangents:
+        dt = plan.outputs[oi].dtype
+        lines.append(f"    if not (c{oi}.dtype is _D_{dt} and c{oi}.is_contiguous() and not c{oi}.is_neg()):")
+        lines.append(f"        c{oi} = _cotangent(c{oi}, {oi})")
+        if name in plan.backward_copied:  # the backward writes it: never torch's cotangent itself
+            lines.append(f"    c{oi} = {_copy(f'c{oi}', plan.backward.arg(name), symbols)}")
+        local[name] = f"c{oi}.data_ptr()"
+        like.setdefault(_layout(plan.backward.arg(name)), f"c{oi}")
     for i, spec in enumerate(plan.grad_specs):
         lines.append(f"    g{i} = {_alloc(spec, symbols, like, False)}")
         local[spec.name] = f"g{i}.data_ptr()"
     call = [local[a.name] if a.kind != SYMBOL else repr(int(symbols[a.name])) for a in plan.backward.args]
     lines += _call_lines(call, locked)
-    lines.append(f"    return ({''.join(f'g{i}, ' for i in range(len(plan.grad_specs)))})")
+    results = ["None"] * n
+    if plan.grads:
+        lines.append("    need = ctx.needs_input_grad")
+    for k, (ii, _) in enumerate(plan.grads):
+        # a scalar input needs a gradient only when it was given as a tensor (through the slow path,
+        # whose `finish` gives the gradient that tensor's shape)
+        results[ii] = f"(g{k} if need[{ii}] else None)"
+    lines.append(f"    return {', '.join(results)}" + ("," if n == 1 else ""))
     return "\n".join(lines) + "\n"
 
 
 def _autograd_source(plan: FunctionPlan) -> str:
-    """The `forward(ctx, ...)` / `backward(ctx, ...)` pair of the autograd.Function."""
+    """The `forward(ctx, ...)` / `backward(ctx, ...)` of the autograd.Function: an acceptance test of the
+    inputs and a lookup of the signature, then the signature's generated code; anything else (and a wrong
+    number of inputs) goes to the slow path."""
     n = len(plan.inputs)
     args = [f"a{i}" for i in range(n)]
-    arglist = ", ".join(args)
-    tup = "".join(f"{a}, " for a in args)
     fast = []
     for i, s in enumerate(plan.inputs):
         if s.kind == ARRAY:
-            fast.append(f"(type(a{i}) is _Tensor or isinstance(a{i}, _Tensor)) and a{i}.dtype is _D_{s.dtype} "
-                        f"and a{i}.is_cpu and a{i}.layout is _strided and a{i}.is_contiguous() "
-                        f"and not a{i}.is_neg()")
+            # a sparse tensor raises in is_contiguous(), a non-tensor lacks the attributes: both are caught
+            fast.append(f"a{i}.dtype is _D_{s.dtype} and a{i}.is_cpu and a{i}.layout is _strided "
+                        f"and a{i}.is_contiguous() and not a{i}.is_neg()")
         else:
-            fast.append(f"type(a{i}) in _NUMBERS")
+            fast.append(f"type(a{i}) in {'_FLOATS' if s.dtype.startswith('float') else '_INTS'}")
     shapes = "".join(f"a{i}.shape, " for i, s in enumerate(plan.inputs) if s.kind == ARRAY)
-    lines = [f"def forward(ctx, {arglist}):"]
-    lines.append(f"    sig = _sigs.get(({shapes})) if ({' and '.join(fast) or 'True'}) else None")
-    lines.append("    if sig is None:")
-    lines.append(f"        sig, ({tup}), ctx.converted = _slow(({tup}))")
-    lines.append(f"    outs, extras = sig.forward({arglist})")
-    lines.append("    ctx.sig = sig")
-    saved_tensors, saved_scalars = [], []
-    for name, src in plan.forwarded:
-        expr = {INPUT: f"a{src.index}", OUTPUT: f"outs[{src.index}]", EXTRA: f"extras[{src.index}]"}[src.role]
-        (saved_scalars if plan.backward.arg(name).kind != ARRAY else saved_tensors).append(expr)
-    lines.append(f"    ctx.save_for_backward({', '.join(saved_tensors)})")
-    if saved_scalars:
-        lines.append(f"    ctx.scalars = ({''.join(e + ', ' for e in saved_scalars)})")
-    nondiff = [f"outs[{i}]" for i, d in enumerate(plan.differentiable) if not d]
-    if nondiff:
-        lines.append(f"    ctx.mark_non_differentiable({', '.join(nondiff)})")
-    lines.append("    return outs[0]" if len(plan.outputs) == 1 else "    return outs")
-
-    # backward: cotangents for every output arrive; only those the backward takes are passed
-    gouts = [f"c{i}" for i in range(len(plan.outputs))]
+    params = ", ".join(f"{a}=_MISSING" for a in args)
+    lines = [f"def forward(ctx, {params}{', ' if params else ''}*rest):"]
+    lines.append("    try:")
+    lines.append(f"        sig = _sigs.get(({shapes})) if ({' and '.join(fast) or 'True'}) else None")
+    lines.append("    except _NOT_ACCEPTED:")
+    lines.append("        sig = None")
+    lines.append("    if sig is None or rest:")
+    lines.append(f"        return _slow(ctx, ({''.join(f'{a}, ' for a in args)}) + rest)")
+    lines.append(f"    return sig.forward(ctx, {', '.join(args)})")
     lines.append("")
-    lines.append(f"def backward(ctx, {', '.join(gouts)}):")
+    gouts = ", ".join(f"c{i}" for i in range(len(plan.outputs)))
+    lines.append(f"def backward(ctx, {gouts}):")
     lines.append("    if _grad_enabled():")
     lines.append("        _no_double_backward()")
-    lines.append(f"    saved = ctx.saved_tensors")
-    ti = si = 0
-    fwd_vals = []
-    for name, _ in plan.forwarded:
-        if plan.backward.arg(name).kind == ARRAY:
-            fwd_vals.append(f"saved[{ti}]")
-            ti += 1
-        else:
-            fwd_vals.append(f"ctx.scalars[{si}]")
-            si += 1
-    cots = []
-    for k, (oi, _) in enumerate(plan.cotangents):
-        dt = plan.outputs[oi].dtype
-        lines.append(f"    if not (c{oi}.dtype is _D_{dt} and c{oi}.is_contiguous() and not c{oi}.is_neg()):")
-        lines.append(f"        c{oi} = _cotangent(c{oi}, {oi})")
-        cots.append(f"c{oi}")
-    lines.append(f"    grads = ctx.sig.backward({', '.join(fwd_vals + cots)})")
-    lines.append("    need = ctx.needs_input_grad")
-    results = ["None"] * n
-    for k, (ii, _) in enumerate(plan.grads):
-        g = f"grads[{k}]" if plan.inputs[ii].kind == ARRAY else f"grads[{k}].reshape(())"
-        results[ii] = f"({g} if need[{ii}] else None)"
-    lines.append("    if ctx.converted is not None:")
-    lines.append(f"        return _cast_back(ctx.converted, ({''.join(r + ', ' for r in results)}))")
-    lines.append(f"    return {', '.join(results)}" + ("," if n == 1 else ""))
+    lines.append(f"    return ctx.bwd(ctx, {gouts})")
     return "\n".join(lines) + "\n"
 
 
@@ -216,25 +238,39 @@ class _Dispatcher:
             sig = self.signatures[shapes] = Signature(self, symbols)
         return sig
 
+    def slow_forward(self, ctx: Any, args: tuple) -> Any:
+        """The forward of a call the acceptance test did not take: wrong number of inputs, an input to
+        validate in full (and convert, when allowed), or a new signature."""
+        args = tuple(a for a in args if a is not _MISSING)  # missing ones can only be trailing
+        plan = self.plan
+        if len(args) != len(plan.inputs):
+            raise ArgumentError(f"'{plan.name}' takes {len(plan.inputs)} inputs "
+                                f"({', '.join(s.name for s in plan.inputs)}), got {len(args)}")
+        sig, args, extra = self.slow(args)
+        out = sig.forward(ctx, *args)
+        if extra is not None:
+            ctx.extra, ctx.inner_bwd, ctx.bwd = extra, ctx.bwd, self.finishing_backward
+        return out
+
+    def finishing_backward(self, ctx: Any, *cotangents: Any) -> tuple:
+        return self.finish(ctx.extra, ctx.inner_bwd(ctx, *cotangents))
+
     def slow(self, args: tuple) -> tuple[Signature, tuple, tuple | None]:
-        """Full validation (and conversion when allowed) of the inputs; returns the signature."""
+        """Full validation (and conversion when allowed) of the inputs; returns the signature, the inputs
+        to pass, and what the backward must undo (`finish`): None, or (the dtype each converted input had,
+        the shape of each scalar input given as a tensor)."""
         plan = self.plan
         if len(args) != len(plan.inputs):
             raise ArgumentError(f"'{plan.name}' takes {len(plan.inputs)} inputs "
                                 f"({', '.join(s.name for s in plan.inputs)}), got {len(args)}")
         out = list(args)
-        converted = None
+        converted: list | None = None
+        shapes: dict[int, tuple] = {}
         for i, (spec, value) in enumerate(zip(plan.inputs, args)):
             if spec.kind == SCALAR:
+                out[i] = self._scalar(spec, value)
                 if isinstance(value, torch.Tensor):
-                    if value.numel() != 1:
-                        raise ArgumentError(f"argument '{spec.name}': expected a number (scalar input), "
-                                            f"got a tensor of shape {tuple(value.shape)}")
-                    out[i] = value.item()
-                elif isinstance(value, (bool, int, float)):
-                    out[i] = value
-                else:
-                    raise ArgumentError(f"argument '{spec.name}': expected a number, got {type(value).__name__}")
+                    shapes[i] = tuple(value.shape)
                 continue
             if not isinstance(value, torch.Tensor):
                 raise ArgumentError(f"argument '{spec.name}': expected a torch.Tensor, got {type(value).__name__}",
@@ -256,7 +292,38 @@ class _Dispatcher:
             if self.convert and spec.default_strides() and not value.is_contiguous():
                 value = out[i] = value.contiguous()
             check_array(spec, value, sig.symbols)
-        return sig, tuple(out), (tuple(converted) if converted else None)
+        extra = (tuple(converted) if converted else None, shapes) if (converted or shapes) else None
+        return sig, tuple(out), extra
+
+    @staticmethod
+    def _scalar(spec: ArgSpec, value: Any) -> Any:
+        """The number passed for a scalar input: a Python number, or a one-element tensor's value."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1 or value.layout is not torch.strided or value.device.type != "cpu":
+                raise ArgumentError(f"argument '{spec.name}': expected a number or a one-element CPU tensor "
+                                    f"(scalar input), got a tensor of shape {tuple(value.shape)} on {value.device}")
+            value = value.item()
+        if spec.dtype.startswith("float"):
+            ok = isinstance(value, (bool, int, float))
+        else:
+            ok = isinstance(value, (bool, int))
+        if not ok:
+            raise ArgumentError(f"argument '{spec.name}': expected a number for the {spec.dtype} scalar input, "
+                                f"got {type(value).__name__}")
+        return value
+
+    @staticmethod
+    def finish(extra: tuple, grads: tuple) -> tuple:
+        """Gradients of the inputs the slow path changed: cast back to the dtype the caller gave, and
+        shaped like the tensor given for a scalar input."""
+        converted, shapes = extra
+        out = list(grads)
+        for i, shape in shapes.items():
+            if out[i] is not None:
+                out[i] = out[i].reshape(shape)
+        if converted is not None:
+            out = [g.to(dt) if (g is not None and dt is not None) else g for g, dt in zip(out, converted)]
+        return tuple(out)
 
     def cotangent(self, value: torch.Tensor, index: int) -> torch.Tensor:
         """A cotangent torch handed us that is not a dense contiguous tensor of the output's dtype."""
@@ -282,11 +349,10 @@ def make_autograd_function(
     dispatcher = _Dispatcher(plan, forward, backward, convert)
     source = _autograd_source(plan)
     env = {
-        "_Tensor": torch.Tensor, "_strided": torch.strided, "_NUMBERS": (int, float, bool),
+        "_strided": torch.strided, "_FLOATS": (float, int, bool), "_INTS": (int, bool), "_MISSING": _MISSING,
+        "_NOT_ACCEPTED": (AttributeError, RuntimeError, TypeError),
         "_sigs": dispatcher.signatures, "_grad_enabled": torch.is_grad_enabled,
-        "_no_double_backward": _no_double_backward, "_slow": dispatcher.slow, "_cotangent": dispatcher.cotangent,
-        "_cast_back": lambda converted, grads: tuple(
-            g.to(dt) if (g is not None and dt is not None) else g for g, dt in zip(grads, converted)),
+        "_no_double_backward": _no_double_backward, "_slow": dispatcher.slow_forward,
         **_dtype_env(plan),
     }
     fwd = _exec(source, env, "forward")
@@ -297,5 +363,4 @@ def make_autograd_function(
         "dispatcher": dispatcher,
         "source": source,
     })
-    cls._backward_cls.converted = None  # default of ctx.converted (set only by converting calls)
     return cls

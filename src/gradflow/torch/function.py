@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import torch
+
 from gradflow.autodiff.interface import VJPResult
-from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError
+from gradflow.core.errors import GradflowError, InvalidArgumentError
 from gradflow.core.graph import Graph, as_sdfg
 from gradflow.runtime.compile import compile_sdfg
 from gradflow.runtime.plan import plan_for
 from gradflow.torch.plan import FunctionPlan, build_plan, default_inputs_outputs, differentiable_inputs
 
 DISPATCHERS = ("ctypes", "cpp")
+DEFAULT_DISPATCHER = "ctypes"
+
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _base_apply(cls: type[torch.autograd.Function]) -> Any:
+    """`cls.apply` without the Python layer of `torch.autograd.Function.apply`, which only binds default
+    arguments for a `setup_context` and routes functorch transforms (vmap, torch.func.grad, ...); gradflow
+    functions define no `setup_context`, and `Function.__call__` refuses calls under functorch transforms."""
+    return super(torch.autograd.Function, cls).apply
 
 
 def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] | None,
@@ -47,7 +59,6 @@ class Function:
         self.vjp = vjp
         self.plan = plan
         self.dispatcher = dispatcher
-        self._arity = len(plan.inputs)
         self.forward_compiled = compile_sdfg(vjp.forward)
         self.backward_compiled = compile_sdfg(vjp.backward)
         for compiled, expected in ((self.forward_compiled, plan.forward), (self.backward_compiled, plan.backward)):
@@ -58,14 +69,17 @@ class Function:
 
             self.autograd_function = make_autograd_function(
                 plan, self.forward_compiled, self.backward_compiled, convert)
-            self._call = self.autograd_function.apply
+            self._call = _base_apply(self.autograd_function)
         else:
             if convert:
                 raise InvalidArgumentError("convert=True is only supported by the ctypes dispatcher")
+            from gradflow.runtime.calling import is_stateful
             from gradflow.torch import cpp
 
-            self.extension = cpp.build(plan, self.forward_compiled, self.backward_compiled)
-            self._call = self.extension
+            self.extension = cpp.build(plan, self.forward_compiled, self.backward_compiled,
+                                       stateful=(is_stateful(self.forward_compiled.sdfg),
+                                                 is_stateful(self.backward_compiled.sdfg)))
+            self._call = self.extension.call  # the extension's CPython entry point
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -76,9 +90,14 @@ class Function:
         return tuple(s.name for s in self.plan.outputs)
 
     def __call__(self, *args: Any) -> Any:
-        if len(args) != self._arity:
-            raise ArgumentError(f"'{self.plan.name}' takes {self._arity} inputs ({', '.join(self.inputs)}), "
-                                f"got {len(args)}")
+        # `_call`: the ctypes dispatcher's autograd.Function apply (its generated forward checks the number
+        # of inputs) or the C++ extension's entry point (which checks it too). torch's C apply must not be
+        # reached under a functorch transform (it fails an internal assertion), hence the check here.
+        if _functorch_active():
+            raise GradflowError(
+                f"'{self.plan.name}' is called under a functorch transform (vmap, torch.func.grad, ...); "
+                "gradflow.torch functions support plain autograd only",
+                "call it outside the transform, or differentiate the program with gradflow.vjp")
         return self._call(*args)
 
     def __repr__(self) -> str:
@@ -92,7 +111,7 @@ def function(
     outputs: Sequence[str] | None = None,
     *,
     wrt: Sequence[str] | None = None,
-    dispatcher: str = "ctypes",
+    dispatcher: str = DEFAULT_DISPATCHER,
     convert: bool = False,
     symbols: Mapping[str, int] | None = None,
 ) -> Function:

@@ -55,6 +55,12 @@ class FunctionPlan:
     fixed_symbols: tuple[tuple[str, int], ...]
     forward: CallPlan
     backward: CallPlan
+    #: inputs (indices) the forward program writes: the dispatchers pass a private copy of the value
+    #: (copy-in; the caller's tensor is never modified) and save that copy for the backward
+    copied: tuple[int, ...] = ()
+    #: backward arguments (forwarded values, cotangents) the backward program writes: copied before the
+    #: backward call, so that neither saved tensors nor torch's cotangents are modified
+    backward_copied: frozenset[str] = frozenset()
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -69,6 +75,7 @@ class FunctionPlan:
 
 
 def _written(sdfg: dace.SDFG) -> set[str]:
+    """Arrays some state writes (an access node with an incoming edge), in any control-flow region."""
     return {node.data for state in sdfg.states() for node in state.data_nodes() if state.in_degree(node) > 0}
 
 
@@ -168,12 +175,7 @@ def build_plan(
                 f"list it in inputs= or outputs= (inputs: {list(inputs)}, outputs: {list(outputs)})",
             )
     written = _written(vjp.forward)
-    for n in inputs:
-        if n in written:
-            raise InvalidArgumentError(
-                f"input '{n}' is written by the forward program; gradflow.torch functions do not modify inputs",
-                "copy it into a new array in the program, or list it as an output",
-            )
+    copied = tuple(i for i, n in enumerate(inputs) if n in written and fwd_plan.arg(n).kind == ARRAY)
     in_specs = tuple(fwd_plan.arg(n) for n in inputs)
     out_specs = tuple(fwd_plan.arg(n) for n in outputs)
     extra_specs = tuple(fwd_plan.arg(n) for n in extras)
@@ -255,4 +257,8 @@ def build_plan(
         fixed_symbols=tuple(sorted((k, int(v)) for k, v in fixed.items() if k in needed)),
         forward=fwd_plan,
         backward=bwd_plan,
+        copied=copied,
+        backward_copied=frozenset(
+            n for n in _written(vjp.backward)
+            if n in dict(forwarded) or n in {c for _, c in cotangents}),
     )

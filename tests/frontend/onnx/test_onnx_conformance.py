@@ -21,7 +21,8 @@ CURATED = [
     "test_conv_with_strides_and_asymmetric_padding", "test_convtranspose", "test_convtranspose_3d",
     "test_convtranspose_dilations", "test_convtranspose_group_2_image_3", "test_cos", "test_cos_example",
     "test_cumsum_1d", "test_cumsum_1d_reverse_exclusive", "test_div", "test_div_int8", "test_dropout_default",
-    "test_dropout_default_ratio", "test_einsum_batch_diagonal", "test_einsum_scalar", "test_erf", "test_exp",
+    "test_dropout_default_ratio", "test_training_dropout_mask", "test_einsum_batch_diagonal", "test_einsum_scalar",
+    "test_erf", "test_exp",
     "test_exp_example", "test_expand_dim_changed", "test_expand_dim_unchanged", "test_flatten_axis0",
     "test_flatten_default_axis", "test_gather_0", "test_gather_2d_indices", "test_gather_elements_0",
     "test_gather_elements_1", "test_gathernd_example_float32", "test_gathernd_example_int32",
@@ -80,3 +81,11 @@ def test_backend_run_node_and_device():
     b = np.array([1.0, -2.0, 0.5], dtype=np.float32)
     (c,) = GradflowBackend.run_node(node, [a, b])
     np.testing.assert_array_equal(c, a * b)
+
+
+def test_failures_are_classified_by_reason():
+    cases = all_node_cases()
+    fp8 = run_case(cases["test_cast_FLOAT_to_FLOAT8E4M3FN"])
+    assert not fp8.passed and fp8.category == "element-type" and "FLOAT8E4M3FN" in fp8.reason
+    seq = run_case(cases["test_identity_sequence"])
+    assert not seq.passed and seq.category == "non-tensor" and "sequence" in seq.reason

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from gradflow.core.errors import ArgumentError, GradflowError
 from gradflow.frontend.onnx import (
-    DynamicShapeError, InputMismatchError, MalformedModelError, UnsupportedOpError, load,
+    DynamicShapeError, InputMismatchError, MalformedModelError, UnsupportedOpError, UnsupportedTypeError, load,
 )
 from onnx_testutil import single_node_model
 
@@ -103,3 +103,32 @@ def test_shape_computed_from_data_is_a_dynamic_shape_error():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(DynamicShapeError, match="data_reshape.*s_int"):
         load(model)
+
+
+def test_unsupported_element_types_are_typed_errors_naming_the_type():
+    cast = single_node_model("Cast", [("x", F, [3])], [("y", TensorProto.FLOAT8E4M3FN, [3])], opset=21,
+                             to=TensorProto.FLOAT8E4M3FN)
+    cast.graph.node[0].name = "to_fp8"
+    with pytest.raises(UnsupportedTypeError) as info:
+        load(cast)
+    text = str(info.value)
+    assert "FLOAT8E4M3FN" in text and "'Cast'" in text and "to_fp8" in text and "opset 21" in text
+    assert info.value.type_name == "FLOAT8E4M3FN" and isinstance(info.value, UnsupportedOpError)
+
+    int4_in = single_node_model("Cast", [("x", TensorProto.INT4, [4])], [("y", F, [4])], opset=21, to=F)
+    with pytest.raises(UnsupportedTypeError, match="graph input 'x' has element type INT4"):
+        load(int4_in)
+
+    fp8 = helper.make_tensor("w", TensorProto.FLOAT8E5M2, [2], [1.0, 2.0])
+    init = single_node_model("Cast", [], [("y", F, [2])], opset=21, initializers=[fp8], to=F)
+    with pytest.raises(UnsupportedTypeError, match="initializer 'w' has element type FLOAT8E5M2"):
+        load(init)
+
+
+def test_sequence_and_optional_inputs_are_typed_errors():
+    seq = helper.make_tensor_sequence_value_info("s", F, [2])
+    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["t"])], "g", [seq],
+                              [helper.make_tensor_sequence_value_info("t", F, [2])])
+    with pytest.raises(UnsupportedTypeError, match="'s' is a sequence value") as info:
+        load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    assert info.value.type_name == "sequence"

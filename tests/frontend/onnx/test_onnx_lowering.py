@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from gradflow.core.elementwise import elementwise_table
 from gradflow.core.symbolic import print_code
-from gradflow.frontend.onnx import InputMismatchError, OnnxError, load
+from gradflow.frontend.onnx import InputMismatchError, OnnxError, UnsupportedOpError, load
 from onnx_testutil import export, reference, single_node_model
 
 F = TensorProto.FLOAT
@@ -104,3 +104,81 @@ def test_bfloat16_is_computed_in_float32_and_rounded_at_outputs():
     assert torch.equal(c, a * b)  # one rounding of the float32 product, as torch does
     with pytest.raises(InputMismatchError, match="dtype"):
         prog(a.float(), b.float())
+
+
+def _graph_model(nodes, inputs, outputs, initializers=(), opset: int = 18):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(*o) for o in outputs], initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _dropout_model(seed=None):
+    kw = {} if seed is None else {"seed": seed}
+    return _graph_model(
+        [helper.make_node("Dropout", ["x", "r", "t"], ["y", "mask"], **kw)],
+        [("x", F, [4, 50])], [("y", F, [4, 50]), ("mask", TensorProto.BOOL, [4, 50])],
+        [helper.make_tensor("r", F, [], [0.3]), helper.make_tensor("t", TensorProto.BOOL, [], [True])],
+    )
+
+
+def test_training_dropout_with_a_seed_draws_the_reference_mask():
+    model = _dropout_model(seed=7)
+    prog = load(model)
+    x = np.random.default_rng(0).standard_normal((4, 50)).astype(np.float32)
+    y, mask = prog(x)
+    y_ref, mask_ref = reference(model, {"x": x})
+    np.testing.assert_array_equal(mask, mask_ref)
+    assert 0.5 < mask.mean() < 0.9  # ratio 0.3: about 70% kept
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(prog(x)[1], mask)  # a constant of the program: the same on every call
+
+
+def test_training_dropout_without_a_seed_is_unsupported():
+    with pytest.raises(UnsupportedOpError, match="Dropout.*seed"):
+        load(_dropout_model())
+
+
+def test_bool_and_non_finite_constants():
+    cond = helper.make_tensor("cv", TensorProto.BOOL, [4], [True, False, True, False])
+    special = helper.make_tensor("sv", F, [4], [np.inf, -np.inf, np.nan, 1.0])
+    model = _graph_model(
+        [helper.make_node("Constant", [], ["c"], value=cond), helper.make_node("Constant", [], ["s"], value=special),
+         helper.make_node("Where", ["c", "x", "s"], ["y"])],
+        [("x", F, [4])], [("y", F, [4])],
+    )
+    x = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    (got,) = load(model)(x)
+    np.testing.assert_array_equal(got, reference(model, {"x": x})[0])
+    np.testing.assert_array_equal(got, [1.0, -np.inf, 3.0, 1.0])
+
+
+def _tasklet_reads(sdfg):
+    for node, state in sdfg.all_nodes_recursive():
+        if isinstance(node, dace.nodes.Tasklet):
+            for e in state.in_edges(node):
+                if not e.data.is_empty():
+                    yield node, e.data
+
+
+def test_known_gather_indices_padded_conv_and_pools_read_single_elements():
+    """Gather with a constant index, a padded Conv (padded into a temporary) and pools whose windows stay
+    inside the input read one element per memlet: plain dataflow the AD engine differentiates."""
+    w = helper.make_tensor("w", F, [2, 3, 3, 3], np.linspace(-1, 1, 54).tolist())
+    nodes = [
+        helper.make_node("Constant", [], ["i"], value=helper.make_tensor("iv", TensorProto.INT64, [], [-1])),
+        helper.make_node("Constant", [], ["j"], value=helper.make_tensor("jv", TensorProto.INT64, [1], [2])),
+        helper.make_node("Gather", ["x", "i"], ["g"], axis=0),  # (3, 6, 6)
+        helper.make_node("Gather", ["x", "j"], ["h"], axis=1),  # (2, 1, 6, 6)
+        helper.make_node("Unsqueeze", ["g", "zero"], ["g4"]),
+        helper.make_node("Conv", ["g4", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("AveragePool", ["h"], ["a"], kernel_shape=[3, 3]),
+    ]
+    model = _graph_model(nodes, [("x", F, [2, 3, 6, 6])], [("m", F, [1, 2, 3, 3]), ("a", F, [2, 1, 4, 4])],
+                         [w, helper.make_tensor("zero", TensorProto.INT64, [1], [0])])
+    prog = load(model)
+    for tasklet, memlet in _tasklet_reads(prog.sdfg):
+        assert not memlet.dynamic and memlet.subset.num_elements() == 1, (tasklet.label, str(memlet))
+    x = np.random.default_rng(1).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    for got, want in zip(prog(x), reference(model, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

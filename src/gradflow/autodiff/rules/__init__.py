@@ -28,6 +28,7 @@ LIBRARY_RULES: MutableRuleRegistry[ReverseRule] = MutableRuleRegistry("library")
 
 
 def library_rule_for(node: nd.LibraryNode):
+    load_builtin_rules()  # expand_library_nodes asks before the engine has loaded the rules
     rule = LIBRARY_RULES.table.lookup(type(node).__name__, node)
     return None if rule is None else rule.fn
 
@@ -47,4 +48,6 @@ def register_reverse(kind: str, *, priority: int = 0, applies: Callable[..., boo
 
 def load_builtin_rules() -> None:
     """Import the modules whose decorators fill the tables."""
-    from gradflow.autodiff.rules import copies, elementwise  # noqa: F401
+    from gradflow.autodiff.rules import copies, elementwise, extremum, library, nested  # noqa: F401
+
+    library.load()

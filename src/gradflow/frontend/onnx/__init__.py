@@ -6,7 +6,7 @@ pure pass `onnx_lower`; its per-op rules live in `ONNX_RULES` (register more wit
 """
 
 from gradflow.frontend.onnx.errors import (
-    DynamicShapeError, InputMismatchError, MalformedModelError, OnnxError, UnsupportedOpError,
+    DynamicShapeError, InputMismatchError, MalformedModelError, OnnxError, UnsupportedOpError, UnsupportedTypeError,
 )
 from gradflow.frontend.onnx.lower import OnnxLower, Signature, lower_model, model_graph
 from gradflow.frontend.onnx.model import OnnxModel, read_model
@@ -16,5 +16,5 @@ from gradflow.frontend.onnx.table import ONNX_RULES, Node, default_table, onnx_r
 __all__ = [
     "load", "OnnxProgram", "OnnxModel", "read_model", "OnnxLower", "Signature", "lower_model", "model_graph",
     "ONNX_RULES", "Node", "default_table", "onnx_rule", "OnnxError", "MalformedModelError", "UnsupportedOpError",
-    "DynamicShapeError", "InputMismatchError",
+    "UnsupportedTypeError", "DynamicShapeError", "InputMismatchError",
 ]

@@ -19,6 +19,7 @@ import numpy as np
 import sympy
 from dace import symbolic
 
+from gradflow.frontend.onnx.dtypes import STORAGE, storage_dtype  # noqa: F401  (re-exported)
 from gradflow.frontend.onnx.naming import Namer
 
 Dim = Union[int, sympy.Expr]
@@ -67,21 +68,6 @@ def prod(dims: Iterable[Dim]) -> Dim:
     for d in dims:
         out = out * d
     return norm_dim(out)
-
-
-#: Element types without a C++ type, stored (and computed) in a wider one; converted at the call boundary.
-try:
-    import ml_dtypes
-
-    STORAGE = {np.dtype(ml_dtypes.bfloat16): np.dtype(np.float32)}
-except ImportError:  # pragma: no cover
-    STORAGE = {}
-
-
-def storage_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype an SDFG array of logical element type `dtype` has (bfloat16 -> float32)."""
-    dtype = np.dtype(dtype)
-    return STORAGE.get(dtype, dtype)
 
 
 def dace_type(dtype: np.dtype) -> dace.typeclass:
@@ -221,13 +207,17 @@ class Lowering:
         out = attrs.evolve(t, array=arr)
         if value.dtype != object:
             data = value.astype(t.dtype).astype(storage_dtype(t.dtype))
-            data = np.ascontiguousarray(data.reshape([int(d) for d in t.phys_shape]))
-            self.sdfg.add_constant(arr, data, self.sdfg.arrays[arr])
-            return out
-        # Symbolic values (shape arithmetic over symbols) are written once, in the prologue.
+            if data.dtype.kind != "f" or np.isfinite(data).all():
+                # DaCe prints constant arrays with str(): bools as 0/1 (not Python's True/False)
+                data = data.astype(np.uint8) if data.dtype == np.bool_ else data
+                data = np.ascontiguousarray(data.reshape([int(d) for d in t.phys_shape]))
+                self.sdfg.add_constant(arr, data, self.sdfg.arrays[arr])
+                return out
+        # Symbolic values (shape arithmetic over symbols) and floats with inf/nan (no C++ literal in a
+        # constant array) are written once, in the prologue.
         flat = value.reshape(-1)
         lines = [
-            f"{sub('o', out, [str(int(i)) for i in np.unravel_index(k, value.shape)])} = {dstr(norm_dim(v))}"
+            f"{sub('o', out, [str(int(i)) for i in np.unravel_index(k, value.shape)])} = {_element_code(v)}"
             for k, v in enumerate(flat)
         ]
         tasklet = self.prologue.add_tasklet(self.namer("sym", name), {}, {"o"}, "\n".join(lines))
@@ -324,6 +314,13 @@ class Lowering:
     def copy_indexed(self, label: str, src: Tensor, out: Tensor, src_index: Sequence[str], p: Sequence[str]) -> None:
         """out[p] = src[src_index(p)] with an affine/integer index known without data."""
         self.map(label, list(zip(p, out.shape)), {"a": (src, src_index)}, "o = a", {"o": (out, p, None)})
+
+
+def _element_code(v) -> str:
+    """One element of a known value as tasklet source: a float literal, or an integer / symbolic expression."""
+    if isinstance(v, (float, np.floating)):
+        return literal_float(v)
+    return dstr(norm_dim(v))
 
 
 def literal_float(v: float) -> str:

@@ -55,12 +55,33 @@ def cases_in_scope(ops: tuple[str, ...] = tuple(OPS_IN_SCOPE)) -> dict[str, Any]
     return out
 
 
+#: Why a case failed, from the most to the least expected.
+CATEGORIES = {
+    "element-type": "an element type gradflow does not represent (UnsupportedTypeError: float8/float4, 2-/4-bit ints)",
+    "non-tensor": "a sequence / optional / map value (UnsupportedTypeError)",
+    "unsupported": "an op, attribute or opset the rules do not cover (UnsupportedOpError)",
+    "mismatch": "ran, but the outputs differ from the reference beyond the case's tolerances",
+    "error": "any other exception (a bug)",
+}
+
+
 @attrs.frozen
 class Outcome:
     name: str
     op: str
     passed: bool
     reason: str = ""
+    category: str = ""  # a key of CATEGORIES when not passed
+
+
+def _category(exc: BaseException) -> str:
+    from gradflow.frontend.onnx.errors import UnsupportedOpError, UnsupportedTypeError
+
+    if isinstance(exc, UnsupportedTypeError):
+        return "non-tensor" if exc.type_name in ("sequence", "optional", "map", "sparse_tensor", "untyped") else "element-type"
+    if isinstance(exc, UnsupportedOpError):
+        return "unsupported"
+    return "error"
 
 
 def run_case(case: Any) -> Outcome:
@@ -75,19 +96,19 @@ def run_case(case: Any) -> Outcome:
             expected = [_as_array(a) for a in expected]
             outs = rep.run(inputs)
             if len(outs) != len(expected):
-                return Outcome(case.name, op, False, f"mismatch: {len(outs)} outputs, expected {len(expected)}")
+                return Outcome(case.name, op, False, f"{len(outs)} outputs, expected {len(expected)}", "mismatch")
             for got, want in zip(outs, expected):
                 want = np.asarray(want)
                 got = np.asarray(got)
                 if got.dtype != want.dtype:
-                    return Outcome(case.name, op, False, f"mismatch: dtype {got.dtype} != {want.dtype}")
+                    return Outcome(case.name, op, False, f"dtype {got.dtype} != {want.dtype}", "mismatch")
                 np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
     except AssertionError as exc:
         lines = [l for l in str(exc).splitlines() if l.strip()]
-        return Outcome(case.name, op, False, "mismatch: " + " ".join(lines[1:3])[:200])
+        return Outcome(case.name, op, False, " ".join(lines[1:3])[:200], "mismatch")
     except Exception as exc:  # noqa: BLE001 - every failure is a reported reason
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return Outcome(case.name, op, False, f"{type(exc).__name__}: {msg[:240]}")
+        return Outcome(case.name, op, False, f"{type(exc).__name__}: {msg[:240]}", _category(exc))
     return Outcome(case.name, op, True)
 
 

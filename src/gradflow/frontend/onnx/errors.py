@@ -31,6 +31,20 @@ class UnsupportedOpError(OnnxError):
 
 
 @attrs.frozen(eq=False)
+class UnsupportedTypeError(UnsupportedOpError):
+    """A value whose type gradflow cannot represent: element types without a C++ type in DaCe (float8,
+    float4, 2-/4-bit integers, strings, complex) and non-tensor values (sequences, optionals, maps).
+    `type_name` is the ONNX name of the type (e.g. 'FLOAT8E4M3FN', 'sequence')."""
+
+    type_name: str = ""
+
+    def at_node(self, op_type: str, node: str, domain: str, opset: int) -> "UnsupportedTypeError":
+        """The same error, its message prefixed with the node that met the type."""
+        where = f"ONNX op '{op_type}' (domain '{domain or 'ai.onnx'}', opset {opset}) at node '{node}'"
+        return UnsupportedTypeError(f"{where}: {self.message}", self.hint, self.type_name)
+
+
+@attrs.frozen(eq=False)
 class DynamicShapeError(UnsupportedOpError):
     """A value that decides a shape (Reshape's shape, Slice's starts, ...) is computed at run time."""
 

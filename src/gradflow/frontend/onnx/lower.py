@@ -24,9 +24,12 @@ from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.core.rule_table import RuleTable
 from gradflow.frontend.onnx import fold
 from gradflow.frontend.onnx.builder import (
-    STORAGE, Dim, Lowering, NeedsValue, RuleUnsupported, Tensor, dace_type, params, storage_dtype,
+    Dim, Lowering, NeedsValue, RuleUnsupported, Tensor, dace_type, params, storage_dtype,
 )
-from gradflow.frontend.onnx.errors import DynamicShapeError, MalformedModelError, UnsupportedOpError
+from gradflow.frontend.onnx.dtypes import check_dtype, input_dtype
+from gradflow.frontend.onnx.errors import (
+    DynamicShapeError, MalformedModelError, UnsupportedOpError, UnsupportedTypeError,
+)
 from gradflow.frontend.onnx.model import OnnxModel
 from gradflow.frontend.onnx.naming import Namer
 from gradflow.frontend.onnx.table import Node, default_table
@@ -60,27 +63,6 @@ class Signature:
     symbols: tuple[str, ...] = ()
 
 
-#: Element types the lowering handles (DaCe has C++ types for them).
-SUPPORTED_DTYPES = frozenset(
-    np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-                          np.uint64, np.float16, np.float32, np.float64)
-) | frozenset(STORAGE)
-
-
-def _elem_dtype(elem_type: int, what: str) -> np.dtype:
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:
-        dtype = None
-    if dtype not in SUPPORTED_DTYPES:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
-        raise UnsupportedOpError(
-            f"{what} has element type {name}, which gradflow does not support",
-            "supported: bool, (u)int8-64, float16/32/64; sequences, optionals and strings are not supported",
-        )
-    return dtype
-
-
 def _value_info_shape(lw: Lowering, vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
@@ -95,7 +77,16 @@ def _value_info_shape(lw: Lowering, vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
 
 
 def lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signature]:
-    """Build the SDFG of `model` (a fresh one; nothing shared with the caller)."""
+    """Build the SDFG of `model` (a fresh one; nothing shared with the caller).
+
+    DaCe's source-line info is off while building: it would record gradflow's own file and line numbers
+    (inspecting the stack at every node added, most of the lowering time) in the SDFG and its fingerprint.
+    """
+    with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+        return _lower_model(model, table)
+
+
+def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signature]:
     proto = model.proto()
     graph = proto.graph
     namer = Namer()
@@ -110,7 +101,7 @@ def lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatur
     for vi in graph.input:
         if vi.name in inits:
             continue
-        dtype = _elem_dtype(vi.type.tensor_type.elem_type, f"graph input '{vi.name}'")
+        dtype = input_dtype(vi)
         if vi.name in model.bound_inputs:
             lw.set_value(vi.name, model.bound_inputs[vi.name], dtype)
             continue
@@ -121,8 +112,7 @@ def lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatur
         lw.set(vi.name, t)
         inputs.append(Port(vi.name, arr, t.shape, t.dtype))
     for name, value in init_values.items():
-        if value.dtype not in SUPPORTED_DTYPES:
-            raise UnsupportedOpError(f"initializer '{name}' has unsupported element type {value.dtype}")
+        check_dtype(value.dtype, f"initializer '{name}'")
         lw.init_values[name] = value
         if value.dtype.kind in "iub":
             lw.set_value(name, value)  # integer data: shapes, axes, indices; never a weight
@@ -232,6 +222,8 @@ def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
         rule.fn(lw, node)
     except RuleUnsupported as exc:
         raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, str(exc)) from None
+    except UnsupportedTypeError as exc:  # a rule met a type it cannot represent (e.g. a Cast target)
+        raise exc.at_node(node.op_type, where, node.domain, node.opset) from None
     except NeedsValue as exc:
         raise InputDecidesShapeError(
             f"node '{where}' ({node.op_type}) needs the value of '{exc.tensor}' at compile time",

@@ -10,6 +10,7 @@ lowered lazily: one specialisation per distinct value of those inputs, cached in
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Mapping
 
@@ -21,15 +22,16 @@ from gradflow.core.errors import GradflowError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import unwrap_or_raise
 from gradflow.core.rule_table import RuleTable
-from gradflow.frontend.onnx.builder import storage_dtype
+from gradflow.frontend.onnx.dtypes import elem_dtype, storage_dtype
 from gradflow.frontend.onnx.errors import InputMismatchError, OnnxError
 from gradflow.frontend.onnx.lower import InputDecidesShapeError, OnnxLower, Port, Signature, model_graph
 from gradflow.frontend.onnx.model import OnnxModel, read_model
 
-try:  # torch is optional at run time
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
+
+def _torch():
+    """torch if the caller has imported it (a torch tensor argument implies it has); never imported here,
+    so importing gradflow does not pay for torch."""
+    return sys.modules.get("torch")
 
 
 def _lower(model: OnnxModel, table: RuleTable | None) -> Graph:
@@ -37,6 +39,7 @@ def _lower(model: OnnxModel, table: RuleTable | None) -> Graph:
 
 
 def _as_numpy(value: Any, port_name: str) -> tuple[np.ndarray, bool]:
+    torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         if value.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
@@ -101,6 +104,7 @@ class _Specialized:
 
 
 def _to_torch(a: np.ndarray):
+    torch = _torch()
     if a.dtype.kind == "V" and a.dtype.itemsize == 2:  # bfloat16
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -172,11 +176,9 @@ class OnnxProgram:
         return [vi.name for vi in self.model.graph().input if vi.name not in inits]
 
     def _dummy(self, name: str) -> np.ndarray:
-        from gradflow.frontend.onnx.lower import _elem_dtype
-
         vi = next(v for v in self.model.graph().input if v.name == name)
         dims = [d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim]
-        return np.ones(dims, dtype=_elem_dtype(vi.type.tensor_type.elem_type, name))
+        return np.ones(dims, dtype=elem_dtype(vi.type.tensor_type.elem_type, name))
 
     @property
     def input_names(self) -> list[str]:
@@ -258,11 +260,9 @@ class OnnxProgram:
         return tuple(outs)
 
     def _check_value_inputs(self, arrays: Mapping[str, np.ndarray]) -> None:
-        from gradflow.frontend.onnx.lower import _elem_dtype
-
         for vi in self.model.graph().input:
             if vi.name in self._value_inputs:
-                want = _elem_dtype(vi.type.tensor_type.elem_type, vi.name)
+                want = elem_dtype(vi.type.tensor_type.elem_type, vi.name)
                 if arrays[vi.name].dtype != want:
                     raise InputMismatchError(f"input '{vi.name}' must have dtype {want}, got {arrays[vi.name].dtype}")
 

@@ -13,6 +13,7 @@ from gradflow.core.symbolic import print_code
 from gradflow.frontend.onnx.builder import (
     Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, params, storage_dtype,
 )
+from gradflow.frontend.onnx.dtypes import elem_dtype
 from gradflow.frontend.onnx.table import Node, onnx_rule
 
 X, Y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
@@ -194,12 +195,8 @@ _CASTABLE = frozenset("biuf")
 
 @onnx_rule("Cast")
 def cast(lw: Lowering, node: Node) -> None:
-    from onnx import helper
-
     x = lw.get(node.inputs[0])
-    from gradflow.frontend.onnx.lower import _elem_dtype
-
-    to = _elem_dtype(int(node.attr("to")), "the Cast target")
+    to = elem_dtype(int(node.attr("to")), "the Cast target")
     # bfloat16 is stored as float32: a cast to it rounds only where it leaves the graph (docs/onnx.md)
     if storage_dtype(to).kind not in _CASTABLE or storage_dtype(x.dtype).kind not in _CASTABLE:
         raise RuleUnsupported(f"cast from {x.dtype} to {to}")

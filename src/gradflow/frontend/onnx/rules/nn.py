@@ -31,13 +31,34 @@ def _ceil_div(a: Dim, b: int) -> Dim:
     return norm_dim(sympy.ceiling(sympy.sympify(a) / b))
 
 
+def _window_attrs(node: Node, n: int) -> tuple[list[int], list[int], list[int], str]:
+    """strides, dilations, pads (n begins then n ends) and auto_pad of an n-D window op, with ONNX's defaults."""
+    strides = [int(v) for v in node.attr("strides", None) or [1] * n]
+    dil = [int(v) for v in node.attr("dilations", None) or [1] * n]
+    pads = [int(v) for v in node.attr("pads", None) or [0] * 2 * n]
+    return strides, dil, pads, node.attr("auto_pad", "NOTSET")
+
+
+def _same_pads(total: int, auto_pad: str) -> tuple[int, int]:
+    """(begin, end) split of `total` padding: SAME_UPPER puts the odd one at the end, SAME_LOWER at the start."""
+    small = total // 2
+    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
+
+
+def _init_with_bias(lw: Lowering, node: Node, out: Tensor) -> None:
+    """out[n, m, ...] = bias[m] (optional input 2), else 0: the start of a convolution's accumulation."""
+    if node.input(2):
+        q = params("p", out.rank)
+        lw.map(node.label, list(zip(q, out.shape)), {"b": (lw.get(node.input(2)), [q[1]])}, "o = b",
+               {"o": (out, q, None)})
+    else:
+        lw.fill(node.label, out, "0")
+
+
 def window(node: Node, spatial: tuple[Dim, ...], kernel: list[int], ceil_mode: bool = False):
     """Output dims and (begin, end) pads of a sliding window, per ONNX's auto_pad / pads / ceil_mode."""
     n = len(spatial)
-    strides = list(node.attr("strides", [1] * n) or [1] * n)
-    dil = list(node.attr("dilations", [1] * n) or [1] * n)
-    auto = node.attr("auto_pad", "NOTSET")
-    pads = list(node.attr("pads", [0] * 2 * n) or [0] * 2 * n)
+    strides, dil, pads, auto = _window_attrs(node, n)
     begin, end, out = pads[:n], pads[n:], []
     for k in range(n):
         eff = (kernel[k] - 1) * dil[k] + 1
@@ -46,9 +67,7 @@ def window(node: Node, spatial: tuple[Dim, ...], kernel: list[int], ceil_mode: b
             o = _ceil_div(d, strides[k])
             if not isinstance(o, int):
                 raise RuleUnsupported("auto_pad SAME with symbolic spatial dims")
-            total = max(0, (o - 1) * strides[k] + eff - d)
-            small = total // 2
-            begin[k], end[k] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
+            begin[k], end[k] = _same_pads(max(0, (o - 1) * strides[k] + eff - d), auto)
             out.append(o)
         elif auto == "VALID":
             begin[k] = end[k] = 0
@@ -86,24 +105,28 @@ def conv(lw: Lowering, node: Node) -> None:
     out = lw.output(node.outputs[0], [x.shape[0], M, *out_sp], x.dtype)
     op = params("o", n)
     kp = params("k", n)
-    if node.input(2):
-        b = lw.get(node.input(2))
-        q = params("p", out.rank)
-        lw.map(node.label, list(zip(q, out.shape)), {"b": (b, [q[1]])}, "o = b", {"o": (out, q, None)})
-    else:
-        lw.fill(node.label, out, "0")
+    _init_with_bias(lw, node, out)
     ch = f"(m // ({dstr(exact_div(M, g))})) * ({dstr(Cg)}) + c" if g != 1 else "c"
-    sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]} - {begin[k]}" for k in range(n)]
+    if any(begin) or any(end):
+        # Zero-pad into a temporary first, so every read of the accumulation is an affine memlet (the AD
+        # engine differentiates those; a guarded read through the whole array it does not).
+        x = _zero_padded(lw, node, x, begin, end)
+    sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
     ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), ("c", Cg), *zip(kp, ks)]
-    padded = any(begin) or any(end)
-    if padded:
-        cond = " and ".join(f"({s}) >= 0 and ({s}) < {dstr(d)}" for s, d in zip(sp, x.shape[2:]))
-        code = f"o = ({sub('x', x, ['n', ch, *sp])} * w) if ({cond}) else 0"
-        ins = {"x": (x, None), "w": (w, ["m", "c", *kp])}
-    else:
-        code = "o = x * w"
-        ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
-    lw.map(node.label, ranges, ins, code, {"o": (out, ["n", "m", *op], SUM)})
+    ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
+    lw.map(node.label, ranges, ins, "o = x * w", {"o": (out, ["n", "m", *op], SUM)})
+
+
+def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int]) -> Tensor:
+    """x with `begin` / `end` zeros around its spatial dims (a new transient)."""
+    n = x.rank - 2
+    shape = [*x.shape[:2], *(norm_dim(x.shape[2 + k] + begin[k] + end[k]) for k in range(n))]
+    xp = lw.temp(shape, x.dtype, "padded")
+    lw.fill(node.label, xp, "0")
+    p = params("p", x.rank)
+    dst = [p[0], p[1], *(f"{p[2 + k]} + {begin[k]}" for k in range(n))]
+    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, "o = a", {"o": (xp, dst, None)})
+    return xp
 
 
 @onnx_rule("ConvTranspose")
@@ -113,42 +136,25 @@ def conv_transpose(lw: Lowering, node: Node) -> None:
     n = x.rank - 2
     ks = _kernel(node, w, n)
     g = int(node.attr("group", 1))
-    st = list(node.attr("strides", [1] * n) or [1] * n)
-    dil = list(node.attr("dilations", [1] * n) or [1] * n)
-    opad = list(node.attr("output_padding", [0] * n) or [0] * n)
-    pads = list(node.attr("pads", [0] * 2 * n) or [0] * 2 * n)
-    auto = node.attr("auto_pad", "NOTSET")
+    st, dil, pads, auto = _window_attrs(node, n)
+    opad = [int(v) for v in node.attr("output_padding", None) or [0] * n]
     spatial = x.shape[2:]
     if not all(isinstance(d, int) for d in spatial):
         raise RuleUnsupported("symbolic spatial dims")
     full = [st[k] * (spatial[k] - 1) + opad[k] + (ks[k] - 1) * dil[k] + 1 for k in range(n)]
     out_shape = node.attr("output_shape")
-    if out_shape is not None:
-        out_shape = list(out_shape)[-n:]
-        total = [full[k] - out_shape[k] for k in range(n)]
-        if auto == "SAME_UPPER":
-            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
-        else:
-            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
-    elif auto in ("SAME_UPPER", "SAME_LOWER"):
-        out_shape = [spatial[k] * st[k] for k in range(n)]
-        total = [full[k] - out_shape[k] for k in range(n)]
-        if auto == "SAME_UPPER":
-            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
-        else:
-            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
+    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        # the output size is given (or is input * stride): the padding is what is left over, split as SAME
+        out_shape = list(out_shape)[-n:] if out_shape is not None else [spatial[k] * st[k] for k in range(n)]
+        begin = [_same_pads(full[k] - out_shape[k], "SAME_UPPER" if auto == "SAME_UPPER" else "SAME_LOWER")[0]
+                 for k in range(n)]
     else:
         out_shape = [full[k] - pads[k] - pads[k + n] for k in range(n)]
-    begin = pads[:n]
+        begin = pads[:n]
     C, Mg = x.shape[1], w.shape[1]
     M = norm_dim(Mg * g)
     out = lw.output(node.outputs[0], [x.shape[0], M, *out_shape], x.dtype)
-    if node.input(2):
-        b = lw.get(node.input(2))
-        q = params("p", out.rank)
-        lw.map(node.label, list(zip(q, out.shape)), {"b": (b, [q[1]])}, "o = b", {"o": (out, q, None)})
-    else:
-        lw.fill(node.label, out, "0")
+    _init_with_bias(lw, node, out)
     op, kp = params("o", n), params("k", n)
     Cg = exact_div(C, g)
     cf = f"(m // {dstr(Mg)}) * {dstr(Cg)} + c" if g != 1 else "c"
@@ -161,6 +167,17 @@ def conv_transpose(lw: Lowering, node: Node) -> None:
     lines.append(f"o = ({xr} * {wr}) if ({' and '.join(conds)}) else 0")
     ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_shape), ("c", Cg), *zip(kp, ks)]
     lw.map(node.label, ranges, {"x": (x, None), "w": (w, None)}, "\n".join(lines), {"o": (out, ["n", "m", *op], SUM)})
+
+
+def _window_inside(spatial, out_sp, ks, st, dil, begin) -> bool:
+    """Whether every window position of a pool lies inside the input (no padding is ever read)."""
+    if any(begin):
+        return False
+    for d, o, k, s, dl in zip(spatial, out_sp, ks, st, dil):
+        slack = norm_dim(d - 1 - ((o - 1) * s + (k - 1) * dl))  # last input index minus last index read
+        if not (slack >= 0 if isinstance(slack, int) else bool(sympy.sympify(slack).is_nonnegative)):
+            return False
+    return True
 
 
 def _lowest(dtype: np.dtype) -> str:
@@ -181,9 +198,19 @@ def pool(lw: Lowering, node: Node) -> None:
     ranges = [("n", x.shape[0]), ("c", x.shape[1]), *zip(op, out_sp), *zip(kp, ks)]
     read = sub("x", x, ["n", "c", *sp])
     oidx = ["n", "c", *op]
+    inside = _window_inside(x.shape[2:], out_sp, ks, st, dil, begin)
+    # Every window inside the input: an affine read, no guard (plain dataflow for the AD engine).
+    x_in = {"x": (x, ["n", "c", *sp])} if inside else {"x": (x, None)}
+
+    def guarded(expr: str, outside: str) -> str:
+        return expr.replace(read, "x") if inside else f"({expr} if ({inb}) else {outside})"
+
     if node.op_type == "MaxPool":
-        lw.fill(node.label, out, _lowest(x.dtype))
-        lw.map(node.label, ranges, {"x": (x, None)}, f"o = ({read} if ({inb}) else {_lowest(x.dtype)})",
+        if inside:  # start from each window's first element (no -inf literal for the AD engine to parse)
+            lw.copy_indexed(node.label, x, out, ["n", "c", *(f"{op[k]} * {st[k]}" for k in range(n))], oidx)
+        else:
+            lw.fill(node.label, out, _lowest(x.dtype))
+        lw.map(node.label, ranges, x_in, f"o = {guarded(read, _lowest(x.dtype))}",
                {"o": (out, oidx, "lambda a, b: max(a, b)")})
         if node.output(1):  # argmax: first in-window position (row-major) holding the maximum
             ind = lw.output(node.output(1), out.shape, np.int64)
@@ -205,8 +232,7 @@ def pool(lw: Lowering, node: Node) -> None:
         pw = int(node.attr("p", 2))
         acc = lw.temp(out.shape, x.dtype, "lp")
         lw.fill(node.label, acc, "0")
-        lw.map(node.label, ranges, {"x": (x, None)}, f"o = (abs({read}) ** {pw} if ({inb}) else 0)",
-               {"o": (acc, oidx, SUM)})
+        lw.map(node.label, ranges, x_in, f"o = {guarded(f'abs({read}) ** {pw}', '0')}", {"o": (acc, oidx, SUM)})
         q = params("p", out.rank)
         lw.map(node.label, list(zip(q, out.shape)), {"a": (acc, q)}, f"o = a ** (1.0 / {pw})", {"o": (out, q, None)})
         return
@@ -219,8 +245,8 @@ def pool(lw: Lowering, node: Node) -> None:
                                 zip(sp, x.shape[2:], begin, end))
     else:
         cnt_cond = inb
-    lw.map(node.label, ranges, {"x": (x, None)},
-           f"o = ({read} if ({inb}) else 0)\nk = (1 if ({cnt_cond}) else 0)",
+    lw.map(node.label, ranges, x_in,
+           f"o = {guarded(read, '0')}\nk = (1 if ({cnt_cond}) else 0)",
            {"o": (acc, oidx, SUM), "k": (cnt, oidx, SUM)})
     q = params("p", out.rank)
     lw.map(node.label, list(zip(q, out.shape)), {"a": (acc, q), "b": (cnt, q)}, "o = a / b", {"o": (out, q, None)})

@@ -1,16 +1,19 @@
 """Resize: separable interpolation, one map per resized axis.
 
 Interpolation is linear in the data along each axis: out_axis = W @ in_axis + b. The matrix W (and the
-offset b, non-zero only where tf_crop_and_resize extrapolates) is computed at lowering time by applying
-ONNX's reference 1-D interpolation to the identity, so every coordinate mode, nearest mode, cubic
-coefficient, exclude_outside and antialias setting has exactly the spec's semantics. W is stored sparse
-(per output index: up to T taps with source index and weight); each axis step is a map over the output
-and the taps accumulating `w * x[idx]` in float64, followed by one cast to the output dtype.
+offset b, non-zero only where tf_crop_and_resize extrapolates) is computed at lowering time, row by row,
+following the operator specification: the output coordinate is mapped back to the input
+(`coordinate_transformation_mode`), the interpolation kernel gives one weight per neighbour (nearest with
+its `nearest_mode`, linear, cubic with `cubic_coeff_a`, both optionally `antialias`ed), neighbours beyond
+the edges repeat the edge value (or are dropped and the weights renormalised with `exclude_outside`). W is
+stored sparse (per output index: up to T taps with source index and weight); each axis step is a map over
+the output and the taps accumulating `w * x[idx]` in float64, followed by one cast to the output dtype.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -19,26 +22,122 @@ from gradflow.frontend.onnx.table import Node, as_int_list, onnx_rule
 
 SUM = "lambda a, b: a + b"
 
+#: Kernel weights of one output element: (ratio in (0, 1], scale) -> one weight per neighbour.
+Coeffs = Callable[[float, float], np.ndarray]
 
-def _coeff_fn(node: Node):
-    from onnx.reference.ops import op_resize as ref
 
+def _cubic_kernel(t: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel with parameter `a` (-0.75 in ONNX, -0.5 in some exporters)."""
+    t = np.abs(np.asarray(t, dtype=np.float64))
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def _nearest(mode: str) -> Coeffs:
+    def coeffs(ratio: float, scale: float) -> np.ndarray:
+        if float(ratio).is_integer():  # on a sample: take it
+            return np.array([0.0, 1.0])
+        if mode == "round_prefer_floor":
+            right = ratio > 0.5
+        elif mode == "round_prefer_ceil":
+            right = ratio >= 0.5
+        elif mode in ("floor", "ceil"):
+            right = mode == "ceil"
+        else:
+            raise RuleUnsupported(f"nearest_mode {mode!r}")
+        return np.array([0.0, 1.0]) if right else np.array([1.0, 0.0])
+
+    return coeffs
+
+
+def _antialiased(kernel: Callable[[np.ndarray], np.ndarray], support: int) -> Coeffs:
+    """Kernel stretched by 1/scale when downsampling (scale < 1), weights normalised to sum 1."""
+
+    def coeffs(ratio: float, scale: float) -> np.ndarray:
+        scale = min(scale, 1.0)
+        start = int(np.floor(-support / scale) + 1)
+        taps = np.arange(start, 2 - start, dtype=np.float64)  # symmetric window around the sample
+        w = kernel((taps - ratio) * scale)
+        return w / w.sum()
+
+    return coeffs
+
+
+def _coeff_fn(node: Node) -> Coeffs:
     mode = node.attr("mode", "nearest")
     antialias = node.attr("antialias", 0)
     if mode == "nearest":
-        nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
-        return lambda x, scale: ref._nearest_coeffs(x, mode=nearest_mode)
+        return _nearest(node.attr("nearest_mode", "round_prefer_floor"))
     if mode == "linear":
-        return ref._linear_coeffs_antialias if antialias else ref._linear_coeffs
+        tent = lambda t: np.clip(1 - np.abs(t), 0, 1)  # noqa: E731
+        if antialias:
+            return _antialiased(tent, 1)
+        return lambda ratio, scale: np.array([1 - ratio, ratio], dtype=np.float64)
     if mode == "cubic":
         a = float(node.attr("cubic_coeff_a", -0.75))
-        fn = ref._cubic_coeffs_antialias if antialias else ref._cubic_coeffs
-        return lambda x, scale: fn(x, scale, A=a)
+        if antialias:
+            return _antialiased(lambda t: _cubic_kernel(t, a), 2)
+        return lambda ratio, scale: _cubic_kernel(np.array([ratio + 1, ratio, 1 - ratio, 2 - ratio]), a)
     raise RuleUnsupported(f"mode {mode!r}")
 
 
+def _source_coordinate(x: int, mode: str, scale: float, n_in: int, n_out: int, roi) -> float | None:
+    """Input coordinate of output index `x` (None: outside the crop box of tf_crop_and_resize)."""
+    width = scale * n_in  # the unrounded output length
+    if mode == "align_corners":
+        return 0.0 if width == 1 else x * (n_in - 1) / (width - 1)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_crop_and_resize":
+        if roi is None:
+            raise RuleUnsupported("tf_crop_and_resize needs roi")
+        lo, hi = float(roi[0]), float(roi[1])
+        pos = (hi - lo) * (n_in - 1) / 2 if width == 1 else x * (hi - lo) * (n_in - 1) / (width - 1)
+        pos += lo * (n_in - 1)
+        return None if pos < 0 or pos > n_in - 1 else pos
+    if mode == "pytorch_half_pixel":
+        return -0.5 if width == 1 else (x + 0.5) / scale - 0.5
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = n_in / 2 * (1 - n_out / width)  # centres the (rounded) output canvas on the input
+        return offset + (x + 0.5) / scale - 0.5
+    raise RuleUnsupported(f"coordinate_transformation_mode {mode!r}")
+
+
+def _neighbours(pos: float, n: int, n_in: int) -> np.ndarray:
+    """The n integers nearest to `pos` (ties: the smaller), among the input indices extended by
+    ceil(n/2) on each side; ascending."""
+    pad = -(-n // 2)
+    base = math.floor(pos)
+    cands = [i for i in range(base - n, base + n + 2) if -pad <= i < n_in + pad]
+    return np.array(sorted(sorted(cands, key=lambda i: (abs(pos - i), i))[:n]), dtype=np.int64)
+
+
+def _axis_weights(node: Node, coeffs: Coeffs, scale: float, n_in: int, n_out: int, roi) -> tuple[np.ndarray, np.ndarray]:
+    """(W, b) with out = W @ in + b along one axis."""
+    mode = node.attr("coordinate_transformation_mode", "half_pixel")
+    exclude_outside = bool(node.attr("exclude_outside", 0))
+    W = np.zeros((n_out, n_in), dtype=np.float64)
+    b = np.zeros(n_out, dtype=np.float64)
+    for x in range(n_out):
+        pos = _source_coordinate(x, mode, scale, n_in, n_out, roi)
+        if pos is None:
+            b[x] = float(node.attr("extrapolation_value", 0.0))
+            continue
+        ratio = 1.0 if float(pos).is_integer() else pos - math.floor(pos)  # in (0, 1]: the left sample is below
+        w = np.array(coeffs(ratio, scale), dtype=np.float64)
+        idx = _neighbours(pos, len(w), n_in)
+        if exclude_outside:
+            w = np.where((idx >= 0) & (idx < n_in), w, 0.0)
+            w = w / w.sum()
+        np.add.at(W[x], np.clip(idx, 0, n_in - 1), w)  # outside neighbours repeat the edge sample
+    return W, b
+
+
 def _plan(node: Node, shape: list[int], scales, sizes, axes):
-    """Scale factor and output size per axis (the reference's _interpolate_nd rules)."""
+    """Scale factor and output size per axis (from scales or sizes, with axes and keep_aspect_ratio_policy)."""
     r = len(shape)
     policy = node.attr("keep_aspect_ratio_policy", "stretch")
     if axes is None:
@@ -66,8 +165,6 @@ def _plan(node: Node, shape: list[int], scales, sizes, axes):
 
 @onnx_rule("Resize", applies=lambda n: n.opset >= 11)
 def resize(lw: Lowering, node: Node) -> None:
-    from onnx.reference.ops import op_resize as ref
-
     x = lw.get(node.inputs[0])
     if not all(isinstance(d, int) for d in x.shape):
         raise RuleUnsupported("symbolic input shape")
@@ -89,11 +186,6 @@ def resize(lw: Lowering, node: Node) -> None:
             full[d], full[r + d] = roi[i], roi[len(axes) + i]
         roi = np.array(full)
     coeffs = _coeff_fn(node)
-    kwargs = dict(
-        coordinate_transformation_mode=node.attr("coordinate_transformation_mode", "half_pixel"),
-        extrapolation_value=float(node.attr("extrapolation_value", 0.0)),
-        exclude_outside=bool(node.attr("exclude_outside", 0)),
-    )
     cur: Tensor = x
     cur_shape = list(shape)
     for axis in axes:
@@ -105,9 +197,7 @@ def resize(lw: Lowering, node: Node) -> None:
             continue
         if n_out == 0 or n_in == 0:
             raise RuleUnsupported("empty resize")
-        W = ref._interpolate_1d_along_axis(np.eye(n_in), 0, scale, n_out, coeffs, roi=axis_roi, **kwargs)
-        b = ref._interpolate_1d_along_axis(np.zeros((n_in, 1)), 0, scale, n_out, coeffs, roi=axis_roi, **kwargs)[:, 0]
-        W = W - b[:, None]
+        W, b = _axis_weights(node, coeffs, scale, n_in, n_out, axis_roi)
         taps = max(1, int((W != 0).sum(axis=1).max()))
         idx = np.zeros((n_out, taps), dtype=np.int64)
         wts = np.zeros((n_out, taps), dtype=np.float64)

@@ -13,6 +13,7 @@ import sympy
 from gradflow.frontend.onnx.builder import (
     Dim, Lowering, RuleUnsupported, Tensor, broadcast_shapes, dstr, norm_dim, params, prod, strides, sub, exact_div,
 )
+from gradflow.frontend.onnx.dtypes import check_dtype
 from gradflow.frontend.onnx.table import Node, as_int_list, onnx_rule
 
 BIG = 2**62
@@ -34,8 +35,7 @@ def constant(lw: Lowering, node: Node) -> None:
         v = np.array(a["value_ints"], dtype=np.int64)
     else:
         raise RuleUnsupported("only numeric constant values are supported")
-    if v.dtype.kind not in "biuf":
-        raise RuleUnsupported(f"constant of dtype {v.dtype}")
+    check_dtype(v.dtype, f"the constant '{node.outputs[0]}'")
     lw.set_value(node.outputs[0], v)
 
 
@@ -88,19 +88,42 @@ def identity(lw: Lowering, node: Node) -> None:
 
 @onnx_rule("Dropout")
 def dropout(lw: Lowering, node: Node) -> None:
-    """Inference dropout is the identity (mask: all true); training mode with ratio > 0 is random."""
+    """Inference (or ratio 0) is the identity with an all-true mask. Training mode keeps element i when
+    u[i] >= ratio, u = numpy `RandomState(seed).uniform(0, 1, shape)`, the draws of ONNX's reference
+    implementation; they are made at lowering time, so the mask is a constant of the lowered program (the
+    same on every call, as with the reference evaluator). It needs the `seed` attribute and a static shape."""
     training = node.input(2) and bool(np.asarray(lw.value(node.input(2))).reshape(-1)[0])
     if node.opset < 7 and not node.attr("is_test", 0):
         training = True
-    if training:
-        ratio = float(np.asarray(lw.value(node.input(1))).reshape(-1)[0]) if node.input(1) else node.attr("ratio", 0.5)
-        if ratio != 0.0:
-            raise RuleUnsupported("training-mode dropout (random) is not supported")
+    ratio = float(np.asarray(lw.value(node.input(1))).reshape(-1)[0]) if node.input(1) else node.attr("ratio", 0.5)
     x = lw.info(node.inputs[0])
-    lw.set(node.outputs[0], x)
-    if node.output(1):
-        mask = lw.output(node.output(1), x.shape, np.bool_)
-        lw.fill(node.label, mask, "True")
+    if not training or ratio == 0.0:
+        lw.set(node.outputs[0], x)
+        if node.output(1):
+            mask = lw.output(node.output(1), x.shape, np.bool_)
+            lw.fill(node.label, mask, "True")
+        return
+    keep = _dropout_keep(node, x, ratio)
+    mask_name = node.output(1) or lw.namer("mask", node.label)
+    lw.set_value(mask_name, keep)
+    code = f"res = (x * {literal(1.0 / (1.0 - ratio))}) if m else (x * 0)"
+    lw.elementwise(node.label, code, {"x": lw.get(node.inputs[0]), "m": lw.get(mask_name)}, node.outputs[0], x.dtype)
+
+
+def _dropout_keep(node: Node, x: Tensor, ratio: float) -> np.ndarray:
+    seed = node.attr("seed")
+    if seed is None:
+        raise RuleUnsupported(
+            "training-mode dropout without a 'seed' attribute (gradflow draws the mask while lowering, so it "
+            "needs a seed; set one, or export in inference mode)"
+        )
+    if not 0.0 <= ratio < 1.0:
+        raise RuleUnsupported(f"dropout ratio {ratio} outside [0, 1)")
+    if not all(isinstance(d, int) for d in x.shape):
+        raise RuleUnsupported("training-mode dropout needs a static input shape (its mask is drawn while lowering)")
+    if not 0 <= int(seed) < 2**32:
+        raise RuleUnsupported(f"dropout seed {seed} outside [0, 2**32)")
+    return np.random.RandomState(int(seed)).uniform(0.0, 1.0, tuple(x.shape)) >= ratio
 
 
 # -- reshapes ----------------------------------------------------------------------------------------
@@ -384,8 +407,24 @@ def _fix(i: str, d: Dim) -> str:
 
 @onnx_rule("Gather")
 def gather(lw: Lowering, node: Node) -> None:
-    x, ind = lw.get(node.inputs[0]), lw.get(node.inputs[1])
+    """Indices known while lowering (a constant scalar: selecting one slice, as exporters do for q/k/v)
+    give an affine memlet; otherwise the tasklet reads the whole input at the index it is given."""
+    x = lw.get(node.inputs[0])
     axis = node.attr("axis", 0) % x.rank
+    known = lw.info(node.inputs[1]).value
+    if known is not None and np.asarray(known).size == 1 and np.asarray(known).dtype != object:
+        k = int(np.asarray(known).reshape(-1)[0])
+        d = x.shape[axis]
+        k = k + d if k < 0 else k
+        if isinstance(d, int) and not 0 <= k < d:
+            raise RuleUnsupported(f"index {k} out of range for axis {axis} of size {d}")
+        shape = list(x.shape[:axis]) + list(np.shape(known)) + list(x.shape[axis + 1:])
+        out = lw.output(node.outputs[0], shape, x.dtype)
+        p = params("p", out.rank)
+        keep = len(np.shape(known))  # 0 (scalar index: the axis disappears) or 1 ([k]: it stays, size 1)
+        lw.copy_indexed(node.label, x, out, p[:axis] + [dstr(norm_dim(k))] + p[axis + keep:], p)
+        return
+    ind = lw.get(node.inputs[1])
     shape = list(x.shape[:axis]) + list(ind.shape) + list(x.shape[axis + 1:])
     out = lw.output(node.outputs[0], shape, x.dtype)
     p = params("p", out.rank)

@@ -1,0 +1,150 @@
+"""Pure analysis of `LoopRegion`s: is a loop a counted `for` loop, and how often can it run?
+
+A loop is *counted* when it has a loop variable, an update `i = i + s` with a nonzero integer constant
+`s`, a condition `i < b`, `i <= b`, `i > b` or `i >= b` (matching the sign of `s`), and neither its
+bounds nor its variable are assigned inside its body. A counted loop is reversed in closed form
+(the reverse loop starts at the last value the forward loop took); any other loop (a `while`, a
+do-while, a data-dependent bound) is reversed by recording its trip count.
+
+Upper bounds of trip counts (the capacity of per-iteration storage) are found by substituting the
+extreme values of enclosing loop variables into affine expressions; where that is not possible the
+caller asks the user for a bound.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import sympy
+from dace import symbolic
+from dace.sdfg.state import LoopRegion
+
+_CMP = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan: ">", sympy.GreaterThan: ">="}
+
+
+@attrs.frozen
+class CountedLoop:
+    """`for (var = start; var <cmp> stop; var += step)`, with `step` a nonzero integer."""
+
+    var: str
+    start: sympy.Expr
+    stop: sympy.Expr
+    step: int
+    cmp: str  # "<", "<=", ">", ">="
+
+    def trip_count(self) -> tuple[sympy.Expr, int]:
+        """(numerator, divisor): the trip count is numerator // divisor when the loop runs at all."""
+        s = self.step
+        if self.cmp == "<":
+            return self.stop - self.start + s - 1, s
+        if self.cmp == "<=":
+            return self.stop - self.start + s, s
+        m = -s
+        if self.cmp == ">":
+            return self.start - self.stop + m - 1, m
+        return self.start - self.stop + m, m
+
+    def last_value(self) -> str:
+        """C-safe expression of the last value taken; `start - step` when the loop does not run."""
+        a, b, s = symbolic.symstr(self.start), symbolic.symstr(self.stop), self.step
+        m = abs(s)
+        span = {"<": f"({b}) - ({a})", "<=": f"({b}) - ({a}) + 1",
+                ">": f"({a}) - ({b})", ">=": f"({a}) - ({b}) + 1"}[self.cmp]
+        trips = f"((max({span}, 0) + {m - 1}) // {m})"  # non-negative numerator: any rounding is floor
+        return f"({a}) + ({s}) * ({trips} - 1)"
+
+    def forward_condition(self) -> str:
+        return f"{self.var} {self.cmp} ({symbolic.symstr(self.stop)})"
+
+    def interval(self) -> tuple[sympy.Expr, sympy.Expr]:
+        """(lowest, highest) value the variable can take (affine; may over-approximate by < |step|)."""
+        a, b = self.start, self.stop
+        return {"<": (a, b - 1), "<=": (a, b), ">": (b + 1, a), ">=": (b, a)}[self.cmp]
+
+
+def _parse(code: str) -> sympy.Basic | None:
+    try:
+        return symbolic.pystr_to_symbolic(code)
+    except Exception:  # noqa: BLE001 - anything unparsable means "not a counted loop"
+        return None
+
+
+def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedLoop | None:
+    """The counted-loop form of `loop`, or None when it must be treated as a while loop."""
+    var = loop.loop_variable
+    if not var or loop.inverted or loop.init_statement is None or loop.update_statement is None:
+        return None
+    if var in assigned_in_body:
+        return None
+    init = loop.init_statement.as_string.split("=", 1)
+    update = loop.update_statement.as_string.split("=", 1)
+    if len(init) != 2 or len(update) != 2 or init[0].strip() != var or update[0].strip() != var:
+        return None
+    start, step_expr, cond = _parse(init[1]), _parse(update[1]), _parse(loop.loop_condition.as_string)
+    if start is None or step_expr is None or cond is None:
+        return None
+    v = symbolic.symbol(var)
+    step = sympy.simplify(step_expr - v)
+    if not step.is_Integer or step == 0 or type(cond) not in _CMP:
+        return None
+    cmp = _CMP[type(cond)]
+    if cond.lhs == v and v not in cond.rhs.free_symbols:
+        stop = cond.rhs
+    elif cond.rhs == v and v not in cond.lhs.free_symbols:
+        stop, cmp = cond.lhs, {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[cmp]
+    else:
+        return None
+    if (int(step) > 0) != (cmp in ("<", "<=")):
+        return None  # e.g. `i < n` with a negative step: runs zero times or forever
+    bounds = {str(s) for s in (start.free_symbols | stop.free_symbols)}
+    if bounds & (assigned_in_body | {var}):
+        return None
+    return CountedLoop(var, sympy.sympify(start), sympy.sympify(stop), int(step), cmp)
+
+
+def upper_bound(expr: sympy.Expr, intervals: Mapping[str, tuple[sympy.Expr, sympy.Expr]],
+                maximize: bool = True) -> sympy.Expr | None:
+    """An expression free of the variables in `intervals` that bounds `expr` over them (max or min).
+
+    Exact for expressions affine in each variable (the extreme is at an end of its interval); None when
+    `expr` is not affine in one of them.
+    """
+    expr = sympy.sympify(expr)
+    for _ in range(64):
+        names = sorted(str(s) for s in expr.free_symbols if str(s) in intervals)
+        if not names:
+            return sympy.simplify(expr)
+        sym = next(s for s in expr.free_symbols if str(s) == names[0])
+        coeff = sympy.diff(expr, sym)
+        if coeff.free_symbols or not coeff.is_number:
+            return None
+        lo, hi = intervals[names[0]]
+        pick = hi if (coeff >= 0) == maximize else lo
+        expr = sympy.expand(expr.subs(sym, pick))
+    return None
+
+
+def guarded_counted_loop(loop: LoopRegion, entry: dict[str, str], body_updates: dict[str, str]) -> CountedLoop | None:
+    """The counted loop a while loop `(i <cmp> b) and (...)` with `i = a` on entry and `i = i + s` in its
+    body would be without its extra conjuncts: an upper bound on its trip count (used for loops whose
+    `break` was lowered into a flag)."""
+    cond = _parse(loop.loop_condition.as_string)
+    if cond is None:
+        return None
+    conjunction = isinstance(cond, sympy.And) or type(cond).__name__ == "AND"  # DaCe parses `and` as its own AND
+    for rel in (cond.args if conjunction else (cond,)):
+        if type(rel) not in _CMP:
+            continue
+        for var in sorted(str(s) for s in rel.free_symbols):
+            if var in entry and var in body_updates:
+                fake = LoopRegion(f"{loop.label}_bound", rel_to_str(rel), var, f"{var} = {entry[var]}",
+                                  f"{var} = {body_updates[var]}")
+                counted = counted_loop(fake, frozenset())
+                if counted is not None:
+                    return counted
+    return None
+
+
+def rel_to_str(rel: sympy.Basic) -> str:
+    return f"{symbolic.symstr(rel.lhs)} {_CMP[type(rel)]} {symbolic.symstr(rel.rhs)}"

@@ -1,0 +1,170 @@
+"""Recomputation: rerun the operation that defined a value instead of storing the value.
+
+Array R can be recomputed for an operation P that reads it (in its reverse) when R's defining operation
+Q (the last operation before P that writes R):
+- sits in the same region and the same loops as P (so rerunning it at P's reverse sees the same loop
+  variables), writes only R and all of R, without write-conflict resolution, and does not read R;
+- reads nothing that an operation between Q and P overwrites (so Q's inputs, as the backward sweep
+  holds them for P, are what Q read); inputs that are themselves recomputed must satisfy the same
+  conditions (chains such as `a = exp(x); b = sin(a)` are rerun in order).
+Then, right before P is reversed, the backward sweep runs a copy of Q that reads the backward's view of
+its inputs (working copies where the tape restores them) and writes a backward-local `gradflow_re_R`,
+valid for P's reverse only; the inputs of Q become values P needs, so the tape restores them where they
+are overwritten later. An array is recomputed (never stored) only when this holds for every operation
+that needs it; otherwise it is stored. Under `RECOMPUTE_ALL` the prerequisites of a rerun may be any
+array with a valid definition, needed or not.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import attrs
+import dace
+
+from gradflow.analysis.activity import OpAccess
+from gradflow.autodiff.context import OpSite, ReverseContext
+from gradflow.autodiff.forwarding import ALL, Forwarding
+from gradflow.core.errors import InvalidArgumentError
+
+MAX_CHAIN = 16
+
+
+def _covers_all(site: OpSite, array: str) -> bool:
+    from gradflow.autodiff.engine import written_subset  # local: engine imports this module
+
+    desc = site.state.sdfg.arrays[array]
+    whole = dace.subsets.Range.from_array(desc)
+    sub = written_subset(site, array)
+    if sub.dims() != whole.dims():
+        return False
+    return all(dace.symbolic.simplify(a - b) == 0 for a, b in zip(sub.size(), whole.size())) and all(
+        dace.symbolic.simplify(b) == 0 for b, _, _ in sub
+    )
+
+
+def _no_wcr(site: OpSite, array: str) -> bool:
+    state = site.state
+    return all(e.data.wcr is None for i in site.op.writes if state.node(i).data == array for e in state.in_edges(state.node(i)))
+
+
+@attrs.frozen
+class RecomputePlan:
+    arrays: frozenset[str]
+    before: dict  # site index -> tuple of (array, defining site), in the order to rerun them
+    buffers: dict = attrs.field(factory=dict)  # array -> backward-local buffer
+
+    def allocate(self, ctx: ReverseContext) -> None:
+        rerun = {array for plan in self.before.values() for array, _ in plan}
+        for array in sorted(rerun):
+            desc = ctx.sdfg.arrays[array]
+            name, _ = ctx.sdfg.add_array(f"gradflow_re_{array}", desc.shape, desc.dtype, transient=True,
+                                         find_new_name=True)
+            self.buffers[array] = name
+
+    def emit_before(self, site: OpSite, ctx: ReverseContext) -> dict[str, str | None]:
+        """Rerun the definitions `site` needs; returns the context's previous views, for `restore`."""
+        previous: dict[str, str | None] = {}
+        for array, q in self.before.get(site.index, ()):
+            previous.setdefault(array, ctx.values.get(array))
+            state = copy.deepcopy(q.state)
+            state.label = f"recompute_{array}_{q.state.label}"
+            renames = {n.data: ctx.values.get(n.data, n.data) for n in state.data_nodes()}
+            renames[array] = self.buffers[array]
+            state.sdfg = ctx.sdfg
+            ctx.add_block(state)
+            state.replace_dict({k: v for k, v in renames.items() if k != v})
+            for node in state.nodes():
+                if isinstance(node, dace.nodes.NestedSDFG):
+                    node.sdfg.parent, node.sdfg.parent_sdfg, node.sdfg.parent_nsdfg_node = state, ctx.sdfg, node
+            ctx.values[array] = self.buffers[array]
+        return previous
+
+    @staticmethod
+    def restore(ctx: ReverseContext, previous: dict[str, str | None]) -> None:
+        """A recomputed value is valid for the operation it was recomputed for only."""
+        for array, view in previous.items():
+            if view is None:
+                ctx.values.pop(array, None)
+            else:
+                ctx.values[array] = view
+
+
+def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
+                       accesses: list[OpAccess], policy: Forwarding) -> RecomputePlan:
+    """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place."""
+    needed = set().union(*needs) if needs else set()
+    if policy.recompute == ALL:
+        wanted, strict = set(sdfg.arrays), False
+    else:
+        wanted, strict = set(policy.recompute), True
+        unknown = sorted(a for a in wanted if a not in sdfg.arrays)
+        if unknown:
+            raise InvalidArgumentError(
+                f"forwarding names arrays the program does not have: {', '.join(unknown)}",
+                f"arrays: {', '.join(sorted(n for n in sdfg.arrays if not n.startswith('gradflow_')))}",
+            )
+    if not wanted:
+        return RecomputePlan(frozenset(), {})
+
+    def definition(array: str, p: OpSite) -> OpSite | None:
+        for q in reversed(sites[: p.index]):
+            if array in accesses[q.index].writes:
+                return q
+        return None
+
+    def valid(array: str, reader: OpSite, target: OpSite, depth: int) -> list[tuple[str, OpSite]] | None:
+        """The reruns (prerequisites first) that rebuild `array` as `reader` read it, at the reverse of
+        `target`, or None."""
+        q = definition(array, reader)
+        if q is None or depth > MAX_CHAIN or q.op.kind not in ("map", "tasklet", "library", "copy"):
+            return None
+        if q.loops != target.loops or q.state.parent_graph is not target.state.parent_graph:
+            return None
+        if accesses[q.index].writes != {array} or array in accesses[q.index].reads:
+            return None
+        if not (_covers_all(q, array) and _no_wcr(q, array)):
+            return None
+        between = set().union(set(), *(accesses[s.index].writes for s in sites[q.index + 1: target.index]))
+        if accesses[q.index].reads & between:
+            return None
+        chain: list[tuple[str, OpSite]] = []
+        for inp in sorted(accesses[q.index].reads & wanted):
+            sub = valid(inp, q, target, depth + 1)
+            if sub is None:
+                if strict:
+                    return None
+                continue  # not recomputable here: the input is restored from the tape instead
+            chain.extend(sub)
+        return chain + [(array, q)]
+
+    chosen: set[str] = set()
+    before: dict[int, list[tuple[str, OpSite]]] = {}
+    for array in sorted(wanted):
+        if array not in needed:
+            continue
+        readers = [p for p in sites if array in needs[p.index]]
+        plans = [valid(array, p, p, 0) for p in readers]
+        if all(plan is not None for plan in plans):
+            chosen.add(array)
+            for p, plan in zip(readers, plans):
+                before.setdefault(p.index, []).extend(plan)
+        elif strict:
+            raise InvalidArgumentError(
+                f"array '{array}' cannot be recomputed: its defining operation is not a single full overwrite "
+                "in the same loop and region as every operation that needs it, or its inputs change in between",
+                "store it (leave it out of `recompute`)",
+            )
+    # Deduplicate reruns per operation (the first occurrence respects prerequisites). What the reruns read
+    # becomes a value that operation needs (so the tape restores it), unless it is rerun too.
+    final: dict[int, tuple[tuple[str, OpSite], ...]] = {}
+    for index, plan in before.items():
+        seen, ordered = set(), []
+        for array, q in plan:
+            if array not in seen:
+                seen.add(array)
+                ordered.append((array, q))
+        final[index] = tuple(ordered)
+        extra = set().union(*(accesses[q.index].reads for _, q in ordered)) - seen
+        needs[index] = (needs[index] - seen) | frozenset(extra)
+    return RecomputePlan(frozenset(chosen), final)

@@ -1,0 +1,143 @@
+"""What the library-node rules share: reading a node's operands, and the small maps they emit."""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import attrs
+import dace
+import sympy
+from dace import subsets
+
+from gradflow.autodiff.context import OpSite, ReverseContext
+from gradflow.autodiff.emit import SUM, add_element_tasklet
+from gradflow.core.errors import NotDifferentiableError
+
+
+@attrs.frozen
+class Operand:
+    """One edge of a library node: its connector, the outer array and the subset of it the edge moves."""
+
+    conn: str
+    array: str
+    subset: subsets.Range
+    wcr: str | None = None
+
+    @property
+    def dims(self) -> int:
+        return len(self.subset)
+
+    def sizes(self) -> list:
+        return list(self.subset.size())
+
+    def squeezed(self) -> list[int]:
+        """The dimensions whose extent is not literally 1 (DaCe's `Range.squeeze` convention)."""
+        return [d for d, s in enumerate(self.subset.size()) if not (sympy.sympify(s) == 1)]
+
+    def memlet(self, array: str | None = None) -> dace.Memlet:
+        return dace.Memlet(data=array or self.array, subset=copy.deepcopy(self.subset))
+
+
+def node_of(site: OpSite):
+    return site.members()[0]
+
+
+def operands(site: OpSite) -> tuple[dict[str, Operand], dict[str, Operand]]:
+    """(inputs, outputs) of the site's library node, by connector."""
+    state = site.state
+    node = node_of(site)
+    ins, outs = {}, {}
+    for e in state.in_edges(node):
+        if e.data.is_empty():
+            continue
+        subset = e.data.get_src_subset(e, state) or subsets.Range.from_array(state.sdfg.arrays[e.src.data])
+        ins[e.dst_conn] = Operand(e.dst_conn, e.src.data, subset)
+    for e in state.out_edges(node):
+        if e.data.is_empty():
+            continue
+        subset = e.data.get_dst_subset(e, state) or subsets.Range.from_array(state.sdfg.arrays[e.dst.data])
+        outs[e.src_conn] = Operand(e.src_conn, e.dst.data, subset, e.data.wcr)
+    return ins, outs
+
+
+def node_operands(state, node) -> tuple[dict[str, Operand], dict[str, Operand]]:
+    """`operands` for a node given directly (for `applies` predicates, which see no site)."""
+    ins, outs = {}, {}
+    for e in state.in_edges(node):
+        if not e.data.is_empty():
+            ins[e.dst_conn] = Operand(e.dst_conn, e.src.data, e.data.get_src_subset(e, state)
+                                      or subsets.Range.from_array(state.sdfg.arrays[e.src.data]))
+    for e in state.out_edges(node):
+        if not e.data.is_empty():
+            outs[e.src_conn] = Operand(e.src_conn, e.dst.data, e.data.get_dst_subset(e, state)
+                                       or subsets.Range.from_array(state.sdfg.arrays[e.dst.data]), e.data.wcr)
+    return ins, outs
+
+
+def where(site: OpSite) -> str:
+    node = node_of(site)
+    return f"{type(node).__name__} '{node}' in state '{site.state.label}'"
+
+
+def accumulates(out: Operand, site: OpSite) -> bool:
+    """True when the node adds into its output (write-conflict sum) rather than overwriting it."""
+    if out.wcr is None:
+        return False
+    from dace.frontend.operations import detect_reduction_type
+
+    if detect_reduction_type(out.wcr) == dace.dtypes.ReductionType.Sum:
+        return True
+    raise NotDifferentiableError(f"{where(site)}: its output '{out.array}' is written with {out.wcr}; only sums "
+                                 "are differentiated")
+
+
+def element(op: Operand, params: Sequence[str | None]) -> str:
+    """The element of `op.subset` at `params` (one per dimension; None: the dimension's first index)."""
+    index = []
+    for (begin, _end, step), p in zip(op.subset, params):
+        index.append(str(begin) if p is None else f"({begin}) + ({step}) * {p}")
+    return ", ".join(index)
+
+
+def ranges_over(op: Operand, prefix: str, dims: Sequence[int] | None = None) -> tuple[dict[str, str], list]:
+    """Map ranges over `op.subset` (the given dims, default all) and the per-dimension parameter list."""
+    dims = range(op.dims) if dims is None else dims
+    params: list[str | None] = [None] * op.dims
+    ranges = {}
+    for d in dims:
+        params[d] = f"{prefix}{d}"
+        ranges[params[d]] = f"0:{op.sizes()[d]}"
+    return ranges, params
+
+
+def clear(ctx: ReverseContext, op: Operand, label: str) -> None:
+    """gradient of `op.array` on `op.subset` = 0 (the forward value there was overwritten)."""
+    grad = ctx.grad_of(op.array)
+    ranges, params = ranges_over(op, "__k")
+    add_element_tasklet(ctx.new_state(f"clear_{label}"), f"clear_{op.array}", ranges or None, {}, "__o = 0",
+                        {"__o": dace.Memlet(f"{grad}[{element(op, params)}]")})
+
+
+def accumulate(ctx: ReverseContext, src: Operand, dst: Operand, label: str, scale: str = "1") -> None:
+    """gradient of `dst` (on its subset) += scale * `src` (an array of the same squeezed shape)."""
+    sdims, ddims = src.squeezed(), dst.squeezed()
+    if len(sdims) != len(ddims):
+        raise NotDifferentiableError(f"{label}: cannot add {src.array}[{src.subset}] into {dst.array}[{dst.subset}]")
+    ranges, dparams = ranges_over(dst, "__k", ddims)
+    sparams: list[str | None] = [None] * src.dims
+    for s, d in zip(sdims, ddims):
+        sparams[s] = dparams[d]
+    add_element_tasklet(
+        ctx.new_state(f"accumulate_{label}"), f"acc_{dst.array}", ranges or None,
+        {"__s": dace.Memlet(f"{src.array}[{element(src, sparams)}]")},
+        "__o = __s" if scale == "1" else f"__o = ({scale}) * __s",
+        {"__o": dace.Memlet(f"{ctx.grad_of(dst.array)}[{element(dst, dparams)}]", wcr=SUM)},
+    )
+
+
+def transient(ctx: ReverseContext, shape, like: str, label: str) -> str:
+    """A new backward-only transient of `like`'s dtype."""
+    desc = ctx.sdfg.arrays[like]
+    name, _ = ctx.sdfg.add_array(f"gradflow_t_{label}", list(shape), desc.dtype, transient=True, find_new_name=True)
+    return name

@@ -1,0 +1,130 @@
+"""Reductions: the standard `Reduce` node (what `np.sum`, `np.mean`, `np.max`, `np.min`, `np.amax`,
+`np.add.reduce(..., keepdims=True)` ... become), for sum, max and min, any axes, dropped or kept dims.
+
+Index convention (DaCe's): dimensions of the input subset with extent 1 are squeezed, the reduced axes are
+the listed ones among the rest, and the remaining input dimensions map in order onto the output subset's
+non-unit dimensions. Reverse, per input element x[i] reduced into y[o(i)]:
+- sum: gx[i] += gy[o(i)];
+- max/min: the result is recomputed by a `Reduce` node of the same kind into a temporary R, ties are
+  counted (cnt[o] = #{i : x[i] == R[o]}) and gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split
+  equally, as `torch.amax`);
+then gy is cleared on the output subset (the reduction overwrote it) unless the node accumulates (no
+identity and a sum). Products (`np.prod`) have no rule: DaCe expands them, and a product write-conflict map
+is not differentiated.
+"""
+
+from __future__ import annotations
+
+import dace
+from dace.frontend.operations import detect_reduction_type
+from dace.libraries.standard import Reduce
+
+from gradflow.autodiff.context import OpSite, ReverseContext
+from gradflow.autodiff.emit import SUM, add_element_tasklet, fill
+from gradflow.autodiff.rules import LIBRARY_RULES
+from gradflow.autodiff.rules.library._common import Operand, clear, element, node_of, operands, where
+from gradflow.core.errors import NotDifferentiableError
+
+_KINDS = {dace.dtypes.ReductionType.Sum: "sum", dace.dtypes.ReductionType.Max: "max",
+          dace.dtypes.ReductionType.Min: "min"}
+
+
+def _kind(node) -> str | None:
+    return _KINDS.get(detect_reduction_type(node.wcr))
+
+
+def _applies(node) -> bool:
+    return _kind(node) is not None
+
+
+def _io(site: OpSite) -> tuple[Operand, Operand]:
+    ins, outs = operands(site)
+    if len(ins) != 1 or len(outs) != 1:
+        raise NotDifferentiableError(f"{where(site)}: a reduction with {len(ins)} inputs and {len(outs)} outputs")
+    return next(iter(ins.values())), next(iter(outs.values()))
+
+
+def _index_maps(site: OpSite, x: Operand, y: Operand):
+    """Map ranges over the input and the (input element, output element) subsets for them."""
+    node = node_of(site)
+    isq = x.squeezed()
+    axes = list(range(x.dims)) if node.axes is None else list(node.axes)
+    axes = [a for a in axes if a in isq]
+    kept = [d for d in isq if d not in axes]
+    osq = y.squeezed()
+    if len(kept) != len(osq):
+        if len(kept) == 0 and len(osq) == 1 and y.dims == 1:
+            osq = []  # a reduction to one element stored in a 1-D array of symbolic length
+        else:
+            raise NotDifferentiableError(
+                f"{where(site)}: {len(kept)} input dimensions remain after reducing axes {axes}, but the output "
+                f"subset {y.array}[{y.subset}] has {len(osq)} non-unit dimensions")
+    params: list[str | None] = [None] * x.dims
+    ranges = {}
+    for d in isq:
+        params[d] = f"__r{d}"
+        ranges[params[d]] = f"0:{x.sizes()[d]}"
+    oparams: list[str | None] = [None] * y.dims
+    for o, d in zip(osq, kept):
+        oparams[o] = params[d]
+    return ranges, element(x, params), element(y, oparams)
+
+
+class ReduceReverse:
+    def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
+        x, y = _io(site)
+        if _kind(node_of(site)) == "sum" or not ctx.grad_of(y.array) or not ctx.grad_of(x.array):
+            return frozenset()
+        return frozenset({x.array})
+
+    def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
+        node = node_of(site)
+        kind = _kind(node)
+        x, y = _io(site)
+        gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
+        if gy is None:
+            return
+        if x.array == y.array:
+            raise NotDifferentiableError(f"{where(site)}: reduces '{x.array}' into itself")
+        accumulate = node.identity is None or y.wcr is not None
+        if accumulate and (kind != "sum" or (y.wcr is not None and detect_reduction_type(y.wcr) != dace.dtypes.ReductionType.Sum)):
+            raise NotDifferentiableError(f"{where(site)}: a {kind} reduction that combines with the old output value",
+                                         "give the reduction an identity")
+        label = f"{site.state.label}_{y.array}"
+        ranges, xi, yo = _index_maps(site, x, y)
+        if gx:
+            if kind == "sum":
+                add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_sum_{label}", ranges or None,
+                                    {"__g": dace.Memlet(f"{gy}[{yo}]")}, "__o = __g",
+                                    {"__o": dace.Memlet(f"{gx}[{xi}]", wcr=SUM)})
+            else:
+                self._extremum(site, ctx, node, kind, x, y, ranges, xi, yo, label)
+        if not accumulate:
+            clear(ctx, y, label)
+
+    @staticmethod
+    def _extremum(site, ctx, node, kind, x: Operand, y: Operand, ranges, xi, yo, label) -> None:
+        sdfg = ctx.sdfg
+        vx = ctx.value_of(site.index, x.array)
+        desc = sdfg.arrays[y.array]
+        result, _ = sdfg.add_array(f"gradflow_t_{kind}_{y.array}", desc.shape, desc.dtype, transient=True,
+                                   find_new_name=True)
+        count, _ = sdfg.add_array(f"gradflow_t_count_{y.array}", desc.shape, desc.dtype, transient=True,
+                                  find_new_name=True)
+        state = ctx.new_state(f"recompute_{label}")
+        red = Reduce(f"recompute_{label}", wcr=node.wcr, axes=node.axes, identity=node.identity)
+        state.add_node(red)
+        state.add_edge(state.add_read(vx), None, red, None, x.memlet(vx))
+        state.add_edge(red, None, state.add_write(result), None, y.memlet(result))
+        fill(ctx.new_state(f"count_{label}_zero"), count, "0")
+        add_element_tasklet(ctx.new_state(f"count_{label}"), f"count_{label}", ranges or None,
+                            {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]")},
+                            "__c = (__x == __r)", {"__c": dace.Memlet(f"{count}[{yo}]", wcr=SUM)})
+        add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_{kind}_{label}", ranges or None,
+                            {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]"),
+                             "__c": dace.Memlet(f"{count}[{yo}]"), "__g": dace.Memlet(f"{ctx.grad_of(y.array)}[{yo}]")},
+                            "__o = (__x == __r) * __g / __c",
+                            {"__o": dace.Memlet(f"{ctx.grad_of(x.array)}[{xi}]", wcr=SUM)})
+
+
+LIBRARY_RULES.register("Reduce", name="ReduceReverse", applies=_applies)(ReduceReverse())

@@ -1,0 +1,159 @@
+"""The control-flow tree that reverse mode walks: sequences of operations, loops and branches.
+
+DaCe 2.0 SDFGs are structured: a region is a chain of blocks, and a block is a state, a `LoopRegion`,
+a `ConditionalBlock` (if/elif/else over sub-regions) or a plain nested region. `build_tree` reads that
+structure once into a tree and numbers every operation in program order (`OpSite.index`); everything
+the engine decides later (activity, what to record, how to reverse) works on the tree.
+
+Unstructured control flow (a region whose blocks branch through conditional interstate edges),
+`break`/`continue`/`return` blocks, and symbols assigned on interstate edges that the differentiated
+code itself uses are rejected here, with the block named.
+"""
+
+from __future__ import annotations
+
+import attrs
+import dace
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion, SDFGState
+
+from gradflow.analysis.loops import CountedLoop, counted_loop, guarded_counted_loop
+from gradflow.analysis.ops import decompose
+from gradflow.autodiff.context import OpSite
+from gradflow.core.errors import NotDifferentiableError
+
+
+@attrs.frozen(eq=False)
+class OpItem:
+    site: OpSite
+
+
+@attrs.frozen(eq=False)
+class LoopItem:
+    loop: LoopRegion
+    counted: CountedLoop | None  # None: reversed by recording its trip count
+    body: "Seq"
+    depth: int  # number of loops around this one
+    # Non-counted loops only: symbols the body assigns on its last edge (a loop variable updated at the end
+    # of each iteration; they hold one value per iteration), and a counted loop bounding the trip count.
+    iteration_symbols: tuple[str, ...] = ()
+    bounded_by: CountedLoop | None = None
+
+
+@attrs.frozen(eq=False)
+class BranchItem:
+    block: ConditionalBlock
+    branches: tuple["Seq", ...]  # in the order of `block.branches`
+    has_else: bool
+    depth: int
+
+
+@attrs.frozen(eq=False)
+class Seq:
+    items: tuple
+
+
+def _chain(region: ControlFlowRegion) -> list:
+    """The blocks of `region` in execution order, or a clear error when the region branches."""
+    blocks, seen = [], set()
+    block = region.start_block if region.nodes() else None
+    while block is not None:
+        if block in seen:
+            raise NotDifferentiableError(f"region '{region.label}' has a cycle of blocks at '{block.label}'")
+        seen.add(block)
+        blocks.append(block)
+        out = region.out_edges(block)
+        if len(out) > 1 or (out and not out[0].data.is_unconditional()):
+            raise NotDifferentiableError(
+                f"block '{block.label}' of region '{region.label}' branches through interstate edges; gradflow "
+                "differentiates structured control flow (LoopRegion, ConditionalBlock)",
+                "build the SDFG with DaCe's structured control flow (the default of the Python frontend)",
+            )
+        block = out[0].dst if out else None
+    if len(blocks) != len(region.nodes()):
+        raise NotDifferentiableError(f"region '{region.label}' has blocks unreachable from its start block")
+    return blocks
+
+
+def _assigned_symbols(region: ControlFlowRegion) -> frozenset[str]:
+    names = set()
+    for edge in region.all_interstate_edges():
+        names |= set(edge.data.assignments)
+    for block in region.all_control_flow_blocks():
+        if isinstance(block, LoopRegion) and block.loop_variable:
+            names.add(block.loop_variable)
+    return frozenset(names)
+
+
+def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
+    """The control-flow tree of `sdfg` and its operations in program order."""
+    sites: list[OpSite] = []
+
+    def walk(region: ControlFlowRegion, loops: tuple) -> Seq:
+        items = []
+        for block in _chain(region):
+            if isinstance(block, SDFGState):
+                ops = decompose(block)
+                if len(ops) > 1:
+                    raise NotDifferentiableError(
+                        f"state '{block.label}' holds {len(ops)} operations; run split_operations first"
+                    )
+                for op in ops:
+                    site = OpSite(len(sites), block, op, loops)
+                    sites.append(site)
+                    items.append(OpItem(site))
+            elif isinstance(block, LoopRegion):
+                counted = counted_loop(block, _assigned_symbols(block))
+                body = walk(block, loops + (block,))
+                if counted is not None:
+                    items.append(LoopItem(block, counted, body, len(loops)))
+                    continue
+                updates = {}
+                for e in block.edges():
+                    tail = e.dst
+                    if (e.data.assignments and block.out_degree(tail) == 0 and isinstance(tail, SDFGState)
+                            and not decompose(tail)):
+                        updates.update(e.data.assignments)
+                entry = {}
+                for e in region.in_edges(block):
+                    entry.update(e.data.assignments)
+                items.append(LoopItem(block, None, body, len(loops), tuple(sorted(updates)),
+                                      guarded_counted_loop(block, entry, updates)))
+            elif isinstance(block, ConditionalBlock):
+                branches = tuple(walk(r, loops) for _, r in block.branches)
+                has_else = any(c is None for c, _ in block.branches)
+                items.append(BranchItem(block, branches, has_else, len(loops)))
+            elif type(block) is ControlFlowRegion:
+                items.extend(walk(block, loops).items)
+            else:
+                raise NotDifferentiableError(
+                    f"block '{block.label}' ({type(block).__name__}) is not differentiated: gradflow reverses "
+                    "states, LoopRegions and ConditionalBlocks (no break, continue or return yet)",
+                    "rewrite the loop with a condition instead of break/continue",
+                )
+        return Seq(tuple(items))
+
+    tree = walk(sdfg, ())
+    return tree, sites
+
+
+def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], loop_vars: set[str],
+                  restored: dict[int, tuple[str, ...]]) -> None:
+    """Reject symbols assigned on interstate edges that an active operation reads: the backward sweep
+    would see their last value, not the one the operation saw. Exempt: variables of counted loops and
+    the per-iteration symbols of an enclosing while loop (`restored`: id(loop) -> symbols), which the
+    backward sweep restores."""
+    assigned = set()
+    for edge in sdfg.all_interstate_edges():
+        assigned |= set(edge.data.assignments)
+    assigned -= loop_vars
+    for site in sites:
+        if site.index not in active:
+            continue
+        exempt = {sym for loop in site.loops for sym in restored.get(id(loop), ())}
+        used = ({str(s) for s in site.state.free_symbols} & assigned) - exempt
+        if used:
+            raise NotDifferentiableError(
+                f"state '{site.state.label}' reads symbol(s) {', '.join(sorted(used))} assigned on an interstate "
+                "edge; the backward sweep does not restore such symbols yet",
+                "compute the value into an array (a tasklet) instead of an interstate assignment",
+            )

@@ -1,0 +1,97 @@
+"""Forwarding policies: bytes forwarded, purity, loop bounds and the errors users see.
+
+The gradients under each policy are checked against torch in `test_loops_grad.py`; this module checks
+what the policies promise besides: recomputation never forwards more than storing, and forwards less
+wherever it recomputes something storing kept; the reverse pass stays pure under every policy; a while
+loop past its bound is reported, not silently wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import gradflow
+from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
+from gradflow.autodiff.passes import Reverse, ad_pipeline, forwarded_bytes
+from gradflow.core.graph import Graph, fingerprint
+from tests.corpus import loops
+
+BOUNDS = {"*": 64}
+
+
+@functools.cache
+def differentiated(name: str, policy: gradflow.Forwarding) -> Graph:
+    case = loops.CASES_BY_NAME[name]
+    return ad_pipeline(Reverse(case.wrt, (case.of,), forwarding=policy))(Graph.of(case.to_sdfg())).unwrap()
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in loops.CASES])
+def test_recompute_all_forwards_no_more_than_store_all(case) -> None:
+    stored = differentiated(case.name, gradflow.STORE_ALL.with_loop_bounds(**BOUNDS))
+    recomputed = differentiated(case.name, gradflow.RECOMPUTE_ALL.with_loop_bounds(**BOUNDS))
+    symbols = dict(case.symbols)
+    store_bytes, recompute_bytes = forwarded_bytes(stored, symbols), forwarded_bytes(recomputed, symbols)
+    assert recompute_bytes <= store_bytes
+    if store_bytes and recomputed.meta["ad"].recomputed:
+        assert recompute_bytes < store_bytes, f"recomputing {recomputed.meta['ad'].recomputed} saved nothing"
+
+
+def test_recomputation_applies_somewhere() -> None:
+    """The property above is not vacuous: most kernels have something recomputable."""
+    hits = [c.name for c in loops.CASES
+            if differentiated(c.name, gradflow.RECOMPUTE_ALL.with_loop_bounds(**BOUNDS)).meta["ad"].recomputed]
+    assert len(hits) >= 12
+
+
+@pytest.mark.parametrize("policy", [gradflow.STORE_ALL, gradflow.RECOMPUTE_ALL], ids=lambda p: p.name)
+@pytest.mark.parametrize("name", ["lp_softmax", "lp_if_else", "lp_newton_sqrt", "lp_map_of_loops", "lp_lu"])
+def test_reverse_is_pure_under_every_policy(name: str, policy: gradflow.Forwarding) -> None:
+    case = loops.CASES_BY_NAME[name]
+    graph = Graph.of(case.to_sdfg())
+    for step in (ExpandLibraryNodes(), CollapseMaps(), SplitOperations()):
+        graph = step(graph).unwrap()
+    before = fingerprint(graph.sdfg)
+    result = Reverse(case.wrt, (case.of,), forwarding=policy.with_loop_bounds(**BOUNDS))(graph).unwrap()
+    assert fingerprint(graph.sdfg) == before, "reverse mutated its input"
+    assert result.sdfg is not graph.sdfg and result.meta["ad"].spec.forwarding.recompute == policy.recompute
+
+
+def test_policies_are_frozen_values() -> None:
+    a = gradflow.recompute("x", "y", loop_bounds={"w": 3})
+    assert a == gradflow.recompute("y", "x", loop_bounds={"w": 3}) and hash(a) == hash(gradflow.recompute("y", "x", loop_bounds={"w": 3}))
+    b = a.with_loop_bounds(v=5)
+    assert b.bound_of("v") == 5 and a.bound_of("v") is None
+    assert gradflow.STORE_ALL.with_loop_bounds(**{"*": 7}).bound_of("anything") == 7
+    assert gradflow.RECOMPUTE_ALL.name == "recompute_all" and gradflow.STORE_ALL.name == "store_all"
+
+
+def test_while_loop_without_bound_names_the_loop() -> None:
+    case = loops.CASES_BY_NAME["lp_newton_sqrt"]
+    with pytest.raises(gradflow.NotDifferentiableError, match=r"loop 'while_\d+'.*") as info:
+        gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of)
+    assert "loop_bounds" in str(info.value)
+
+
+def test_while_loop_past_its_bound_raises() -> None:
+    case = loops.CASES_BY_NAME["lp_newton_sqrt"]
+    inputs = case.inputs(0)
+    f = gradflow.value_and_grad(case.program.to_sdfg(), wrt="A", of="S",
+                                forwarding=gradflow.STORE_ALL.with_loop_bounds(**{"*": 2}))
+    with pytest.raises(gradflow.LoopBoundError, match=r"ran more than its bound of 2"):
+        f(**inputs)
+    ok = gradflow.value_and_grad(case.program.to_sdfg(), wrt="A", of="S",
+                                 forwarding=gradflow.STORE_ALL.with_loop_bounds(**BOUNDS))
+    value, grad = ok(**case.inputs(0))
+    assert np.isfinite(value) and np.all(np.isfinite(grad))
+
+
+def test_user_set_that_cannot_be_recomputed_is_an_error() -> None:
+    case = loops.CASES_BY_NAME["lp_whole_array_update"]
+    # A is updated in place every iteration: its defining operation reads it.
+    with pytest.raises(gradflow.InvalidArgumentError, match="'A' cannot be recomputed"):
+        gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=gradflow.recompute("A"))
+    with pytest.raises(gradflow.InvalidArgumentError, match="does not have: nope"):
+        gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=gradflow.recompute("nope"))

@@ -1,0 +1,203 @@
+"""Programs built around one library node each, with torch references (see test_library_nodes.py).
+
+Every program writes `S[0]`: the node's result weighted by a random array and summed. Sizes are symbols
+so one compiled SDFG serves every drawn size. Inputs of max/min cases are drawn from a few integers so
+that ties (split equally among the extremal elements, as torch.amax does) are common.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import dace
+import numpy as np
+import torch
+
+N, M, K, B = (dace.symbol(s) for s in "NMKB")
+f64 = dace.float64
+
+
+@dataclasses.dataclass(frozen=True)
+class LibCase:
+    name: str
+    node: str  # class name of the library node the case is about
+    program: Any
+    torch_fn: Callable[..., torch.Tensor]
+    wrt: tuple[str, ...]
+    shapes: dict[str, tuple[str, ...]]  # input name -> shape in symbol names
+    symbols: tuple[str, ...]
+    ties: bool = False
+
+    def make_inputs(self, rng: np.random.Generator, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, shape in self.shapes.items():
+            dims = tuple(1 if s == "1" else sizes[s] for s in shape)
+            if self.ties and name != "W":
+                out[name] = rng.integers(-2, 3, size=dims).astype(np.float64)
+            else:
+                out[name] = rng.normal(size=dims)
+        return out
+
+
+# --- Reduce ------------------------------------------------------------------------------------------------
+
+@dace.program
+def sum_all(A: f64[N, M], W: f64[1], S: f64[1]):
+    S[0] = np.sum(np.sin(A)) * W[0]
+
+
+@dace.program
+def sum_axis0(A: f64[N, M], W: f64[M], S: f64[1]):
+    r = np.sum(A, axis=0)
+    S[0] = np.sum(r * r * W)
+
+
+@dace.program
+def sum_axes02(A: f64[N, M, K], W: f64[M], S: f64[1]):
+    r = np.sum(A, axis=(0, 2))
+    S[0] = np.sum(np.sin(r) * W)
+
+
+@dace.program
+def mean_axis1(A: f64[N, M], W: f64[N], S: f64[1]):
+    r = np.mean(A, axis=1)
+    S[0] = np.sum(r * W)
+
+
+@dace.program
+def max_axis1(A: f64[N, M], W: f64[N], S: f64[1]):
+    r = np.max(A, axis=1)
+    S[0] = np.sum(r * W)
+
+
+@dace.program
+def min_all(A: f64[N, M], W: f64[1], S: f64[1]):
+    S[0] = np.min(A) * W[0]
+
+
+@dace.program
+def amax_axis0_keepdims(A: f64[N, M, K], W: f64[1, M, K], S: f64[1]):
+    r = np.maximum.reduce(A, axis=0, keepdims=True)
+    S[0] = np.sum(r * W)
+
+
+@dace.program
+def min_axes12(A: f64[N, M, K], W: f64[N], S: f64[1]):
+    r = np.minimum.reduce(A, axis=(1, 2))
+    S[0] = np.sum(r * W)
+
+
+# --- matrix products ---------------------------------------------------------------------------------------
+
+@dace.program
+def matmul_mm(A: f64[N, K], X: f64[K, M], W: f64[N, M], S: f64[1]):
+    C = A @ X
+    S[0] = np.sum(C * W)
+
+
+@dace.program
+def matmul_transposed(A: f64[N, K], X: f64[M, K], W: f64[N, M], S: f64[1]):
+    C = A @ X.T
+    S[0] = np.sum(C * W)
+
+
+@dace.program
+def matmul_same(A: f64[N, N], W: f64[N, N], S: f64[1]):
+    C = A @ A
+    S[0] = np.sum(C * W)
+
+
+@dace.program
+def matmul_mv(A: f64[N, K], x: f64[K], W: f64[N], S: f64[1]):
+    y = A @ x
+    S[0] = np.sum(y * W)
+
+
+@dace.program
+def matmul_vm(x: f64[N], A: f64[N, K], W: f64[K], S: f64[1]):
+    y = x @ A
+    S[0] = np.sum(y * W)
+
+
+@dace.program
+def matmul_vv(x: f64[N], z: f64[N], W: f64[1], S: f64[1]):
+    S[0] = (x @ z) * W[0]
+
+
+@dace.program
+def dot_vv(x: f64[N], z: f64[N], W: f64[1], S: f64[1]):
+    S[0] = np.dot(x, z) * W[0]
+
+
+@dace.program
+def matmul_batched(A: f64[B, N, K], X: f64[B, K, M], W: f64[B, N, M], S: f64[1]):
+    C = A @ X
+    S[0] = np.sum(C * W)
+
+
+@dace.program
+def matmul_broadcast(A: f64[B, N, K], X: f64[K, M], W: f64[B, N, M], S: f64[1]):
+    C = A @ X
+    S[0] = np.sum(C * W)
+
+
+# --- transposes --------------------------------------------------------------------------------------------
+
+@dace.program
+def transpose_2d(A: f64[N, M], W: f64[M, N], S: f64[1]):
+    T = np.transpose(A)
+    S[0] = np.sum(T * W)
+
+
+@dace.program
+def transpose_3d(A: f64[N, M, K], W: f64[K, N, M], S: f64[1]):
+    T = np.transpose(A, (2, 0, 1))
+    S[0] = np.sum(T * W)
+
+
+def _w(expr, W):
+    return (expr * W).sum()
+
+
+CASES = [
+    LibCase("sum_all", "Reduce", sum_all, lambda A, W: torch.sin(A).sum() * W[0], ("A", "W"),
+            {"A": ("N", "M"), "W": ("1",)}, ("N", "M")),
+    LibCase("sum_axis0", "Reduce", sum_axis0, lambda A, W: (A.sum(0) ** 2 * W).sum(), ("A", "W"),
+            {"A": ("N", "M"), "W": ("M",)}, ("N", "M")),
+    LibCase("sum_axes02", "Reduce", sum_axes02, lambda A, W: (torch.sin(A.sum((0, 2))) * W).sum(), ("A",),
+            {"A": ("N", "M", "K"), "W": ("M",)}, ("N", "M", "K")),
+    LibCase("mean_axis1", "Reduce", mean_axis1, lambda A, W: _w(A.mean(1), W), ("A", "W"),
+            {"A": ("N", "M"), "W": ("N",)}, ("N", "M")),
+    LibCase("max_axis1", "Reduce", max_axis1, lambda A, W: _w(torch.amax(A, 1), W), ("A", "W"),
+            {"A": ("N", "M"), "W": ("N",)}, ("N", "M"), ties=True),
+    LibCase("min_all", "Reduce", min_all, lambda A, W: torch.amin(A) * W[0], ("A",),
+            {"A": ("N", "M"), "W": ("1",)}, ("N", "M"), ties=True),
+    LibCase("amax_axis0_keepdims", "Reduce", amax_axis0_keepdims, lambda A, W: _w(torch.amax(A, 0, keepdim=True), W),
+            ("A",), {"A": ("N", "M", "K"), "W": ("1", "M", "K")}, ("N", "M", "K"), ties=True),
+    LibCase("min_axes12", "Reduce", min_axes12, lambda A, W: _w(torch.amin(A, (1, 2)), W), ("A",),
+            {"A": ("N", "M", "K"), "W": ("N",)}, ("N", "M", "K"), ties=True),
+    LibCase("matmul_mm", "MatMul", matmul_mm, lambda A, X, W: _w(A @ X, W), ("A", "X"),
+            {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("matmul_transposed", "MatMul", matmul_transposed, lambda A, X, W: _w(A @ X.T, W), ("A", "X"),
+            {"A": ("N", "K"), "X": ("M", "K"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("matmul_same", "MatMul", matmul_same, lambda A, W: _w(A @ A, W), ("A",),
+            {"A": ("N", "N"), "W": ("N", "N")}, ("N",)),
+    LibCase("matmul_mv", "MatMul", matmul_mv, lambda A, x, W: _w(A @ x, W), ("A", "x"),
+            {"A": ("N", "K"), "x": ("K",), "W": ("N",)}, ("N", "K")),
+    LibCase("matmul_vm", "MatMul", matmul_vm, lambda x, A, W: _w(x @ A, W), ("x", "A"),
+            {"x": ("N",), "A": ("N", "K"), "W": ("K",)}, ("N", "K")),
+    LibCase("matmul_vv", "MatMul", matmul_vv, lambda x, z, W: (x @ z) * W[0], ("x", "z"),
+            {"x": ("N",), "z": ("N",), "W": ("1",)}, ("N",)),
+    LibCase("dot_vv", "Dot", dot_vv, lambda x, z, W: torch.dot(x, z) * W[0], ("x", "z"),
+            {"x": ("N",), "z": ("N",), "W": ("1",)}, ("N",)),
+    LibCase("matmul_batched", "MatMul", matmul_batched, lambda A, X, W: _w(A @ X, W), ("A", "X"),
+            {"A": ("B", "N", "K"), "X": ("B", "K", "M"), "W": ("B", "N", "M")}, ("B", "N", "M", "K")),
+    LibCase("matmul_broadcast", "MatMul", matmul_broadcast, lambda A, X, W: _w(A @ X, W), ("A", "X"),
+            {"A": ("B", "N", "K"), "X": ("K", "M"), "W": ("B", "N", "M")}, ("B", "N", "M", "K")),
+    LibCase("transpose_2d", "Transpose", transpose_2d, lambda A, W: _w(A.T, W), ("A",),
+            {"A": ("N", "M"), "W": ("M", "N")}, ("N", "M")),
+    LibCase("transpose_3d", "TensorTranspose", transpose_3d, lambda A, W: _w(A.permute(2, 0, 1), W), ("A",),
+            {"A": ("N", "M", "K"), "W": ("K", "N", "M")}, ("N", "M", "K")),
+]
+CASES_BY_NAME = {c.name: c for c in CASES}

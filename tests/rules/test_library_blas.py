@@ -1,0 +1,64 @@
+"""Matrix products run on a real BLAS: the generated code of forward and backward calls cblas_dgemm.
+
+The project installs OpenBLAS through its `scipy-openblas32` dependency (pyproject.toml); a setup without
+it is a broken setup here, so these tests fail rather than skip when it is missing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+import gradflow
+from gradflow.core.graph import Graph
+from gradflow.runtime import blas
+from gradflow.runtime.compile import compile_sdfg
+from tests.rules.library_cases import CASES_BY_NAME
+from tests.rules.test_library_nodes import _compiled
+
+
+def _calls(compiled) -> list[str]:
+    folder = Path(compiled.sdfg.build_folder) / "src" / "cpu"
+    return [c for f in folder.glob("*.cpp") for c in re.findall(r"\bcblas_\w+", f.read_text())]
+
+
+def test_blas_is_installed() -> None:
+    assert blas.available(), blas.describe()
+    assert "OpenBLAS" in blas.describe()
+
+
+def test_matmul_forward_and_backward_call_dgemm() -> None:
+    calls = _calls(_compiled("matmul_mm", "rule"))
+    assert calls.count("cblas_dgemm") == 3, calls  # C = A @ X; gA += gC X^T; gX += A^T gC
+
+
+def test_expansion_route_has_no_blas_call() -> None:
+    assert _calls(_compiled("matmul_mm", "expand")) == []
+
+
+def test_matvec_backward_calls_dgemv() -> None:
+    assert _calls(_compiled("matmul_mv", "rule")).count("cblas_dgemv") == 2  # y = A x; gx = A^T gy
+
+
+def test_vjp_backward_sdfg_calls_dgemm() -> None:
+    case = CASES_BY_NAME["matmul_mm"]
+    result = gradflow.vjp(case.program.to_sdfg(simplify=True), wrt=["A", "X"], of="S")
+    calls = _calls(compile_sdfg(Graph.adopt(result.backward)))
+    assert calls.count("cblas_dgemm") == 2, calls
+
+
+def test_gemm_result_through_blas_is_correct_for_large_sizes() -> None:
+    """Sizes where OpenBLAS takes its blocked kernels (a loop nest and BLAS disagree only by rounding)."""
+    case = CASES_BY_NAME["matmul_transposed"]
+    sizes = {"N": 67, "M": 45, "K": 130}
+    rng = np.random.default_rng(0)
+    inputs = case.make_inputs(rng, sizes)
+    arrays = {**{k: v.copy() for k, v in inputs.items()}, "S": np.zeros(1),
+              "grad_A": np.zeros((67, 130)), "grad_X": np.zeros((45, 130))}
+    _compiled("matmul_transposed", "rule")(**arrays, **sizes)
+    A, X, W = inputs["A"], inputs["X"], inputs["W"]
+    np.testing.assert_allclose(arrays["S"][0], np.sum((A @ X.T) * W), rtol=1e-9)
+    np.testing.assert_allclose(arrays["grad_A"], W @ X, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(arrays["grad_X"], W.T @ A, rtol=1e-9, atol=1e-12)

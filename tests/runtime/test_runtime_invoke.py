@@ -1,0 +1,85 @@
+"""`Invoker`: positional binding and allocation of omitted arrays; everything else is `Runner`'s."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradflow.core.errors import ArgumentError
+from gradflow.core.graph import Graph
+from gradflow.runtime.invoke import Invoker
+from tests.torch.vjp_programs import scale_rows, square_mul
+
+
+def _invoker(sdfg, order):
+    sdfg.arg_names = list(order)  # the declared argument order of a program (positional binding)
+    return Invoker(Graph.of(sdfg))
+
+
+@pytest.fixture(scope="module")
+def sq():
+    return _invoker(square_mul(name="inv_sqmul").forward, ["X", "W", "Y", "T"])
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return _invoker(scale_rows(name="inv_rows").forward, ["A", "b", "alpha", "Z", "S"])
+
+
+def test_positional_and_named_binding_allocates_omitted_outputs(sq):
+    X, W = np.random.rand(5), np.random.rand(5)
+    arrays, as_torch = sq(X, W=W)
+    assert not as_torch
+    assert isinstance(arrays["Y"], np.ndarray)
+    np.testing.assert_allclose(arrays["Y"], X * X * W)
+    np.testing.assert_allclose(arrays["T"], X * X)
+    assert arrays["X"] is X  # given arrays are passed as they are (zero-copy)
+
+
+def test_torch_in_torch_out_zero_copy(sq):
+    X, W = torch.rand(4, dtype=torch.float64), torch.rand(4, dtype=torch.float64)
+    Y = torch.full((4,), -1.0, dtype=torch.float64)
+    arrays, as_torch = sq(X, W, Y=Y)
+    assert as_torch and isinstance(arrays["T"], torch.Tensor)
+    assert arrays["Y"].data_ptr() == Y.data_ptr()
+    torch.testing.assert_close(Y, X * X * W)
+
+
+def test_scalars_and_symbols(rows):
+    A, b = np.random.rand(3, 2), np.random.rand(2)
+    arrays, _ = rows(A, b, 0.5)
+    np.testing.assert_allclose(arrays["Z"], 0.5 * A * b)
+    np.testing.assert_allclose(arrays["S"], (A * A).sum(1))
+    with pytest.raises(ArgumentError, match="symbol"):
+        rows(A, b, 0.5, N=4)  # contradicts the shape of A
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda f: f(np.ones(3, np.float32), np.ones(3)), "argument 'X': expected dtype float64, got float32"),
+    (lambda f: f(np.ones(3), np.ones(4)), "argument 'W': dimension 0 has extent 4, expected N = 3"),
+    (lambda f: f(np.ones(6)[::2], np.ones(3)), "argument 'X': has strides"),
+    (lambda f: f(np.ones(3), np.ones(3), np.ones(3), np.ones(3), np.ones(3)), "5 positional arguments"),
+    (lambda f: f(np.ones(3), X=np.ones(3)), "'X' given both by position and by name"),
+    (lambda f: f(np.ones(3), Q=np.ones(3)), "unknown argument 'Q'"),
+])
+def test_errors_are_runners(sq, call, needle):
+    """The checks are Runner's (same messages as everywhere in gradflow), after Invoker's binding."""
+    with pytest.raises(ArgumentError) as info:
+        call(sq)
+    assert needle in str(info.value)
+
+
+def test_program_without_declared_order_takes_names_only():
+    f = Invoker(Graph.of(square_mul(name="inv_sq_named").forward))
+    with pytest.raises(ArgumentError, match="by position"):
+        f(np.ones(3))
+    arrays, _ = f(X=np.full(3, 2.0), W=np.ones(3))
+    np.testing.assert_allclose(arrays["Y"], 4.0)
+
+
+def test_one_element_arrays_accept_numbers_and_other_ranks(rows):
+    A, b = np.random.rand(2, 2), np.random.rand(2)
+    S = np.zeros(2)
+    arrays, _ = rows(A, b, np.float64(2.0), S=S)  # a numpy scalar for the scalar input
+    np.testing.assert_allclose(arrays["Z"], 2.0 * A * b)

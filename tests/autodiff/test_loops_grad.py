@@ -91,3 +91,26 @@ def test_corpus_covers_the_required_constructs() -> None:
                      "lp_map_of_loops", "lp_map_with_branch"):
         assert required in names
     assert len(names) >= 12
+
+
+@pytest.mark.parametrize("name", ["lp_if_else", "lp_softmax", "lp_triangular"])
+def test_torch_function_through_control_flow(name: str) -> None:
+    """The split forward/backward of a loop program (tape, recorded branches) works as an autograd Function."""
+    import torch
+
+    import gradflow.torch as gtorch
+    from tests.corpus.case import to_tensors
+
+    case = loops.CASES_BY_NAME[name]
+    inputs = case.inputs(5)
+    names = [k for k in inputs if k != case.of]
+    f = gtorch.function(gradflow.vjp(case.to_sdfg(), wrt=list(case.wrt), of=case.of), inputs=names, outputs=[case.of])
+    mine = to_tensors(inputs, requires_grad=case.wrt)
+    out = f(*[mine[k] for k in names])
+    out.sum().backward()
+    ref = to_tensors(inputs, requires_grad=case.wrt)
+    expected = case.torch_fn(**ref) - ref[case.of][0]  # the function allocates `of` zeroed
+    expected.backward()
+    np.testing.assert_allclose(out.detach().sum().item(), expected.item(), rtol=RTOL)
+    for x in case.wrt:
+        np.testing.assert_allclose(mine[x].grad.numpy(), ref[x].grad.numpy(), rtol=RTOL, atol=1e-12, err_msg=x)

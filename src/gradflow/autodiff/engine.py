@@ -30,14 +30,14 @@ from dace.properties import CodeBlock
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.activity import OpAccess, activity, is_float
+from gradflow.analysis.loops import upper_bound
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.recompute import RecomputePlan, plan_recomputation
 from gradflow.autodiff.rules import REVERSE_RULES, load_builtin_rules
-from gradflow.autodiff.structure import BranchItem, LoopItem, OpItem, Seq, _chain, build_tree, check_symbols
+from gradflow.autodiff.structure import BranchItem, LoopItem, OpItem, Seq, block_chain, build_tree, check_symbols
 from gradflow.autodiff.tape import Stack, Tape
-from gradflow.analysis.loops import upper_bound
 from gradflow.core.errors import NoRuleError, NotDifferentiableError
 
 BACKWARD_LABEL = "gradflow_backward"
@@ -360,7 +360,7 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec) -> ADInterface:
     builder.record_control(tree, ())
     bounded = builder.guard_bounded_loops()
 
-    last = _chain(sdfg)[-1] if sdfg.nodes() else None
+    last = block_chain(sdfg)[-1] if sdfg.nodes() else None
     saved = builder.tape.bracket(sdfg, last) if last is not None else None
     last = saved or last
     if bounded:

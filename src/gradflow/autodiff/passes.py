@@ -96,6 +96,14 @@ def _arrays_used(blocks) -> set[str]:
     return used
 
 
+def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
+    """A forwarded transient scalar becomes a one-element array: scalars are passed by value, so the
+    forward could not hand it out."""
+    desc = sdfg.arrays[name]
+    if isinstance(desc, dace.data.Scalar):
+        sdfg.arrays[name] = dace.data.Array(desc.dtype, [1], transient=desc.transient)
+
+
 def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     """Forward and backward SDFGs from a combined one (both built from private copies)."""
     import copy
@@ -116,6 +124,8 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         elif name in forwarded:
             fwd.arrays[name].transient = False
     saved = tuple(a for a in forwarded if sdfg.arrays[a].transient)
+    for a in saved:
+        _scalar_to_array(fwd, a)
 
     bwd = copy.deepcopy(sdfg)
     bregion = _backward_region(bwd, interface)
@@ -129,6 +139,8 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
             bwd.remove_data(name, validate=False)
         elif name in forwarded or name in keep_outputs:
             bwd.arrays[name].transient = False
+    for a in saved:
+        _scalar_to_array(bwd, a)
     fwd.name = f"{sdfg.name}_forward"
     bwd.name = f"{sdfg.name}_backward"
     fwd.reset_cfg_list()

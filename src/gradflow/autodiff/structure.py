@@ -52,7 +52,7 @@ class Seq:
     items: tuple
 
 
-def _chain(region: ControlFlowRegion) -> list:
+def block_chain(region: ControlFlowRegion) -> list:
     """The blocks of `region` in execution order, or a clear error when the region branches."""
     blocks, seen = [], set()
     block = region.start_block if region.nodes() else None
@@ -90,7 +90,7 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
 
     def walk(region: ControlFlowRegion, loops: tuple) -> Seq:
         items = []
-        for block in _chain(region):
+        for block in block_chain(region):
             if isinstance(block, SDFGState):
                 ops = decompose(block)
                 if len(ops) > 1:

@@ -86,10 +86,6 @@ class Tape:
         ctx.new_state(f"popped_{stack.array}", {symbol: f"{stack.array}[{stack.sp}]"})
 
 
-def item_shape(subset: subsets.Range) -> tuple:
-    return tuple(subset.size())
-
-
 def _copy_subset(state: SDFGState, array: str, subset: subsets.Range, tape: str, sp: str, to_tape: bool) -> None:
     """tape[sp, 0:n0, 0:n1, ...] <-> array[b0 + p0*s0, ...] as a map (strided subsets included)."""
     params = [f"__t{d}" for d in range(subset.dims())]

@@ -122,7 +122,7 @@ def _forward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = 
     lines.append("    ctx.bwd = _BWD")
     saved_tensors, saved_scalars = [], []
     for name, src in plan.forwarded:
-        expr = {INPUT: value[src.index], OUTPUT: f"o{src.index}", EXTRA: f"e{src.index}"}[src.role]
+        expr = value[src.index] if src.role == INPUT else f"{'o' if src.role == OUTPUT else 'e'}{src.index}"
         (saved_scalars if plan.backward.arg(name).kind != ARRAY else saved_tensors).append(expr)
     lines.append(f"    ctx.save_for_backward({', '.join(saved_tensors)})")
     if saved_scalars:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attrs
+import dace
 from dace.properties import CodeBlock
 from dace.sdfg.state import BreakBlock, ConditionalBlock, ControlFlowRegion, LoopRegion
 from returns.result import Success
@@ -116,9 +117,7 @@ def _lower(loop: LoopRegion, flag: str) -> None:
     parent.add_state_before(loop, f"{loop.label}_enter", is_start_block=parent.start_block is loop, assignments=entry)
 
 
-def _edge(assignments):
-    import dace
-
+def _edge(assignments: dict[str, str]) -> dace.InterstateEdge:
     return dace.InterstateEdge(assignments=assignments)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import attrs
 import dace
 import numpy as np
+import sympy
 from dace import data as dt
 from dace import symbolic
 
@@ -49,6 +50,9 @@ class Dim:
     @classmethod
     def of(cls, expr: Any) -> "Dim":
         expr = symbolic.pystr_to_symbolic(expr) if isinstance(expr, str) else expr
+        if symbolic.issymbolic(expr) and hasattr(expr, "replace"):
+            # DaCe's compilation rewrites integer powers as `ipow(a, n)`: one spelling, so plans compare.
+            expr = expr.replace(lambda e: type(e).__name__ == "ipow", lambda e: sympy.Pow(*e.args))
         if symbolic.issymbolic(expr):
             sym = str(expr) if isinstance(expr, symbolic.symbol) or getattr(expr, "is_Symbol", False) else None
             return cls(py=str(expr), cpp=symbolic.symstr(expr, cpp_mode=True), symbol=sym)

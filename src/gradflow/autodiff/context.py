@@ -14,6 +14,7 @@ from typing import Iterator, Mapping
 
 import attrs
 import dace
+from dace import subsets
 from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, SDFGState
 
 from gradflow.analysis.activity import Activity
@@ -82,3 +83,21 @@ class OpSite:
 
     def written_arrays(self) -> frozenset[str]:
         return frozenset(self.state.node(i).data for i in self.op.writes)
+
+    def written_subset(self, array: str) -> subsets.Range:
+        """The bounding box of what the operation writes to `array` (the whole array when it cannot tell)."""
+        state = self.state
+        whole = subsets.Range.from_array(state.sdfg.arrays[array])
+        box = None
+        for i in self.op.writes:
+            node = state.node(i)
+            if node.data != array:
+                continue
+            for e in state.in_edges(node):
+                sub = e.data.get_dst_subset(e, state) if not e.data.is_empty() else None
+                if sub is None:
+                    return whole
+                box = sub if box is None else subsets.union(box, sub)
+                if not isinstance(box, subsets.Range):
+                    return whole
+        return box if box is not None else whole

@@ -24,6 +24,15 @@ def full_index(sdfg: dace.SDFG, array: str, prefix: str = "__z") -> tuple[dict[s
     return ranges, ", ".join(ranges)
 
 
+def subset_elements(subset: subsets.Range, prefix: str) -> tuple[dict[str, str], list[str], str]:
+    """Map ranges `prefix<d> in 0:size_d`, their parameters, and the element `begin_d + step_d * prefix<d>`
+    of `subset` they address (strided subsets included)."""
+    params = [f"{prefix}{d}" for d in range(subset.dims())]
+    ranges = {p: f"0:{n}" for p, n in zip(params, subset.size())}
+    element = ", ".join(f"({b}) + ({s}) * {p}" for p, (b, _, s) in zip(params, subset.ndrange()))
+    return ranges, params, element
+
+
 def fill(state: SDFGState, array: str, value: str) -> None:
     """array[...] = value, as a map."""
     ranges, index = full_index(state.sdfg, array)

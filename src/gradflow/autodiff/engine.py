@@ -79,25 +79,6 @@ def _rule_for(site: OpSite):
     return rule.fn
 
 
-def written_subset(site: OpSite, array: str) -> subsets.Range:
-    """The bounding box of what `site` writes to `array` (the whole array when it cannot tell)."""
-    state, desc = site.state, site.state.sdfg.arrays[array]
-    whole = subsets.Range.from_array(desc)
-    box = None
-    for i in site.op.writes:
-        node = state.node(i)
-        if node.data != array:
-            continue
-        for e in state.in_edges(node):
-            sub = e.data.get_dst_subset(e, state) if not e.data.is_empty() else None
-            if sub is None:
-                return whole
-            box = sub if box is None else subsets.union(box, sub)
-            if not isinstance(box, subsets.Range):
-                return whole
-    return box if box is not None else whole
-
-
 @attrs.define
 class _Builder:
     sdfg: dace.SDFG
@@ -171,7 +152,7 @@ class _Builder:
                     for q in self.sites if q.index < p.index
                 ):
                     continue  # first definition of a temporary: its old value is garbage nobody reads
-                sub = written_subset(p, array)
+                sub = p.written_subset(array)
                 stack = self.tape.new_stack(array, self.capacity(p.loops), self.item_shape(p, array, sub), desc.dtype)
                 self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
                 self.pops.setdefault(p.index, []).append((array, stack, sub))
@@ -317,19 +298,8 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec) -> ADInterface:
     rules = [_rule_for(site) for site in sites]
     accesses = [OpAccess(site.read_arrays(), site.written_arrays()) for site in sites]
     act = activity(sdfg.arrays, accesses, spec.wrt, spec.of)
-    counted_vars = {item.counted.var for item in loops.values() if item.counted is not None}
     active = {s.index for s in sites if accesses[s.index].writes & act.carrying}
-    check_symbols(sdfg, sites, active, counted_vars,
-                  {id(item.loop): item.iteration_symbols for item in loops.values()})
-    for item in loops.values():
-        if item.counted is None and item.loop.loop_variable:
-            for site in sites:
-                if site.index in active and item.loop.loop_variable in {str(s) for s in site.state.free_symbols}:
-                    raise NotDifferentiableError(
-                        f"loop '{item.loop.label}' is not a counted for-loop (its step is not a constant or its "
-                        f"bounds change inside it), and state '{site.state.label}' reads its variable "
-                        f"'{item.loop.loop_variable}'; the backward sweep does not restore it yet",
-                    )
+    check_symbols(sdfg, sites, active, loops.values())
 
     buffers: dict[str, str] = {}
     grads: dict[str, str] = {}

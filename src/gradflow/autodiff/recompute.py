@@ -31,11 +31,9 @@ MAX_CHAIN = 16
 
 
 def _covers_all(site: OpSite, array: str) -> bool:
-    from gradflow.autodiff.engine import written_subset  # local: engine imports this module
-
     desc = site.state.sdfg.arrays[array]
     whole = dace.subsets.Range.from_array(desc)
-    sub = written_subset(site, array)
+    sub = site.written_subset(array)
     if sub.dims() != whole.dims():
         return False
     return all(dace.symbolic.simplify(a - b) == 0 for a, b in zip(sub.size(), whole.size())) and all(
@@ -48,8 +46,11 @@ def _no_wcr(site: OpSite, array: str) -> bool:
     return all(e.data.wcr is None for i in site.op.writes if state.node(i).data == array for e in state.in_edges(state.node(i)))
 
 
-@attrs.frozen
+@attrs.define
 class RecomputePlan:
+    """What to rerun before each operation's reverse; `allocate` adds the buffers when the backward
+    region is built (so the plan is filled in two steps and is not frozen)."""
+
     arrays: frozenset[str]
     before: dict  # site index -> tuple of (array, defining site), in the order to rerun them
     buffers: dict = attrs.field(factory=dict)  # array -> backward-local buffer

@@ -136,21 +136,32 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
     return tree, sites
 
 
-def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], loop_vars: set[str],
-                  restored: dict[int, tuple[str, ...]]) -> None:
-    """Reject symbols assigned on interstate edges that an active operation reads: the backward sweep
-    would see their last value, not the one the operation saw. Exempt: variables of counted loops and
-    the per-iteration symbols of an enclosing while loop (`restored`: id(loop) -> symbols), which the
-    backward sweep restores."""
-    assigned = set()
+def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], loops) -> None:
+    """Reject symbols that an active operation reads but the backward sweep does not restore: symbols
+    assigned on interstate edges, and variables of loops that are not counted `for` loops. Exempt:
+    variables of counted loops (the reversed loop sets them) and the per-iteration symbols of an
+    enclosing while loop (pushed on the tape). `loops`: the `LoopItem`s of the tree."""
+    loops = list(loops)
+    uncounted = {item.loop.loop_variable: item.loop.label for item in loops
+                 if item.counted is None and item.loop.loop_variable}
+    restored = {id(item.loop): item.iteration_symbols for item in loops}
+    assigned = set(uncounted)
     for edge in sdfg.all_interstate_edges():
         assigned |= set(edge.data.assignments)
-    assigned -= loop_vars
+    assigned -= {item.counted.var for item in loops if item.counted is not None}
     for site in sites:
         if site.index not in active:
             continue
         exempt = {sym for loop in site.loops for sym in restored.get(id(loop), ())}
         used = ({str(s) for s in site.state.free_symbols} & assigned) - exempt
+        unrestored = sorted(used & set(uncounted))
+        if unrestored:
+            var = unrestored[0]
+            raise NotDifferentiableError(
+                f"loop '{uncounted[var]}' is not a counted for-loop (its step is not a constant or its bounds "
+                f"change inside it), and state '{site.state.label}' reads its variable '{var}'; the backward "
+                "sweep does not restore it yet",
+            )
         if used:
             raise NotDifferentiableError(
                 f"state '{site.state.label}' reads symbol(s) {', '.join(sorted(used))} assigned on an interstate "

@@ -16,6 +16,8 @@ import dace
 from dace import subsets
 from dace.sdfg.state import ControlFlowRegion, SDFGState
 
+from gradflow.autodiff.emit import subset_elements
+
 TOP = "gradflow_tape_top"
 
 
@@ -88,9 +90,7 @@ class Tape:
 
 def _copy_subset(state: SDFGState, array: str, subset: subsets.Range, tape: str, sp: str, to_tape: bool) -> None:
     """tape[sp, 0:n0, 0:n1, ...] <-> array[b0 + p0*s0, ...] as a map (strided subsets included)."""
-    params = [f"__t{d}" for d in range(subset.dims())]
-    ranges = {p: f"0:{n}" for p, n in zip(params, subset.size())}
-    element = ", ".join(f"({b}) + ({s}) * {p}" for p, (b, _, s) in zip(params, subset.ndrange()))
+    ranges, params, element = subset_elements(subset, "__t")
     slot = ", ".join([sp] + params)
     src, dst = (f"{array}[{element}]", f"{tape}[{slot}]") if to_tape else (f"{tape}[{slot}]", f"{array}[{element}]")
     state.add_mapped_tasklet(

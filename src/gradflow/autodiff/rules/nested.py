@@ -24,7 +24,7 @@ from dace.sdfg import nodes as nd
 
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import map_ranges, safe_label
+from gradflow.autodiff.emit import map_ranges, safe_label, subset_elements
 from gradflow.autodiff.rules import register_reverse
 from gradflow.core.errors import NotDifferentiableError
 
@@ -157,8 +157,7 @@ class NestedReverse:
         clear = ctx.new_state(f"clear_{site.state.label}")
         for c in active_out:
             memlet = outs[c].data
-            ranges = {f"__c{d}": f"0:{n}" for d, n in enumerate(memlet.subset.size())}
-            index = ", ".join(f"({b}) + ({s}) * __c{d}" for d, (b, _, s) in enumerate(memlet.subset))
+            ranges, _, index = subset_elements(memlet.subset, "__c")
             outer = dict(map_ranges(entry)) if entry is not None else {}
             clear.add_mapped_tasklet(
                 safe_label(f"clear_{c}"), {**outer, **ranges}, {}, "__o = 0",

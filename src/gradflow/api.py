@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import attrs
+
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.engine import OVERFLOW
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -74,22 +76,53 @@ def _prepare(program: Any, wrt, of, prefix: str, scalar_of: bool) -> tuple[Graph
 
 
 def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefix: str = "grad_",
-         pipeline: Pipeline | None = None, forwarding: Forwarding = STORE_ALL):
+         pipeline: Pipeline | None = None, forwarding: Forwarding | None = None):
     """A new SDFG computing what `program` computes plus `grad_<x>` = d(of)/d(x) for each x in `wrt`.
 
     `program` is a `dace.SDFG` or `@dace.program` and is not modified. `of` names a one-element array
-    (inferred when the program writes exactly one). `pipeline` replaces the default AD pipeline (it must
-    end with a `Reverse` pass, e.g. `gradflow.autodiff.ad_pipeline(...)` plus custom steps). `forwarding`
-    chooses how values reach the backward sweep (`STORE_ALL`, `RECOMPUTE_ALL`, `recompute(...)`); with
-    while-loop bounds the SDFG has one more output, `gradflow_overflow` (see `gradflow.Forwarding`).
+    (inferred when the program writes exactly one). `pipeline` replaces the default AD pipeline (e.g.
+    `gradflow.ad_pipeline()` edited by step name or with other rule tables); its `reverse` step gets
+    `wrt`/`of`/`prefix`/`forwarding` from this call where it leaves them unset, and a step that says
+    otherwise is an error. `forwarding` chooses how values reach the backward sweep (default `STORE_ALL`;
+    `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds the SDFG has one more output,
+    `gradflow_overflow` (see `gradflow.Forwarding`).
     """
     return _grad_graph(program, wrt, of, prefix, pipeline, forwarding).to_sdfg()
 
 
-def _grad_graph(program, wrt, of, prefix: str, pipeline: Pipeline | None, forwarding: Forwarding) -> Graph:
+def _grad_graph(program, wrt, of, prefix: str, pipeline: Pipeline | None, forwarding: Forwarding | None) -> Graph:
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=True)
-    pipe = pipeline or ad_pipeline(Reverse(wrt_names, of_names, "grad", prefix, forwarding))
+    want = Reverse(wrt_names, of_names, "grad", prefix, forwarding if forwarding is not None else STORE_ALL)
+    pipe = ad_pipeline(want) if pipeline is None else bind_pipeline(pipeline, want, forwarding is not None)
     return unwrap_or_raise(pipe(graph))
+
+
+def bind_pipeline(pipeline: Any, want: Reverse, forwarding_given: bool) -> Pipeline:
+    """`pipeline` with its one `reverse` step completed from `want` (the call's wrt/of/prefix/forwarding);
+    an `InvalidArgumentError` when it has none, several, or one that disagrees with the call."""
+    if not isinstance(pipeline, Pipeline):
+        raise InvalidArgumentError(f"pipeline must be a gradflow.Pipeline, got {type(pipeline).__name__}",
+                                   "e.g. gradflow.ad_pipeline() or Pipeline.named(...)")
+    found = [(k, s) for k, s in enumerate(pipeline.steps) if isinstance(s, Reverse)]
+    nested = [s for s in pipeline.walk() if isinstance(s, Reverse)]
+    if len(found) != 1 or len(nested) != 1:
+        raise InvalidArgumentError(
+            f"the pipeline has {len(nested)} 'reverse' steps ({', '.join(pipeline.names())}); grad needs exactly "
+            "one, at its top level", "start from gradflow.ad_pipeline() and edit it")
+    k, step = found[0]
+    changes: dict[str, Any] = {}
+    checks = (("wrt", want.wrt), ("of", want.of), ("mode", "grad"), ("prefix", want.prefix))
+    for field, value in checks + ((("forwarding", want.forwarding),) if forwarding_given else ()):
+        mine = getattr(step, field)
+        default = attrs.fields_dict(Reverse)[field].default
+        if mine is None or (field in ("prefix", "forwarding") and mine == default):
+            changes[field] = value
+        elif mine != value and not (field in ("wrt", "of") and set(mine) == set(value)):
+            raise InvalidArgumentError(
+                f"the pipeline's reverse step has {field}={mine!r}, but grad was called with {field}={value!r}",
+                "leave the field unset in the pipeline's Reverse (grad fills it in) or call grad with the same value")
+    bound = attrs.evolve(step, **changes) if changes else step
+    return Pipeline(pipeline.steps[:k] + (bound,) + pipeline.steps[k + 1:], pipeline.hook, pipeline.assumes)
 
 
 def check_loop_bounds(arrays: Any, interface: Any) -> None:

@@ -13,7 +13,6 @@ See docs/onnx.md.
 """
 
 from gradflow.frontend.onnx import (
-    ONNX_RULES,
     DynamicShapeError,
     InputMismatchError,
     MalformedModelError,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gradflow
-from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
+from gradflow.autodiff.normalize import NORMALIZE
 from gradflow.autodiff.passes import Reverse, ad_pipeline, forwarded_bytes
 from gradflow.core.graph import Graph, fingerprint
 from tests.corpus import loops
@@ -50,9 +50,7 @@ def test_recomputation_applies_somewhere() -> None:
 @pytest.mark.parametrize("name", ["lp_softmax", "lp_if_else", "lp_newton_sqrt", "lp_map_of_loops", "lp_lu"])
 def test_reverse_is_pure_under_every_policy(name: str, policy: gradflow.Forwarding) -> None:
     case = loops.CASES_BY_NAME[name]
-    graph = Graph.of(case.to_sdfg())
-    for step in (ExpandLibraryNodes(), CollapseMaps(), SplitOperations()):
-        graph = step(graph).unwrap()
+    graph = NORMALIZE(Graph.of(case.to_sdfg())).unwrap()
     before = fingerprint(graph.sdfg)
     result = Reverse(case.wrt, (case.of,), forwarding=policy.with_loop_bounds(**BOUNDS))(graph).unwrap()
     assert fingerprint(graph.sdfg) == before, "reverse mutated its input"

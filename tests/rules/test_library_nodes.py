@@ -3,7 +3,7 @@
 Each case is a `@dace.program` with symbolic sizes built around one kind of library node, reduced to a
 scalar through a random weight (so the cotangent reaching the node is not constant). It is differentiated
 twice and each result compiled once:
-- route "rule": the default pipeline, where the node is kept whole and reversed by its `LIBRARY_RULES` entry;
+- route "rule": the default pipeline, where the node is kept whole and reversed by its rule in the library table;
 - route "expand": every library node expanded first, so its maps and tasklets are differentiated instead.
 Hypothesis then varies the sizes (including 1 and non-square) and the data: the op-level gradient must
 match `torch.autograd` (float64, rtol 1e-9) and the expansion route (the two-routes property).
@@ -22,24 +22,19 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import gradflow
-from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
 from gradflow.autodiff.passes import Reverse
-from gradflow.autodiff.views import RemoveViews
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline
+from gradflow.core.rule_table import RuleTable
 from gradflow.runtime.compile import compile_sdfg
 from tests.rules.library_cases import CASES, CASES_BY_NAME, LibCase
 
 RTOL = 1e-9
 
 
-def _never(_node) -> bool:
-    return False
-
-
 def _expanding_pipeline(case: LibCase) -> Pipeline:
-    reverse = Reverse(tuple(case.wrt), ("S",), "grad", "grad_")
-    return Pipeline((RemoveViews(), ExpandLibraryNodes(keep=_never), CollapseMaps(), SplitOperations(), reverse))
+    """The default AD pipeline with an empty library table: every library node is expanded."""
+    return gradflow.ad_pipeline(Reverse(tuple(case.wrt), ("S",))).with_rules(library=RuleTable("library"))
 
 
 @functools.cache

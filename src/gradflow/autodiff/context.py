@@ -10,7 +10,7 @@ a branch, or the top of the backward sweep).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import attrs
 import dace
@@ -27,8 +27,15 @@ class ReverseContext:
     region: ControlFlowRegion
     activity: Activity
     grad_buffers: Mapping[str, str]  # forward array -> gradient buffer
+    tables: Any  # the `ADTables` of the pass (rules that delegate, e.g. to library rules, look up here)
+    spec: Any  # the `ADSpec` being built (rules that recurse, e.g. into nested SDFGs, reuse its policy)
     values: dict[str, str] = attrs.field(factory=dict)  # forward array -> array the backward reads instead
+    rules_used: dict[str, None] = attrs.field(factory=dict)  # names of the rules applied, in order
     _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
+
+    def note_rule(self, name: str) -> None:
+        """Record that a rule took part (reported in `ADInterface.rules_used`; tests check table coverage)."""
+        self.rules_used.setdefault(name, None)
 
     def grad_of(self, array: str) -> str | None:
         return self.grad_buffers.get(array)

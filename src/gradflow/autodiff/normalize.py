@@ -1,5 +1,8 @@
-"""Normalization passes that run before reverse mode, each pure (Graph in, new Graph out).
+"""Normalization: the passes that run before reverse mode, each pure (Graph in, new Graph out), and
+`NORMALIZE`, the one pipeline of them that `ad_pipeline` and the nested-SDFG rule both use.
 
+- `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
+- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
   (then `simplify` inlines the nested SDFGs that expansions create);
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
@@ -9,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import attrs
 import dace
@@ -19,23 +22,22 @@ from dace.transformation.dataflow import MapCollapse
 from returns.result import Success
 
 from gradflow.analysis.ops import decompose
+from gradflow.autodiff.rules import LIBRARY, default_library_rules, library_rule_for
 from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-
-
-def _has_reverse_rule(node: nd.LibraryNode) -> bool:
-    from gradflow.autodiff.rules import library_rule_for
-
-    return library_rule_for(node) is not None
+from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
+from gradflow.core.rule_table import RuleTable
 
 
 @register_pass
 @attrs.frozen
 class ExpandLibraryNodes(Pass):
-    """Expand every library node that has no op-level reverse rule, then simplify."""
+    """Expand every library node that has no op-level rule in `library_rules`, then simplify."""
 
-    keep: Callable[[nd.LibraryNode], bool] = _has_reverse_rule
+    library_rules: RuleTable = table_field(LIBRARY, default_library_rules)
     name: ClassVar[str] = "expand_library_nodes"
+
+    def keep(self, node: nd.LibraryNode) -> bool:
+        return library_rule_for(self.library_rules, node) is not None
 
     def run(self, graph: Graph) -> PassResult:
         def pending(sdfg: dace.SDFG) -> list[tuple[SDFGState, nd.LibraryNode]]:
@@ -136,3 +138,17 @@ class SplitOperations(Pass):
             _split_state(state)
         sdfg.reset_cfg_list()
         return Success(Graph.adopt(sdfg, graph.meta))
+
+
+def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
+    """The normalization pipeline; `library_rules` decides which library nodes stay whole (default: the
+    built-in table). Reverse mode needs its output: one operation per state, no views, no breaks."""
+    from gradflow.autodiff.jumps import LowerBreaks
+    from gradflow.autodiff.views import RemoveViews
+
+    expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
+    return Pipeline((LowerBreaks(), RemoveViews(), expand, CollapseMaps(), SplitOperations()))
+
+
+#: The normalization pipeline with the built-in library table.
+NORMALIZE = normalize_pipeline()

@@ -14,15 +14,17 @@ import dace
 from returns.result import Success
 
 from gradflow.analysis.activity import is_float
-from gradflow.autodiff.engine import ADInterface, ADSpec, build_reverse
+from gradflow.autodiff.engine import ADInterface, ADSpec, ADTables, build_reverse
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
-from gradflow.autodiff.jumps import LowerBreaks
-from gradflow.autodiff.views import RemoveViews
-from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
+from gradflow.autodiff.normalize import NORMALIZE, normalize_pipeline  # noqa: F401 - NORMALIZE re-exported
+from gradflow.autodiff.rules import (
+    CONTROL, LIBRARY, REVERSE, default_control_rules, default_library_rules, default_reverse_rules,
+)
 from gradflow.core.errors import InvalidArgumentError
 from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass
+from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
+from gradflow.core.rule_table import RuleTable
 
 
 def written_arrays(sdfg: dace.SDFG) -> set[str]:
@@ -57,23 +59,47 @@ def default_wrt(sdfg: dace.SDFG, of: tuple[str, ...]) -> tuple[str, ...]:
     )
 
 
+def _optional_names(value) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _mode(value: str) -> str:
+    if value not in ("grad", "vjp"):
+        raise InvalidArgumentError(f"reverse mode must be 'grad' or 'vjp', got {value!r}")
+    return value
+
+
 @register_pass
 @attrs.frozen
 class Reverse(Pass):
-    """Append the backward pass. `wrt`/`of` default to all float arguments / the single scalar output."""
+    """Append the backward pass. `wrt`/`of` default to all float arguments / the single scalar output.
 
-    wrt: tuple[str, ...] | None = None
-    of: tuple[str, ...] | None = None
-    mode: str = "grad"
+    Its rule tables are fields (`reverse_rules`, `library_rules`, `control_rules`; defaults: the built-in
+    tables), so equal passes give equal graphs; `Pipeline.with_rules` swaps them."""
+
+    wrt: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_names)
+    of: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_names)
+    mode: str = attrs.field(default="grad", converter=_mode)
     prefix: str = "grad_"
     forwarding: Forwarding = STORE_ALL
+    reverse_rules: RuleTable = table_field(REVERSE, default_reverse_rules)
+    library_rules: RuleTable = table_field(LIBRARY, default_library_rules)
+    control_rules: RuleTable = table_field(CONTROL, default_control_rules)
     name: ClassVar[str] = "reverse"
+    requires: ClassVar[tuple[str, ...]] = ("split_operations",)
+
+    @property
+    def tables(self) -> ADTables:
+        return ADTables(self.reverse_rules, self.library_rules, self.control_rules)
 
     def run(self, graph: Graph) -> PassResult:
         sdfg = graph.editable()
         of = self.of if self.of is not None else (infer_of(sdfg),)
         wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
-        interface = build_reverse(sdfg, ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding))
+        spec = ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding)
+        interface = build_reverse(sdfg, spec, self.tables)
         sdfg.validate()
         return Success(Graph.adopt(sdfg, {**graph.meta, "ad": interface}))
 
@@ -176,6 +202,7 @@ class SplitVJP(Pass):
     """Attach `meta["vjp"]`: the forward/backward pair of a graph that `Reverse` produced in vjp mode."""
 
     name: ClassVar[str] = "split_vjp"
+    requires: ClassVar[tuple[str, ...]] = ("reverse",)
 
     def run(self, graph: Graph) -> PassResult:
         interface = graph.meta.get("ad")
@@ -184,6 +211,7 @@ class SplitVJP(Pass):
         return Success(graph.with_meta(vjp=split_vjp(graph.sdfg, interface)))
 
 
-def ad_pipeline(reverse: Reverse) -> Pipeline:
-    """The default pipeline: normalize, then reverse."""
-    return Pipeline((LowerBreaks(), RemoveViews(), ExpandLibraryNodes(), CollapseMaps(), SplitOperations(), reverse))
+def ad_pipeline(reverse: Reverse | None = None) -> Pipeline:
+    """The default AD pipeline: `NORMALIZE` (with `reverse`'s library table), then `reverse`."""
+    reverse = reverse if reverse is not None else Reverse()
+    return normalize_pipeline(reverse.library_rules) + reverse

@@ -22,13 +22,20 @@ from gradflow.autodiff.context import OpSite
 from gradflow.core.errors import NotDifferentiableError
 
 
+#: `kind` of an operation item; region items are keyed by their kind in the `control` rule table.
+OPERATION, LOOP, CONDITIONAL = "operation", "loop", "conditional"
+
+
 @attrs.frozen(eq=False)
 class OpItem:
     site: OpSite
+    kind = OPERATION
 
 
 @attrs.frozen(eq=False)
 class LoopItem:
+    """A `LoopRegion`. `counted` is its closed form when it is a counted `for` loop (analysis/loops.py)."""
+
     loop: LoopRegion
     counted: CountedLoop | None  # None: reversed by recording its trip count
     body: "Seq"
@@ -37,6 +44,20 @@ class LoopItem:
     # of each iteration; they hold one value per iteration), and a counted loop bounding the trip count.
     iteration_symbols: tuple[str, ...] = ()
     bounded_by: CountedLoop | None = None
+    kind = LOOP
+
+    @property
+    def children(self) -> tuple["Seq", ...]:
+        return (self.body,)
+
+    @property
+    def encloses(self) -> tuple[LoopRegion, ...]:
+        """Loops its children run inside (beyond the ones around the item itself)."""
+        return (self.loop,)
+
+    @property
+    def label(self) -> str:
+        return self.loop.label
 
 
 @attrs.frozen(eq=False)
@@ -45,6 +66,16 @@ class BranchItem:
     branches: tuple["Seq", ...]  # in the order of `block.branches`
     has_else: bool
     depth: int
+    kind = CONDITIONAL
+    encloses = ()
+
+    @property
+    def children(self) -> tuple["Seq", ...]:
+        return self.branches
+
+    @property
+    def label(self) -> str:
+        return self.block.label
 
 
 @attrs.frozen(eq=False)
@@ -136,29 +167,37 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
     return tree, sites
 
 
-def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], loops) -> None:
+def region_items(seq: Seq) -> list:
+    """Every region item (loops, conditionals) of the tree, outermost first."""
+    out = []
+    for item in seq.items:
+        if item.kind != OPERATION:
+            out.append(item)
+            for child in item.children:
+                out.extend(region_items(child))
+    return out
+
+
+def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], restores: dict[int, frozenset[str]],
+                  loops) -> None:
     """Reject symbols that an active operation reads but the backward sweep does not restore: symbols
-    assigned on interstate edges, and variables of loops that are not counted `for` loops. Exempt:
-    variables of counted loops (the reversed loop sets them) and the per-iteration symbols of an
-    enclosing while loop (pushed on the tape). `loops`: the `LoopItem`s of the tree."""
-    loops = list(loops)
-    uncounted = {item.loop.loop_variable: item.loop.label for item in loops
-                 if item.counted is None and item.loop.loop_variable}
-    restored = {id(item.loop): item.iteration_symbols for item in loops}
-    assigned = set(uncounted)
+    assigned on interstate edges, and loop variables. `restores` maps `id(LoopRegion)` to the symbols the
+    control rule of that loop sets in each reversed iteration (a counted loop's variable, the pushed
+    per-iteration symbols of a recorded loop); they are exempt inside that loop. `loops`: the `LoopItem`s."""
+    loop_vars = {item.loop.loop_variable: item.loop.label for item in loops if item.loop.loop_variable}
+    assigned = set(loop_vars)
     for edge in sdfg.all_interstate_edges():
         assigned |= set(edge.data.assignments)
-    assigned -= {item.counted.var for item in loops if item.counted is not None}
     for site in sites:
         if site.index not in active:
             continue
-        exempt = {sym for loop in site.loops for sym in restored.get(id(loop), ())}
+        exempt = set().union(*(restores.get(id(loop), frozenset()) for loop in site.loops))
         used = ({str(s) for s in site.state.free_symbols} & assigned) - exempt
-        unrestored = sorted(used & set(uncounted))
+        unrestored = sorted(used & set(loop_vars))
         if unrestored:
             var = unrestored[0]
             raise NotDifferentiableError(
-                f"loop '{uncounted[var]}' is not a counted for-loop (its step is not a constant or its bounds "
+                f"loop '{loop_vars[var]}' is not a counted for-loop (its step is not a constant or its bounds "
                 f"change inside it), and state '{site.state.label}' reads its variable '{var}'; the backward "
                 "sweep does not restore it yet",
             )

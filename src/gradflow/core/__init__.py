@@ -16,11 +16,11 @@ from gradflow.core.errors import (
 )
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.core.passes import PASS_REGISTRY, Pass, Pipeline, register_pass, registered_passes, unwrap_or_raise
-from gradflow.core.rule_table import MutableRuleRegistry, Rule, RuleTable
+from gradflow.core.rule_table import Rule, RuleTable, collect, rule_verb
 
 __all__ = [
     "ArgumentError", "CompilationError", "GradflowError", "InvalidArgumentError", "LoopBoundError", "NoRuleError",
     "NotDifferentiableError", "PassError", "PurityError", "RuleTableError", "UnknownArrayError", "render",
     "Graph", "fingerprint", "PASS_REGISTRY", "Pass", "Pipeline", "register_pass", "registered_passes",
-    "unwrap_or_raise", "MutableRuleRegistry", "Rule", "RuleTable",
+    "unwrap_or_raise", "Rule", "RuleTable", "collect", "rule_verb",
 ]

@@ -69,7 +69,20 @@ class RuleTableError(GradflowError):
 
 @attrs.frozen(eq=False)
 class PassError(GradflowError):
-    """A pass failed; wraps the name of the pass and the reason."""
+    """A pass failed; names the pass and the reason. When an unexpected exception caused it, that exception
+    (with its traceback) is `cause` and is chained as `__cause__`, so the bug can be found."""
+
+    cause: BaseException | None = attrs.field(default=None, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.cause is not None:
+            self.__cause__ = self.cause
+
+    @classmethod
+    def wrap(cls, pass_name: str, exc: BaseException) -> "PassError":
+        return cls(f"pass '{pass_name}' failed: {type(exc).__name__}: {exc}",
+                   "this is likely a bug in gradflow or DaCe; the original exception is chained as the cause",
+                   cause=exc)
 
 
 @attrs.frozen(eq=False)

@@ -8,7 +8,7 @@ from dace import subsets
 
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import register_reverse
+from gradflow.autodiff.rules import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 
 
@@ -24,7 +24,7 @@ def _indexed(rng: subsets.Range, params: list[str], dims: list[int]) -> str:
     return ", ".join(index)
 
 
-@register_reverse("copy")
+@reverse_rule("copy")
 class CopyReverse:
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         return frozenset()

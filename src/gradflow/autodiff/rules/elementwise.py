@@ -17,7 +17,7 @@ import sympy
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import ElementFunction, element_function
 from gradflow.autodiff.emit import SUM, add_element_tasklet, map_ranges
-from gradflow.autodiff.rules import register_reverse
+from gradflow.autodiff.rules import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative
 
@@ -52,7 +52,10 @@ def _used_symbols(contrib: dict[int, sympy.Expr]) -> set[sympy.Symbol]:
     return set().union(*(c.free_symbols for c in contrib.values()))
 
 
+@reverse_rule("map", "tasklet")
 class ElementwiseReverse:
+    """Element-wise maps and top-level tasklet groups: one reverse tasklet per element (module doc)."""
+
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         ef = _element_function(site)
         _, contrib = _contributions(ef, ctx, site.op.label)
@@ -111,6 +114,3 @@ class ElementwiseReverse:
         ranges = map_ranges(ef.map_entry) if in_map else None
         add_element_tasklet(state, f"rev_{site.op.label}", ranges, inputs, code, outputs)
 
-
-register_reverse("map")(ElementwiseReverse)
-register_reverse("tasklet")(ElementwiseReverse)

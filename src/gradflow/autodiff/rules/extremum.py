@@ -20,7 +20,7 @@ from dace.sdfg import nodes as nd
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import element_function
 from gradflow.autodiff.emit import SUM, add_element_tasklet, copy_array, full_index, map_ranges
-from gradflow.autodiff.rules import register_reverse
+from gradflow.autodiff.rules import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative
 
@@ -62,7 +62,7 @@ def _parts(site: OpSite, ctx: ReverseContext):
     return ef, out, where
 
 
-@register_reverse("map", priority=10, applies=_extremum_wcr)
+@reverse_rule("map", priority=10, applies=_extremum_wcr)
 class ExtremumReverse:
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         ef, out, _ = _parts(site, ctx)

@@ -25,7 +25,7 @@ from dace.sdfg import nodes as nd
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import map_ranges, safe_label, subset_elements
-from gradflow.autodiff.rules import register_reverse
+from gradflow.autodiff.rules import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 
 PREFIX = "gradflow_d_"
@@ -74,16 +74,20 @@ def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None
         )
 
 
-def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str]) -> dace.SDFG:
+def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], ctx: ReverseContext) -> dace.SDFG:
+    """The nested SDFG through the same normalization pipeline and engine (same tables, same forwarding
+    policy), in vjp mode with accumulating gradients."""
     from gradflow.autodiff.engine import ADSpec, build_reverse
-    from gradflow.autodiff.normalize import CollapseMaps, ExpandLibraryNodes, SplitOperations
+    from gradflow.autodiff.normalize import normalize_pipeline
     from gradflow.core.graph import Graph
+    from gradflow.core.passes import unwrap_or_raise
 
-    graph = Graph.of(copy.deepcopy(node.sdfg))
-    for step in (ExpandLibraryNodes(), CollapseMaps(), SplitOperations()):
-        graph = step.run(graph).unwrap()
+    graph = unwrap_or_raise(normalize_pipeline(ctx.tables.library)(Graph.of(copy.deepcopy(node.sdfg))))
     inner = graph.editable()
-    interface = build_reverse(inner, ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, accumulate=True))
+    spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding, accumulate=True)
+    interface = build_reverse(inner, spec, ctx.tables)
+    for name in interface.rules_used:
+        ctx.note_rule(name)
     if interface.bounded_loops:
         raise NotDifferentiableError(
             f"nested SDFG '{node.label}' holds while loops with a user bound; not supported inside a nested SDFG"
@@ -95,7 +99,11 @@ def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str]) -> dace.SDFG:
     return inner
 
 
+@reverse_rule("map", priority=5, applies=_is_map_of_nested, name="NestedReverse[map]")
+@reverse_rule("nested")
 class NestedReverse:
+    """A nested SDFG, alone or as a map body: its own vjp, run in the backward sweep (module doc)."""
+
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         node, _ = _parts(site)
         ins, outs = _edges(site, node)
@@ -115,7 +123,7 @@ class NestedReverse:
         if entry is not None:
             for c in active_in:
                 _check_disjoint(entry, ins[c].data, where)
-        inner = _inner_vjp(node, active_in, active_out)
+        inner = _inner_vjp(node, active_in, active_out, ctx)
 
         state = ctx.new_state(f"reverse_{site.state.label}")
         grads_in = {PREFIX + c for c in active_in}
@@ -164,6 +172,3 @@ class NestedReverse:
                 {"__o": dace.Memlet(f"{ctx.grad_of(memlet.data)}[{index}]")}, external_edges=True,
             )
 
-
-register_reverse("nested")(NestedReverse)
-register_reverse("map", priority=5, applies=_is_map_of_nested)(NestedReverse)

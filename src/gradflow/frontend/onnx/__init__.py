@@ -2,7 +2,8 @@
 
 `load(model)` returns an `OnnxProgram`: callable with numpy arrays / torch tensors, exposing the lowered
 SDFG as `.graph` (a frozen `gradflow.core.Graph`) and `.sdfg` (a copy). The lowering is the registered
-pure pass `onnx_lower`; its per-op rules live in `ONNX_RULES` (register more with `onnx_rule`).
+pure pass `onnx_lower`; its per-op rules are the table
+`default_table()` (write more with `onnx_rule` and pass `default_table() + mine` as `table=`).
 """
 
 from gradflow.frontend.onnx.errors import (
@@ -11,10 +12,10 @@ from gradflow.frontend.onnx.errors import (
 from gradflow.frontend.onnx.lower import OnnxLower, Signature, lower_model, model_graph
 from gradflow.frontend.onnx.model import OnnxModel, read_model
 from gradflow.frontend.onnx.program import OnnxProgram, load
-from gradflow.frontend.onnx.table import ONNX_RULES, Node, default_table, onnx_rule
+from gradflow.frontend.onnx.table import Node, default_table, onnx_rule
 
 __all__ = [
     "load", "OnnxProgram", "OnnxModel", "read_model", "OnnxLower", "Signature", "lower_model", "model_graph",
-    "ONNX_RULES", "Node", "default_table", "onnx_rule", "OnnxError", "MalformedModelError", "UnsupportedOpError",
+    "Node", "default_table", "onnx_rule", "OnnxError", "MalformedModelError", "UnsupportedOpError",
     "UnsupportedTypeError", "DynamicShapeError", "InputMismatchError",
 ]

@@ -7,6 +7,7 @@ opset or attributes; the highest-priority applicable rule wins (see `gradflow.co
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -14,9 +15,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gradflow.core.rule_table import MutableRuleRegistry, RuleTable
+from gradflow.core.rule_table import RuleTable, collect, rule_verb
 
-ONNX_RULES: MutableRuleRegistry = MutableRuleRegistry("onnx_lowering")
+#: The name of the ONNX lowering table.
+TABLE = "onnx_lowering"
 
 
 def _attr_value(a: onnx.AttributeProto) -> Any:
@@ -61,23 +63,31 @@ class Node:
         return self.outputs[k] if k < len(self.outputs) else ""
 
 
-def onnx_rule(*op_types: str, priority: int = 0, applies: Callable[[Node], bool] | None = None):
-    """Register `fn` as the lowering rule of each op type in `op_types`."""
+_verb = rule_verb(TABLE)
+
+
+def onnx_rule(*op_types: str, priority: int = 0, applies: Callable[[Node], bool] | None = None, **meta: Any):
+    """The registration verb of the lowering table: mark `fn(lw, node)` as the rule of each op type.
+
+    Marking registers nothing: the built-in table is collected from the rule modules listed in
+    `gradflow.frontend.onnx.rules.MODULES`; a user's own rules go into a table value
+    (`default_table() + RuleTable(...)`) handed to `OnnxLower(table=...)` or `load(..., table=...)`.
+    Rule names are `<function>[<op>]`.
+    """
 
     def deco(fn):
-        for op in op_types:
-            kw = {"applies": applies} if applies is not None else {}
-            ONNX_RULES.register(op, priority=priority, name=f"{fn.__name__}[{op}]", **kw)(fn)
-        return fn
+        names = {} if len(op_types) > 1 else {"name": f"{fn.__name__}[{op_types[0]}]"}
+        return _verb(*op_types, priority=priority, applies=applies, **names, **meta)(fn)
 
     return deco
 
 
+@functools.cache
 def default_table() -> RuleTable:
-    """The built-in rules (importing the rules package fills the registry)."""
-    import gradflow.frontend.onnx.rules  # noqa: F401
+    """The built-in lowering rules, collected from the rule modules (one value per process)."""
+    from gradflow.frontend.onnx.rules import MODULES
 
-    return ONNX_RULES.table
+    return collect(TABLE, MODULES)
 
 
 def as_int_list(value: Any) -> list[int]:

@@ -1,9 +1,9 @@
 """Op-level reverse rules for DaCe library nodes, one module per node family.
 
-`LibraryReverse` is the `REVERSE_RULES` entry for operations of kind "library": it finds the
-`LIBRARY_RULES` entry for the node's class name and delegates to it. A node class that has an entry here is
-kept whole by `expand_library_nodes` (its `applies` predicate decides per node), so the backward of e.g. a
-matrix product is made of matrix products (BLAS calls once compiled, see `gradflow.runtime.blas`).
+`LibraryReverse` is the reverse rule for operations of kind "library": it looks the node's class name up
+in the context's `library` table and delegates to that rule. A node with an applicable library rule is
+kept whole by `expand_library_nodes` (the same table decides), so the backward of e.g. a matrix product is
+made of matrix products (BLAS calls once compiled, see `gradflow.runtime.blas`).
 
 Covered and uncovered nodes: `docs/library_nodes.md`.
 """
@@ -11,36 +11,28 @@ Covered and uncovered nodes: `docs/library_nodes.md`.
 from __future__ import annotations
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.rules import library_rule_for, register_reverse
+from gradflow.autodiff.rules import library_rule_for, reverse_rule
 from gradflow.core.errors import NoRuleError
 
 
-def _node(site: OpSite):
-    return site.members()[0]
-
-
-def _rule(site: OpSite):
-    node = _node(site)
-    rule = library_rule_for(node)
+def _rule(site: OpSite, ctx: ReverseContext):
+    node = site.members()[0]
+    rule = library_rule_for(ctx.tables.library, node)
     if rule is None:
         raise NoRuleError.build(
             "library", f"{type(node).__name__} '{node}'", f"state '{site.state.label}'",
-            "run expand_library_nodes first (it expands nodes without an op-level rule)",
+            "run expand_library_nodes with the same library table first (it expands nodes without a rule)",
         )
+    ctx.note_rule(ctx.tables.library.lookup(type(node).__name__, node).name)
     return rule
 
 
-@register_reverse("library")
+@reverse_rule("library")
 class LibraryReverse:
-    """Dispatch to the `LIBRARY_RULES` entry of the node's class."""
+    """Dispatch to the `library` table's rule for the node's class."""
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
-        return _rule(site).needs(site, ctx)
+        return _rule(site, ctx).needs(site, ctx)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
-        _rule(site).reverse(site, ctx)
-
-
-def load() -> None:
-    """Import the node-family modules (their decorators fill `LIBRARY_RULES`)."""
-    from gradflow.autodiff.rules.library import matmul, reduce, transpose  # noqa: F401
+        _rule(site, ctx).reverse(site, ctx)

@@ -17,7 +17,7 @@ from dace.libraries.blas import Dot, Gemm, MatMul
 
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import LIBRARY_RULES
+from gradflow.autodiff.rules import library_rule
 from gradflow.autodiff.rules.library._common import (
     Operand, accumulate, accumulates, clear, element, node_of, operands, ranges_over, transient, where,
 )
@@ -77,6 +77,7 @@ def _gemm(ctx: ReverseContext, label: str, x: tuple[str, Operand], y: tuple[str,
     state.add_edge(gemm, "_c", state.add_write(array), None, op.memlet(array))
 
 
+@library_rule("MatMul", "Gemm", "Dot")
 class ProductReverse:
     """Reverse of a matrix or vector product (MatMul, Gemm, Dot)."""
 
@@ -238,7 +239,3 @@ def _reduce_broadcast(ctx: ReverseContext, full: str, x: Operand, label: str, al
                         {"__f": dace.Memlet(f"{full}[{', '.join(fparams)}]")}, f"__o = ({alpha}) * __f",
                         {"__o": dace.Memlet(f"{ctx.grad_of(x.array)}[{element(x, xparams)}]", wcr=SUM)})
 
-
-_RULE = ProductReverse()
-for _cls in ("MatMul", "Gemm", "Dot"):
-    LIBRARY_RULES.register(_cls, name=f"{_cls}Reverse")(_RULE)

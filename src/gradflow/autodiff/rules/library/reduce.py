@@ -21,7 +21,7 @@ from dace.libraries.standard import Reduce
 
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import SUM, add_element_tasklet, fill
-from gradflow.autodiff.rules import LIBRARY_RULES
+from gradflow.autodiff.rules import library_rule
 from gradflow.autodiff.rules.library._common import Operand, clear, element, node_of, operands, where
 from gradflow.core.errors import NotDifferentiableError
 
@@ -70,7 +70,10 @@ def _index_maps(site: OpSite, x: Operand, y: Operand):
     return ranges, element(x, params), element(y, oparams)
 
 
+@library_rule("Reduce", applies=_applies)
 class ReduceReverse:
+    """Sum, max and min reductions over any axes (module doc)."""
+
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         x, y = _io(site)
         if _kind(node_of(site)) == "sum" or not ctx.grad_of(y.array) or not ctx.grad_of(x.array):
@@ -126,5 +129,3 @@ class ReduceReverse:
                             "__o = (__x == __r) * __g / __c",
                             {"__o": dace.Memlet(f"{ctx.grad_of(x.array)}[{xi}]", wcr=SUM)})
 
-
-LIBRARY_RULES.register("Reduce", name="ReduceReverse", applies=_applies)(ReduceReverse())

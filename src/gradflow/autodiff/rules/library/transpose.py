@@ -10,7 +10,7 @@ import dace
 
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import LIBRARY_RULES
+from gradflow.autodiff.rules import library_rule
 from gradflow.autodiff.rules.library._common import accumulates, clear, element, node_of, operands, ranges_over, where
 from gradflow.core.errors import NotDifferentiableError
 
@@ -19,7 +19,11 @@ def _applies(node) -> bool:
     return getattr(node, "beta", 0) == 0
 
 
+@library_rule("TensorTranspose", applies=_applies, name="TensorTransposeReverse")
+@library_rule("Transpose")
 class TransposeReverse:
+    """B = alpha * permute(A): the permuted gradient added into A's (module doc)."""
+
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         return frozenset()
 
@@ -47,7 +51,3 @@ class TransposeReverse:
         if not accumulates(y, site):
             clear(ctx, y, label)
 
-
-_RULE = TransposeReverse()
-LIBRARY_RULES.register("Transpose", name="TransposeReverse")(_RULE)
-LIBRARY_RULES.register("TensorTranspose", name="TensorTransposeReverse", applies=_applies)(_RULE)

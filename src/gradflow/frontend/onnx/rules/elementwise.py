@@ -25,32 +25,26 @@ def apply_formula(lw: Lowering, node: Node, expr: sympy.Expr, ins: dict[str, Ten
     return lw.elementwise(node.label, f"res = {print_code(expr)}", ins, out, dtype)
 
 
-def _table_rule(entry: ElementwiseEntry):
+def _fold(lw: Lowering, node: Node, entry: ElementwiseEntry) -> None:
+    """Lower `node` with `entry`'s formula: unary, binary, or folded left over variadic inputs (Max, Sum)."""
     code = f"res = {print_code(entry.expr)}"
     args = entry.args
-
-    def rule(lw: Lowering, node: Node) -> None:
-        names = [n for n in node.inputs if n]
-        if len(args) == 1:
-            x = lw.get(names[0])
-            lw.elementwise(node.label, code, {args[0]: x}, node.outputs[0], x.dtype)
-            return
-        # binary formula; variadic ops (Max, Min, Sum) fold left
-        if len(names) == 1:
-            x = lw.get(names[0])
-            lw.elementwise(node.label, "res = x", {"x": x}, node.outputs[0], x.dtype)
-            return
-        acc = lw.get(names[0])
-        for name in names[1:-1]:
-            y = lw.get(name)
-            tmp = lw.temp(broadcast_shapes(acc.shape, y.shape), acc.dtype)
-            _ew_into(lw, node.label, code, {args[0]: acc, args[1]: y}, tmp)
-            acc = tmp
-        lw.elementwise(node.label, code, {args[0]: acc, args[1]: lw.get(names[-1])}, node.outputs[0], acc.dtype)
-
-    rule.__name__ = f"table_{entry.name}"
-    rule.__doc__ = f"ONNX op lowered from the elementwise table entry '{entry.name}' ({entry.formula})."
-    return rule
+    names = [n for n in node.inputs if n]
+    if len(args) == 1:
+        x = lw.get(names[0])
+        lw.elementwise(node.label, code, {args[0]: x}, node.outputs[0], x.dtype)
+        return
+    if len(names) == 1:
+        x = lw.get(names[0])
+        lw.elementwise(node.label, "res = x", {"x": x}, node.outputs[0], x.dtype)
+        return
+    acc = lw.get(names[0])
+    for name in names[1:-1]:
+        y = lw.get(name)
+        tmp = lw.temp(broadcast_shapes(acc.shape, y.shape), acc.dtype)
+        _ew_into(lw, node.label, code, {args[0]: acc, args[1]: y}, tmp)
+        acc = tmp
+    lw.elementwise(node.label, code, {args[0]: acc, args[1]: lw.get(names[-1])}, node.outputs[0], acc.dtype)
 
 
 def _ew_into(lw: Lowering, label: str, code: str, ins: dict[str, Tensor], out: Tensor) -> None:
@@ -60,14 +54,16 @@ def _ew_into(lw: Lowering, label: str, code: str, ins: dict[str, Tensor], out: T
            code, {"res": (out, p, None)})
 
 
-for _op, _entry in elementwise_table().by_onnx.items():
-    onnx_rule(_op)(_table_rule(_entry))
+@onnx_rule(*elementwise_table().by_onnx)
+def table_formula(lw: Lowering, node: Node) -> None:
+    """An ONNX op lowered from its entry of rules/elementwise.toml (the entry whose `onnx` lists the op)."""
+    _fold(lw, node, elementwise_table().by_onnx[node.op_type])
 
 
 @onnx_rule("Sum")
 def sum_(lw: Lowering, node: Node) -> None:
     """Variadic sum: the table's `add` folded over the inputs."""
-    _table_rule(elementwise_table().by_onnx["Add"])(lw, node)
+    _fold(lw, node, elementwise_table().by_onnx["Add"])
 
 
 @onnx_rule("Mean")
@@ -77,7 +73,7 @@ def mean(lw: Lowering, node: Node) -> None:
 
     names = [n for n in node.inputs if n]
     inner = node.outputs[0] + "\x00sum"  # an internal value name no ONNX graph can hold
-    _table_rule(elementwise_table().by_onnx["Add"])(lw, attrs.evolve(node, outputs=(inner,)))
+    _fold(lw, attrs.evolve(node, outputs=(inner,)), elementwise_table().by_onnx["Add"])
     apply_formula(lw, node, X / len(names), {"x": lw.get(inner)}, node.outputs[0])
 
 
@@ -163,19 +159,17 @@ def clip(lw: Lowering, node: Node) -> None:
     apply_formula(lw, node, expr, ins, node.outputs[0], x.dtype)
 
 
-_CMP = {"Equal": "==", "Less": "<", "LessOrEqual": "<=", "Greater": ">", "GreaterOrEqual": ">="}
-for _op, _sym in _CMP.items():
-    def _cmp(lw: Lowering, node: Node, _sym=_sym) -> None:
-        lw.elementwise(node.label, f"res = (x {_sym} y)", {"x": lw.get(node.inputs[0]), "y": lw.get(node.inputs[1])},
-                       node.outputs[0], np.bool_)
-    onnx_rule(_op)(_cmp)
-
+_CMP = {"Equal": "(x == y)", "Less": "(x < y)", "LessOrEqual": "(x <= y)", "Greater": "(x > y)",
+        "GreaterOrEqual": "(x >= y)"}
 _LOGIC = {"And": "(x and y)", "Or": "(x or y)", "Xor": "(x != y)"}
-for _op, _code in _LOGIC.items():
-    def _logic(lw: Lowering, node: Node, _code=_code) -> None:
-        lw.elementwise(node.label, f"res = {_code}", {"x": lw.get(node.inputs[0]), "y": lw.get(node.inputs[1])},
-                       node.outputs[0], np.bool_)
-    onnx_rule(_op)(_logic)
+
+
+@onnx_rule(*_CMP, *_LOGIC)
+def predicate(lw: Lowering, node: Node) -> None:
+    """Comparisons and logic: a boolean result of two broadcast inputs."""
+    code = {**_CMP, **_LOGIC}[node.op_type]
+    lw.elementwise(node.label, f"res = {code}", {"x": lw.get(node.inputs[0]), "y": lw.get(node.inputs[1])},
+                   node.outputs[0], np.bool_)
 
 
 @onnx_rule("Not")

@@ -95,55 +95,49 @@ def _empty_value(op: str, dtype: np.dtype) -> str:
     return "0"
 
 
-def reduce_rule(op: str):
+@onnx_rule(*REDUCTIONS)
+def reduction(lw: Lowering, node: Node) -> None:
+    """Reduce* ops: an accumulation over the axes of a per-element code, then a code applied to the result."""
+    op = node.op_type
     acc, pre, post, attr_until = REDUCTIONS[op]
-
-    def rule(lw: Lowering, node: Node) -> None:
-        x = lw.get(node.inputs[0])
-        axes = _reduce_axes(lw, node, x, attr_until)
-        keep = bool(node.attr("keepdims", 1))
-        if axes is None:
-            p = params("p", x.rank)
-            out = lw.output(node.outputs[0], x.shape, x.dtype)
-            code = {"ReduceL1": "o = abs(a)", "ReduceL2": "o = abs(a)", "ReduceSumSquare": "o = a * a",
-                    "ReduceLogSum": "o = log(a)", "ReduceLogSumExp": "o = a"}.get(op, "o = a")
-            lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, code, {"o": (out, p, None)})
-            return
-        shape = out_shape(x, axes, keep)
-        if any(isinstance(x.shape[a], int) and x.shape[a] == 0 for a in axes):
-            out = lw.output(node.outputs[0], shape, x.dtype)
-            lw.fill(node.label, out, _empty_value(op, x.dtype))
-            return
-        extra = None
-        if op == "ReduceLogSumExp":
-            m = lw.temp(kept_shape(x, axes), x.dtype, "max")
-            reduce_into(lw, node.label, x, axes, True, "max", m)
-            extra = {"m": (m, lambda idx, axes=axes: [("0" if k in axes else q) for k, q in enumerate(idx)])}
-        if post is None:
-            out = lw.output(node.outputs[0], shape, x.dtype)
-            reduce_into(lw, node.label, x, axes, keep, acc, out, pre, extra)
-            return
-        r = lw.temp(kept_shape(x, axes), x.dtype, "acc")
-        reduce_into(lw, node.label, x, axes, True, acc, r, pre, extra)
+    x = lw.get(node.inputs[0])
+    axes = _reduce_axes(lw, node, x, attr_until)
+    keep = bool(node.attr("keepdims", 1))
+    if axes is None:
+        p = params("p", x.rank)
+        out = lw.output(node.outputs[0], x.shape, x.dtype)
+        code = {"ReduceL1": "o = abs(a)", "ReduceL2": "o = abs(a)", "ReduceSumSquare": "o = a * a",
+                "ReduceLogSum": "o = log(a)", "ReduceLogSumExp": "o = a"}.get(op, "o = a")
+        lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, code, {"o": (out, p, None)})
+        return
+    shape = out_shape(x, axes, keep)
+    if any(isinstance(x.shape[a], int) and x.shape[a] == 0 for a in axes):
         out = lw.output(node.outputs[0], shape, x.dtype)
-        q = params("p", x.rank)
-        oidx = q if keep else [v for k, v in enumerate(q) if k not in axes]
-        ridx = ["0" if k in axes else v for k, v in enumerate(q)]
-        ranges = [(v, 1 if k in axes else d) for k, (v, d) in enumerate(zip(q, x.shape))]
-        ins = {"r": (r, ridx)}
-        code = post
-        if post == "mean":
-            code = f"r / ({dstr(prod(x.shape[k] for k in axes))})"
-        if extra:
-            ins["m"] = (extra["m"][0], ridx)
-        lw.map(node.label, ranges, ins, f"o = {code}", {"o": (out, oidx, None)})
-
-    rule.__name__ = f"reduce_{op}"
-    return rule
-
-
-for _op in REDUCTIONS:
-    onnx_rule(_op)(reduce_rule(_op))
+        lw.fill(node.label, out, _empty_value(op, x.dtype))
+        return
+    extra = None
+    if op == "ReduceLogSumExp":
+        m = lw.temp(kept_shape(x, axes), x.dtype, "max")
+        reduce_into(lw, node.label, x, axes, True, "max", m)
+        extra = {"m": (m, lambda idx, axes=axes: [("0" if k in axes else q) for k, q in enumerate(idx)])}
+    if post is None:
+        out = lw.output(node.outputs[0], shape, x.dtype)
+        reduce_into(lw, node.label, x, axes, keep, acc, out, pre, extra)
+        return
+    r = lw.temp(kept_shape(x, axes), x.dtype, "acc")
+    reduce_into(lw, node.label, x, axes, True, acc, r, pre, extra)
+    out = lw.output(node.outputs[0], shape, x.dtype)
+    q = params("p", x.rank)
+    oidx = q if keep else [v for k, v in enumerate(q) if k not in axes]
+    ridx = ["0" if k in axes else v for k, v in enumerate(q)]
+    ranges = [(v, 1 if k in axes else d) for k, (v, d) in enumerate(zip(q, x.shape))]
+    ins = {"r": (r, ridx)}
+    code = post
+    if post == "mean":
+        code = f"r / ({dstr(prod(x.shape[k] for k in axes))})"
+    if extra:
+        ins["m"] = (extra["m"][0], ridx)
+    lw.map(node.label, ranges, ins, f"o = {code}", {"o": (out, oidx, None)})
 
 
 def softmax_like(lw: Lowering, node: Node, log: bool) -> None:

@@ -1,0 +1,175 @@
+"""Control-flow reversal rules: the `control` table, keyed by region kind ("loop", "conditional").
+
+A `ControlRule` says, for one kind of region of the control-flow tree (`structure.py`):
+- `restores(item)`: the symbols its reversal sets in every reversed iteration (so operations inside may
+  read them; anything else assigned on interstate edges is rejected by `check_symbols`);
+- `record(item, rev, loops)`: how it instruments the forward sweep (what it pushes on the tape; `loops` are
+  the loops around the item), returning whatever its `reverse` needs;
+- `reverse(item, recorded, rev, ctx, body)`: the backward blocks it appends to `ctx`, calling `body(seq)`
+  to reverse each child sequence inside the region it built.
+
+Built-in rules:
+- `CountedLoop` (a `for` loop with a constant step and bounds fixed during the loop): nothing recorded;
+  reversed as a loop over the same values in reverse order, from the closed form of its last value;
+- `RecordedLoop` (any other loop: while, do-while, a lowered `break`): its trip count and the symbols
+  its body updates per iteration are pushed; reversed as a loop over the recorded trip count. When storage
+  inside it needed the user's bound, the loop is stopped there and sets `gradflow_overflow`;
+- `RecordedBranch` (a `ConditionalBlock`): the index of the branch taken is pushed; reversed as a
+  conditional on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import dace
+from dace import symbolic
+from dace.properties import CodeBlock
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
+
+from gradflow.autodiff.context import ReverseContext
+from gradflow.autodiff.rules import control_rule
+from gradflow.autodiff.tape import Stack
+
+Body = Callable[[Any], None]
+
+
+def _ensure_start(region: ControlFlowRegion) -> None:
+    if not region.nodes():
+        region.add_state(f"{region.label}_empty", is_start_block=True)
+
+
+def _is_counted(item) -> bool:
+    return item.counted is not None
+
+
+@control_rule("loop", priority=10, applies=_is_counted)
+class CountedLoop:
+    """`for (i = a; i <cmp> b; i += s)`: reversed in closed form, nothing recorded."""
+
+    def restores(self, item) -> frozenset[str]:
+        return frozenset({item.counted.var})
+
+    def record(self, item, rev, loops: tuple) -> None:
+        return None
+
+    def reverse(self, item, recorded: None, rev, ctx: ReverseContext, body: Body) -> None:
+        c = item.counted
+        first = "<=" if c.step < 0 else ">="
+        cond = f"{c.var} {first} {symbolic.symstr(c.start)}"
+        loop = LoopRegion(f"reverse_{item.label}", cond, c.var, f"{c.var} = {c.last_value()}",
+                          f"{c.var} = {c.var} - ({c.step})", sdfg=ctx.sdfg)
+        ctx.add_block(loop)
+        with ctx.inside(loop):
+            body(item.body)
+
+
+@attrs.frozen
+class RecordedTrips:
+    trips: Stack  # one trip count per execution of the loop
+    counter: str  # the forward symbol counting iterations
+    index: str  # the reversed loop's variable
+    iteration: tuple[tuple[Stack, str], ...]  # per-iteration symbols and their stacks
+
+
+@control_rule("loop")
+class RecordedLoop:
+    """Any loop that is not counted: its trip count (and per-iteration symbols) recorded on the tape."""
+
+    def restores(self, item) -> frozenset[str]:
+        return frozenset(item.iteration_symbols)
+
+    def record(self, item, rev, loops: tuple) -> RecordedTrips:
+        loop = item.loop
+        inside = loops + (loop,)
+        counter, index = rev.fresh("gf_n"), rev.fresh("gf_k")
+        region = loop.parent_graph
+        region.add_state_before(loop, f"count_{loop.label}", is_start_block=region.start_block is loop,
+                                assignments={counter: "0"})
+        _ensure_start(loop)
+        tick = loop.add_state_before(loop.start_block, f"tick_{loop.label}", is_start_block=True,
+                                     assignments={counter: f"{counter} + 1"})
+        iteration = []
+        for sym in item.iteration_symbols:
+            if sym in rev.used_symbols:
+                stack = rev.tape.new_stack(f"{sym}_{loop.label}", rev.capacity(inside), (), dace.int64)
+                rev.tape.push_symbol(loop, tick, stack, sym)
+                iteration.append((stack, sym))
+                rev.stores[stack.array] = f"<symbol {sym}>"
+        trips = rev.tape.new_stack(f"trips_{loop.label}", rev.capacity(loops), (), dace.int64)
+        rev.tape.push_symbol(region, loop, trips, counter)
+        rev.stores[trips.array] = "<trip count>"
+        bound = rev.user_bound(loop)
+        if bound is not None:
+            _stop_at_bound(loop, counter, bound, rev.overflow_number(loop), rev)
+        return RecordedTrips(trips, counter, index, tuple(iteration))
+
+    def reverse(self, item, recorded: RecordedTrips, rev, ctx: ReverseContext, body: Body) -> None:
+        rev.tape.pop_symbol(ctx, recorded.trips, recorded.counter)
+        k = recorded.index
+        loop = LoopRegion(f"reverse_{item.label}", f"{k} >= 0", k, f"{k} = {recorded.counter} - 1",
+                          f"{k} = {k} - 1", sdfg=ctx.sdfg)
+        ctx.add_block(loop)
+        with ctx.inside(loop):
+            for stack, sym in recorded.iteration:
+                rev.tape.pop_symbol(ctx, stack, sym)
+            body(item.body)
+
+
+def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev) -> None:
+    """Stop the while loop after `bound` iterations and set `gradflow_overflow` to `number` if it would have
+    gone on (see `forwarding.py`)."""
+    from gradflow.autodiff.engine import OVERFLOW, set_flag
+
+    cond = loop.loop_condition.as_string
+    loop.loop_condition = CodeBlock(f"({cond}) and ({counter} < {bound})")
+    region = loop.parent_graph
+    check = ConditionalBlock(f"overflow_{loop.label}", sdfg=rev.sdfg)
+    region.add_node(check)
+    for e in list(region.out_edges(loop)):
+        region.remove_edge(e)
+        region.add_edge(check, e.dst, e.data)
+    region.add_edge(loop, check, dace.InterstateEdge())
+    hit = ControlFlowRegion(f"overflow_{loop.label}_hit", sdfg=rev.sdfg)
+    check.add_branch(f"({cond}) and ({counter} >= {bound})", hit)
+    set_flag(hit.add_state("set_overflow", is_start_block=True), OVERFLOW, str(number))
+
+
+@attrs.frozen
+class RecordedChoice:
+    taken: Stack  # the index of the branch taken, per execution of the conditional
+    symbol: str
+
+
+@control_rule("conditional")
+class RecordedBranch:
+    """A conditional: the branch taken recorded on the tape, reversed as a conditional on it."""
+
+    def restores(self, item) -> frozenset[str]:
+        return frozenset()
+
+    def record(self, item, rev, loops: tuple) -> RecordedChoice:
+        block = item.block
+        taken = rev.fresh("gf_b")
+        region = block.parent_graph
+        region.add_state_before(block, f"branch_{block.label}", is_start_block=region.start_block is block,
+                                assignments={taken: "-1"})
+        for j, (_, branch) in enumerate(block.branches):
+            _ensure_start(branch)
+            branch.add_state_before(branch.start_block, f"took_{block.label}_{j}", is_start_block=True,
+                                    assignments={taken: str(j)})
+        stack = rev.tape.new_stack(f"branch_{block.label}", rev.capacity(loops), (), dace.int64)
+        rev.tape.push_symbol(region, block, stack, taken)
+        rev.stores[stack.array] = "<branch taken>"
+        return RecordedChoice(stack, taken)
+
+    def reverse(self, item, recorded: RecordedChoice, rev, ctx: ReverseContext, body: Body) -> None:
+        rev.tape.pop_symbol(ctx, recorded.taken, recorded.symbol)
+        block = ConditionalBlock(f"reverse_{item.label}", sdfg=ctx.sdfg)
+        ctx.add_block(block)
+        for j, child in enumerate(item.branches):
+            region = ControlFlowRegion(f"reverse_{item.label}_{j}", sdfg=ctx.sdfg)
+            block.add_branch(f"{recorded.symbol} == {j}", region)
+            with ctx.inside(region):
+                body(child)

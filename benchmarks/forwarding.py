@@ -1,6 +1,6 @@
 """Bytes forwarded from the forward to the backward sweep, per loop kernel and forwarding strategy.
 
-For every kernel of the loop corpus (`tests/corpus/loops.py`, NPBench/PolyBench-style), differentiate
+For every kernel of the loop corpus (`gradflow/verify/corpus/loops.py`, NPBench/PolyBench-style), differentiate
 with `STORE_ALL` and `RECOMPUTE_ALL` (while loops bounded at 64 iterations) and report what the forward
 keeps for the backward beyond the program's own arguments: transients the backward reads plus the tape
 (per-iteration stores, recorded trip counts and branches), evaluated at the kernel's test sizes. Also
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 import gradflow  # noqa: E402
 from gradflow.autodiff.passes import Reverse, ad_pipeline, forwarded_bytes  # noqa: E402
 from gradflow.core.graph import Graph  # noqa: E402
-from tests.corpus import loops  # noqa: E402
+from gradflow.verify.corpus import loops  # noqa: E402
 
 BOUNDS = {"*": 64}
 

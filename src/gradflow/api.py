@@ -87,10 +87,13 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds the SDFG has one more output,
     `gradflow_overflow` (see `gradflow.Forwarding`).
     """
-    return _grad_graph(program, wrt, of, prefix, pipeline, forwarding).to_sdfg()
+    return grad_graph(program, wrt, of, prefix, pipeline, forwarding).to_sdfg()
 
 
-def _grad_graph(program, wrt, of, prefix: str, pipeline: Pipeline | None, forwarding: Forwarding | None) -> Graph:
+def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | None = None,
+               forwarding: Forwarding | None = None) -> Graph:
+    """`grad` as a frozen `Graph` whose `meta["ad"]` (`ADInterface`) says what was built: gradient names,
+    what the tape stores, what is recomputed, which rules were applied."""
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=True)
     want = Reverse(wrt_names, of_names, "grad", prefix, forwarding if forwarding is not None else STORE_ALL)
     pipe = ad_pipeline(want) if pipeline is None else bind_pipeline(pipeline, want, forwarding is not None)
@@ -159,7 +162,7 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     """
     from gradflow.runtime.invoke import Invoker
 
-    result = _grad_graph(program, wrt, of, "grad_", None, forwarding)
+    result = grad_graph(program, wrt, of, "grad_", None, forwarding)
     interface = result.meta.get("ad")
     graph = Graph.adopt(result.to_sdfg())
     wrt_names = _names(wrt, "wrt")

@@ -17,7 +17,7 @@ import gradflow
 from gradflow.autodiff.normalize import NORMALIZE
 from gradflow.autodiff.passes import Reverse, ad_pipeline, forwarded_bytes
 from gradflow.core.graph import Graph, fingerprint
-from tests.corpus import loops
+from gradflow.verify.corpus import loops
 
 BOUNDS = {"*": 64}
 

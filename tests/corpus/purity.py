@@ -18,7 +18,7 @@ import numpy as np
 from dace.properties import CodeBlock
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
-from . import dataflow, loops
+from gradflow.verify.corpus import dataflow, loops
 
 _SIMPLIFIED = (
     dataflow.df_elementwise_chain,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from . import dataflow, loops
-from .case import Case, run_compiled, torch_grads, torch_value
+from gradflow.verify.corpus import dataflow, loops
+from gradflow.verify.corpus.case import Case, run_compiled, torch_grads, torch_value
 
 _CASES = [pytest.param(c, 1e-12, id=c.name) for c in dataflow.CASES] + [
     pytest.param(c, 1e-10, id=c.name) for c in loops.CASES

@@ -9,8 +9,10 @@ import dace
 import numpy as np
 import pytest
 
-from . import dataflow, loops, purity
-from .case import Case
+from gradflow.verify.corpus import dataflow, loops
+from gradflow.verify.corpus.case import Case
+
+from . import purity
 from .constructs import constructs
 
 

@@ -15,8 +15,8 @@ import gradflow
 from gradflow.core.graph import Graph
 from gradflow.runtime import blas
 from gradflow.runtime.compile import compile_sdfg
-from tests.rules.library_cases import CASES_BY_NAME
-from tests.rules.test_library_nodes import _compiled
+from gradflow.verify.corpus.library import CASES_BY_NAME
+from gradflow.verify.library import compiled as _compiled
 
 
 def _calls(compiled) -> list[str]:

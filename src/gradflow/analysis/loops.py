@@ -66,7 +66,7 @@ class CountedLoop:
 def _parse(code: str) -> sympy.Basic | None:
     try:
         return symbolic.pystr_to_symbolic(code)
-    except Exception:  # noqa: BLE001 - anything unparsable means "not a counted loop"
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, AttributeError):  # unparsable: not counted
         return None
 
 

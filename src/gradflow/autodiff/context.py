@@ -31,6 +31,9 @@ class ReverseContext:
     spec: Any  # the `ADSpec` being built (rules that recurse, e.g. into nested SDFGs, reuse its policy)
     values: dict[str, str] = attrs.field(factory=dict)  # forward array -> array the backward reads instead
     rules_used: dict[str, None] = attrs.field(factory=dict)  # names of the rules applied, in order
+    #: bounded while loops of nested SDFGs (label, bound), numbered after the program's own ones
+    inner_bounded: list[tuple[str, int]] = attrs.field(factory=list)
+    overflow_base: int = 0  # the number of bounded loops numbered before those of nested SDFGs
     _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
 
     def note_rule(self, name: str) -> None:

@@ -11,8 +11,9 @@ A `ControlRule` says, for one kind of region of the control-flow tree (`structur
 Built-in rules:
 - `CountedLoop` (a `for` loop with a constant step and bounds fixed during the loop): nothing recorded;
   reversed as a loop over the same values in reverse order, from the closed form of its last value;
-- `RecordedLoop` (any other loop: while, do-while, a lowered `break`): its trip count and the symbols
-  its body updates per iteration are pushed; reversed as a loop over the recorded trip count. When storage
+- `RecordedLoop` (any other loop: while, do-while, a lowered `break`, a `for` loop with a symbolic step):
+  its trip count, its loop variable and the symbols its body updates per iteration are pushed (those that
+  active operations read); reversed as a loop over the recorded trip count that pops them. When storage
   inside it needed the user's bound, the loop is stopped there and sets `gradflow_overflow`;
 - `RecordedBranch` (a `ConditionalBlock`): the index of the branch taken is pushed; reversed as a
   conditional on it.
@@ -78,7 +79,7 @@ class RecordedLoop:
     """Any loop that is not counted: its trip count (and per-iteration symbols) recorded on the tape."""
 
     def restores(self, item) -> frozenset[str]:
-        return frozenset(item.iteration_symbols)
+        return frozenset(_per_iteration(item))
 
     def record(self, item, rev, loops: tuple) -> RecordedTrips:
         loop = item.loop
@@ -91,7 +92,7 @@ class RecordedLoop:
         tick = loop.add_state_before(loop.start_block, f"tick_{loop.label}", is_start_block=True,
                                      assignments={counter: f"{counter} + 1"})
         iteration = []
-        for sym in item.iteration_symbols:
+        for sym in _per_iteration(item):
             if sym in rev.used_symbols:
                 stack = rev.tape.new_stack(f"{sym}_{loop.label}", rev.capacity(inside), (), dace.int64)
                 rev.tape.push_symbol(loop, tick, stack, sym)
@@ -117,11 +118,20 @@ class RecordedLoop:
             body(item.body)
 
 
+def _per_iteration(item) -> tuple[str, ...]:
+    """Symbols holding one value per iteration: the loop variable, and symbols the body updates at its end
+    (a lowered `break` turns a `for` loop's update into such an assignment)."""
+    var = item.loop.loop_variable
+    return tuple(dict.fromkeys(((var,) if var else ()) + tuple(item.iteration_symbols)))
+
+
 def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev) -> None:
     """Stop the while loop after `bound` iterations and set `gradflow_overflow` to `number` if it would have
     gone on (see `forwarding.py`)."""
     from gradflow.autodiff.engine import OVERFLOW, set_flag
 
+    if OVERFLOW not in rev.sdfg.arrays:
+        rev.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
     cond = loop.loop_condition.as_string
     loop.loop_condition = CodeBlock(f"({cond}) and ({counter} < {bound})")
     region = loop.parent_graph

@@ -43,6 +43,9 @@ from gradflow.core.errors import NoRuleError, NotDifferentiableError
 from gradflow.core.rule_table import RuleTable
 
 BACKWARD_LABEL = "gradflow_backward"
+#: An empty state after the backward region: DaCe 2.0.0b1's post-dominator analysis (used to place
+#: allocations) loops forever-cyclic when a plain ControlFlowRegion is the last block of its SDFG.
+END_LABEL = "gradflow_end"
 OVERFLOW = "gradflow_overflow"
 
 
@@ -63,6 +66,8 @@ class ADSpec:
     prefix: str = "grad_"
     forwarding: Forwarding = STORE_ALL
     accumulate: bool = False  # vjp mode: add into the `wrt` gradients (in/out) instead of overwriting them
+    outermost: bool = True  # False for the SDFG of a nested node: the outer program owns gradflow_overflow
+    overflow_base: int = 0  # numbers below this one are taken by bounded loops of enclosing programs
 
 
 @attrs.frozen
@@ -159,8 +164,9 @@ class Reversal:
         return None if entry is None else entry[1]
 
     def overflow_number(self, loop: LoopRegion) -> int:
-        """The 1-based number `loop` sets `gradflow_overflow` to when it reaches its bound."""
-        return list(self.bounded).index(id(loop)) + 1
+        """The 1-based number `loop` sets `gradflow_overflow` to when it reaches its bound (its position in
+        `ADInterface.bounded_loops` of the outermost program)."""
+        return self.spec.overflow_base + list(self.bounded).index(id(loop)) + 1
 
     def _intervals(self, loops: Sequence[LoopRegion]) -> dict:
         """Value ranges of the variables of `loops` (counted loops, and loops bounded by a `for` header)."""
@@ -284,17 +290,17 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     rev.record_overwrites(needs, accesses, recompute.arrays)
     rev.record_regions(tree, (), tables, ctx)
 
+    ctx.overflow_base = spec.overflow_base + len(rev.bounded)
+
     last = block_chain(sdfg)[-1] if sdfg.nodes() else None
     saved = rev.tape.bracket(sdfg, last) if last is not None else None
     last = saved or last
-    if rev.bounded:
-        sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
-        set_flag(sdfg.start_block, OVERFLOW, "0")
     sdfg.add_node(region)
     if last is not None:
         sdfg.add_edge(last, region, dace.InterstateEdge())
     else:
         sdfg.start_block = sdfg.node_id(region)
+    sdfg.add_state_after(region, END_LABEL)
 
     # Working copies of the arrays the tape restores, so the forward's results are left as they are.
     restored = sorted({array for entries in rev.pops.values() for array, _, _ in entries})
@@ -314,7 +320,13 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
         elif not (spec.accumulate and array in spec.wrt):
             fill(init, buffer, "0")
     rev.reverse(tree, ctx, rules, recompute)
+    bounded = tuple((loop.label, bound) for loop, bound in rev.bounded.values()) + tuple(ctx.inner_bounded)
+    if bounded:  # loops here or in nested SDFGs stop at a user bound and say so in gradflow_overflow
+        if OVERFLOW not in sdfg.arrays:  # (the nested rule adds it when only nested loops are bounded)
+            sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
+        if spec.outermost:
+            set_flag(sdfg.add_state_before(sdfg.start_block, "gradflow_overflow_clear", is_start_block=True),
+                     OVERFLOW, "0")
     sdfg.reset_cfg_list()
-    bounded = tuple((loop.label, bound) for loop, bound in rev.bounded.values())
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
                        rules_used=tuple(ctx.rules_used))

@@ -3,6 +3,7 @@
 
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
 - `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array;
+- `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
   (then `simplify` inlines the nested SDFGs that expansions create);
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
@@ -144,10 +145,11 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     """The normalization pipeline; `library_rules` decides which library nodes stay whole (default: the
     built-in table). Reverse mode needs its output: one operation per state, no views, no breaks."""
     from gradflow.autodiff.jumps import LowerBreaks
+    from gradflow.autodiff.shapes import BoundTransientShapes
     from gradflow.autodiff.views import RemoveViews
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LowerBreaks(), RemoveViews(), expand, CollapseMaps(), SplitOperations()))
+    return Pipeline((LowerBreaks(), RemoveViews(), expand, BoundTransientShapes(), CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

@@ -14,7 +14,7 @@ import dace
 from returns.result import Success
 
 from gradflow.analysis.activity import is_float
-from gradflow.autodiff.engine import ADInterface, ADSpec, ADTables, build_reverse
+from gradflow.autodiff.engine import END_LABEL, ADInterface, ADSpec, ADTables, build_reverse
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.normalize import NORMALIZE, normalize_pipeline  # noqa: F401 - NORMALIZE re-exported
@@ -143,7 +143,8 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     forwarded = tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
 
     fwd = copy.deepcopy(sdfg)
-    fwd.remove_node(_backward_region(fwd, interface))
+    for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:
+        fwd.remove_node(block)
     for name in list(fwd.arrays):
         if name in gradient_arrays:
             fwd.remove_data(name, validate=False)
@@ -156,7 +157,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     bwd = copy.deepcopy(sdfg)
     bregion = _backward_region(bwd, interface)
     for block in list(bwd.nodes()):
-        if block is not bregion:
+        if block is not bregion and block.label != END_LABEL:
             bwd.remove_node(block)
     bwd.start_block = bwd.node_id(bregion)
     keep_outputs = set(interface.grads.values()) | set(interface.cotangents.values())

@@ -7,8 +7,10 @@ the `kinks` where the function is not differentiable).
 
 from __future__ import annotations
 
+import ast
 import functools
 import keyword
+from tokenize import TokenError
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,9 +35,39 @@ FORMULA_NAMESPACE: Mapping[str, Any] = {
 DEFAULT_DOMAIN = (-3.0, 3.0)
 
 
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Load,
+                  ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.Tuple, ast.Compare,
+                  ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
+
+
+def _check_grammar(text: str, args: tuple[str, ...]) -> None:
+    """Formulas are arithmetic over the arguments and the namespace's functions, nothing else: checked on
+    the syntax tree before SymPy (which evaluates the text) sees it."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"formula '{text}' does not parse: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ValueError(f"formula '{text}' uses {type(node).__name__}; formulas are arithmetic, comparisons "
+                             f"and calls of {', '.join(sorted(FORMULA_NAMESPACE))}")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float)):
+            raise ValueError(f"formula '{text}' has the non-numeric constant {node.value!r}")
+        if isinstance(node, ast.Name) and node.id not in args and node.id not in FORMULA_NAMESPACE:
+            raise ValueError(f"formula '{text}' uses unknown name(s) ['{node.id}']; arguments are {list(args)}")
+        if isinstance(node, ast.Call) and (node.keywords or not isinstance(node.func, ast.Name)):
+            raise ValueError(f"formula '{text}': only plain calls like exp(x) are allowed")
+        if isinstance(node, ast.Call) and node.func.id not in FORMULA_NAMESPACE:
+            raise ValueError(f"formula '{text}' calls unknown function(s) ['{node.func.id}']")
+
+
 def _parse_formula(text: str, args: tuple[str, ...]) -> sympy.Expr:
+    _check_grammar(text, args)
     symbols = {a: sympy.Symbol(a, real=True) for a in args}
-    expr = sympy.parse_expr(text, local_dict={**FORMULA_NAMESPACE, **symbols}, evaluate=True)
+    try:
+        expr = sympy.parse_expr(text, local_dict={**FORMULA_NAMESPACE, **symbols}, evaluate=True)
+    except (sympy.SympifyError, TokenError, TypeError, SyntaxError, AttributeError) as exc:
+        raise ValueError(f"formula '{text}' is not a SymPy expression: {type(exc).__name__}: {exc}") from None
     stray = {s.name for s in expr.free_symbols} - set(args)
     if stray:
         raise ValueError(f"formula '{text}' uses unknown name(s) {sorted(stray)}; arguments are {list(args)}")

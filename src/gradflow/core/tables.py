@@ -18,16 +18,14 @@ T = TypeVar("T")
 
 
 def rules_dir() -> Path:
-    """The folder holding the declarative tables (`GRADFLOW_RULES` overrides the repository's `rules/`)."""
+    """The folder holding the declarative tables: `gradflow/rules/`, shipped as package data (the
+    repository's top-level `rules/` links to it); `GRADFLOW_RULES` overrides it."""
     env = os.environ.get("GRADFLOW_RULES")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "rules"
-        if (candidate / "elementwise.toml").is_file():
-            return candidate
-    raise RuleTableError("cannot find the rules/ folder", "set GRADFLOW_RULES to the folder holding elementwise.toml")
+    folder = Path(env) if env else Path(__file__).resolve().parent.parent / "rules"
+    if not (folder / "elementwise.toml").is_file():
+        raise RuleTableError(f"cannot find the rule tables: {folder / 'elementwise.toml'} does not exist",
+                             "set GRADFLOW_RULES to the folder holding elementwise.toml, or reinstall gradflow")
+    return folder
 
 
 def load_entries(

@@ -130,11 +130,13 @@ class GradflowOpenBLAS:
         return available()
 
 
-def _delegating(base, environments):
-    """An expansion that emits what `base` emits, with `environments` as its link requirements."""
+def _delegating(base, environments, fallback=None, use_fallback=None):
+    """An expansion that emits what `base` emits, with `environments` as its link requirements; nodes
+    for which `use_fallback(node)` holds get `fallback`'s expansion instead."""
 
     def expansion(node, state, sdfg, *args, **kwargs):
-        return base.expansion(node, state, sdfg, *args, **kwargs)
+        chosen = fallback if use_fallback is not None and use_fallback(node) else base
+        return chosen.expansion(node, state, sdfg, *args, **kwargs)
 
     body = {"environments": list(environments), "expansion": staticmethod(expansion)}
     cls = type(f"Gradflow{base.__name__}", (dace.transformation.transformation.ExpandTransformation,), body)
@@ -156,11 +158,15 @@ def _register() -> bool:
     }
     import dace.libraries.blas as blas_lib
 
+    # DaCe's CBLAS expansion of a Gemm that reads C through its `_c` input declares `_c` twice and does not
+    # compile; such nodes (beta * C_in terms) get the pure expansion.
+    fallbacks = {blas_nodes.Gemm: lambda node: "_c" in node.in_connectors}
     for node_cls in blas_lib._dace_library_nodes:
         if IMPLEMENTATION in node_cls.implementations:
             continue
         if node_cls in with_blas:
-            node_cls.register_implementation(IMPLEMENTATION, _delegating(with_blas[node_cls], [GradflowOpenBLAS]))
+            node_cls.register_implementation(IMPLEMENTATION, _delegating(
+                with_blas[node_cls], [GradflowOpenBLAS], node_cls.implementations["pure"], fallbacks.get(node_cls)))
         elif "pure" in node_cls.implementations:
             node_cls.register_implementation(IMPLEMENTATION, _delegating(node_cls.implementations["pure"], []))
     return True

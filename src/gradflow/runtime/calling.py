@@ -60,7 +60,7 @@ def _finalize_handles(exit_fn: Any, handles: dict, compiled: CompiledSDFG) -> No
     for handle in list(handles.values()):
         try:
             exit_fn(handle)
-        except Exception:  # at interpreter shutdown ctypes may already be gone
+        except (TypeError, AttributeError, NameError, OSError):  # at interpreter shutdown ctypes may be gone
             pass
     handles.clear()
 

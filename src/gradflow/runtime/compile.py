@@ -20,6 +20,7 @@ import dace
 from dace.codegen import compiler as dace_compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 
+from gradflow.core import progress
 from gradflow.core.errors import CompilationError
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.runtime import blas
@@ -72,9 +73,10 @@ def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
 
 def _build(sdfg: dace.SDFG, folder: Path) -> CompiledSDFG:
     try:
-        with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context():
+        with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context(), \
+                progress.step(f"compiling SDFG '{sdfg.name}'"):
             return sdfg.compile()
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)
         tail = text[-2000:] if len(text) > 2000 else text
-        raise CompilationError(f"building SDFG '{sdfg.name}' in {folder} failed: {type(exc).__name__}: {tail}") from None
+        raise CompilationError(f"building SDFG '{sdfg.name}' in {folder} failed: {type(exc).__name__}: {tail}") from exc

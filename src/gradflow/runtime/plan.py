@@ -104,7 +104,7 @@ class ArgSpec:
                 symbolic.pystr_to_symbolic(s.py) == symbolic.pystr_to_symbolic(e)
                 for s, e in zip(self.strides, expected)
             )
-        except Exception:  # an unparsable stride is treated as custom
+        except (sympy.SympifyError, SyntaxError, TypeError, ValueError):  # unparsable: treated as custom
             return False
 
 

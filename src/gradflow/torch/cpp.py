@@ -584,7 +584,7 @@ def build(plan: FunctionPlan, forward: CompiledSDFG, backward: CompiledSDFG, ver
             raise CompilationError(
                 f"building the torch extension of '{plan.name}' in {folder} failed: {type(exc).__name__}: "
                 f"{text[-2000:]}"
-            ) from None
+            ) from exc
         module.bind(library_path(forward), library_path(backward), ArgumentError)
         atexit.register(module.release)
         op = CppOp(plan, namespace, module, stateful)

@@ -114,7 +114,7 @@ def _fully_overwritten_first(sdfg: dace.SDFG, name: str) -> bool:
                 sub = e.data.subset if e.data.data == name else e.data.other_subset
                 try:
                     covered = covered or (sub is not None and bool(sub.covers(full)))
-                except Exception:  # an undecidable symbolic comparison: not covered
+                except TypeError:  # an undecidable symbolic comparison (sympy cannot tell its truth): not covered
                     pass
         return covered
     return False

@@ -1,9 +1,10 @@
 """Reverse rule for nested SDFGs, alone or as the body of a map.
 
-A nested SDFG is differentiated recursively: its own SDFG goes through the same normalization and
-engine, in vjp mode, giving an SDFG that reruns the nested forward (on the values the outer backward
-sweep holds for its inputs) and then its backward sweep. In the outer backward sweep that SDFG takes
-the place of the nested node, under a map over the same range when the forward one was a map body:
+A nested SDFG is differentiated recursively: its own SDFG goes through the same normalization pipeline
+and engine (same tables, the user's forwarding policy), in vjp mode, giving an SDFG that reruns the nested
+forward (on the values the outer backward sweep holds for its inputs) and then its backward sweep. In the
+outer backward sweep that SDFG takes the place of the nested node, under a map over the same range when
+the forward one was a map body:
 
     inputs:  the forward inputs (connector names unchanged), the cotangent `gradflow_d_<out>` of each
              active output (the outer gradient of what it wrote);
@@ -13,6 +14,13 @@ the place of the nested node, under a map over the same range when the forward o
 The nested outputs become scratch transients of the recomputation. Afterwards the outer gradients of the
 overwritten outputs are cleared. Each map iteration accumulates into its own part of an input gradient
 (checked: every map parameter indexes a dimension on its own), so iterations do not race.
+
+An in/out connector `c` (the node updates part of an array in place) is split inside the nested vjp: its
+input becomes `gradflow_in_<c>`, copied into a private `c` the rerun works on, so the rerun never writes
+the outer array. Its outer gradient is both the cotangent of the new value and the place the gradient of
+the old value goes: it is moved to a temporary (the cotangent) and cleared before the call, which then
+accumulates into it. While loops with a user bound inside the nested SDFG stop at the bound in the rerun
+and report through the outer `gradflow_overflow` (numbered after the outer program's own loops).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from __future__ import annotations
 import copy
 
 import dace
+import sympy
+from dace import subsets
 from dace.sdfg import nodes as nd
 
 from gradflow.analysis.activity import is_float
@@ -29,6 +39,7 @@ from gradflow.autodiff.rules import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 
 PREFIX = "gradflow_d_"
+IN = "gradflow_in_"  # the input side of a split in/out connector
 
 
 def _parts(site: OpSite) -> tuple[nd.NestedSDFG, nd.MapEntry | None]:
@@ -50,14 +61,39 @@ def _edges(site: OpSite, node: nd.NestedSDFG):
     state = site.state
     ins = {e.dst_conn: e for e in state.in_edges(node) if e.dst_conn and not e.data.is_empty()}
     outs = {e.src_conn: e for e in state.out_edges(node) if e.src_conn and not e.data.is_empty()}
-    shared = sorted(set(ins) & set(outs))
-    if shared:
-        raise NotDifferentiableError(
-            f"nested SDFG '{node.label}' in state '{state.label}' reads and writes {', '.join(shared)}; "
-            "in/out connectors of nested SDFGs are not differentiated yet",
-            "write the result to a new array",
-        )
     return ins, outs
+
+
+def _split_inout(sdfg: dace.SDFG, regions: dict[str, subsets.Range]) -> None:
+    """Connector `c` of both directions becomes input `gradflow_in_<c>`, whose region `regions[c]` (what the
+    node reads, in the nested SDFG's coordinates) is copied into a private `c` first. Only that region: a
+    map runs one call per iteration over the same full-shaped arrays, and each owns its region only."""
+    if not regions:
+        return
+    first = sdfg.add_state_before(sdfg.start_block, "gradflow_split_inout", is_start_block=True)
+    for c, region in regions.items():
+        desc = copy.deepcopy(sdfg.arrays[c])
+        sdfg.add_datadesc(IN + c, desc)
+        sdfg.arrays[c].transient = True
+        first.add_nedge(first.add_read(IN + c), first.add_write(c), dace.Memlet(data=IN + c, subset=region,
+                                                                              other_subset=copy.deepcopy(region)))
+
+
+def _inner_region(node: nd.NestedSDFG, memlet: dace.Memlet, where: str) -> subsets.Range:
+    """`memlet`'s subset in the nested SDFG's coordinates. DaCe passes nested arguments as base pointers,
+    so coordinates agree and only symbols need renaming (outer symbol -> the inner one mapped to it)."""
+    inverse = {}
+    for inner, outer in node.symbol_mapping.items():
+        expr = dace.symbolic.pystr_to_symbolic(str(outer))
+        if isinstance(expr, sympy.Symbol):
+            inverse[expr] = dace.symbolic.symbol(inner)
+    region = copy.deepcopy(memlet.subset)
+    region.replace(inverse)
+    free = {str(s) for s in region.free_symbols} - set(node.symbol_mapping) - set(node.sdfg.symbols)
+    if free:
+        raise NotDifferentiableError(f"{where}: cannot express {memlet.subset} inside the nested SDFG "
+                                     f"(symbols {', '.join(sorted(free))})")
+    return region
 
 
 def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None:
@@ -74,29 +110,32 @@ def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None
         )
 
 
-def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], ctx: ReverseContext) -> dace.SDFG:
-    """The nested SDFG through the same normalization pipeline and engine (same tables, same forwarding
-    policy), in vjp mode with accumulating gradients."""
-    from gradflow.autodiff.engine import ADSpec, build_reverse
+def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict[str, subsets.Range],
+               ctx: ReverseContext) -> tuple[dace.SDFG, bool]:
+    """The nested SDFG (in/out connectors split) through the same normalization pipeline and engine (same
+    tables, same forwarding policy), in vjp mode with accumulating gradients; and whether it reports
+    bounded while loops through `gradflow_overflow`."""
+    from gradflow.autodiff.engine import OVERFLOW, ADSpec, build_reverse
     from gradflow.autodiff.normalize import normalize_pipeline
     from gradflow.core.graph import Graph
     from gradflow.core.passes import unwrap_or_raise
 
-    graph = unwrap_or_raise(normalize_pipeline(ctx.tables.library)(Graph.of(copy.deepcopy(node.sdfg))))
+    source = copy.deepcopy(node.sdfg)
+    _split_inout(source, regions)
+    graph = unwrap_or_raise(normalize_pipeline(ctx.tables.library)(Graph.adopt(source)))
     inner = graph.editable()
-    spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding, accumulate=True)
+    base = ctx.overflow_base + len(ctx.inner_bounded)
+    spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding, accumulate=True, outermost=False,
+                  overflow_base=base)
     interface = build_reverse(inner, spec, ctx.tables)
     for name in interface.rules_used:
         ctx.note_rule(name)
-    if interface.bounded_loops:
-        raise NotDifferentiableError(
-            f"nested SDFG '{node.label}' holds while loops with a user bound; not supported inside a nested SDFG"
-        )
+    ctx.inner_bounded.extend(interface.bounded_loops)
     for name, desc in inner.arrays.items():
         if not desc.transient and name in node.out_connectors and name not in wrt:
             desc.transient = True  # the recomputed forward outputs are scratch
     inner.name = f"{node.sdfg.name}_vjp"
-    return inner
+    return inner, OVERFLOW in inner.arrays
 
 
 @reverse_rule("map", priority=5, applies=_is_map_of_nested, name="NestedReverse[map]")
@@ -112,6 +151,8 @@ class NestedReverse:
         return frozenset(e.data.data for e in ins.values())
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
+        from gradflow.autodiff.engine import OVERFLOW
+
         node, entry = _parts(site)
         where = f"nested SDFG '{node.label}' in state '{site.state.label}'"
         ins, outs = _edges(site, node)
@@ -120,15 +161,46 @@ class NestedReverse:
             return
         active_in = sorted(c for c, e in ins.items()
                            if ctx.grad_of(e.data.data) and is_float(node.sdfg.arrays[c]))
+        shared = sorted(set(ins) & set(outs))
         if entry is not None:
             for c in active_in:
                 _check_disjoint(entry, ins[c].data, where)
-        inner = _inner_vjp(node, active_in, active_out, ctx)
+        inner_in = {c: IN + c if c in shared else c for c in ins}  # inner names of the forward inputs
+        regions = {c: _inner_region(node, ins[c].data, where) for c in shared}
+        inner, overflow = _inner_vjp(node, [inner_in[c] for c in active_in], active_out, regions, ctx)
+        outer = dict(map_ranges(entry)) if entry is not None else {}
+
+        def over_subset(label: str, memlet: dace.Memlet, target: str, code: str, inputs: dict) -> None:
+            """`target[e] = code(inputs[e])` for each element e of `memlet`'s subset (per iteration of the
+            forward map, if any), as one mapped tasklet in a new state."""
+            ranges, _, index = subset_elements(memlet.subset, "__c")
+            reads_ = {k: dace.Memlet(f"{a}[{index}]") for k, a in inputs.items()}
+            where_ = ctx.new_state(f"{label}_{site.state.label}")
+            where_.add_mapped_tasklet(safe_label(f"{label}_{memlet.data}"), {**outer, **ranges}, reads_, code,
+                                      {"__o": dace.Memlet(f"{target}[{index}]")}, external_edges=True)
+
+        # An updated-in-place array: its gradient is the cotangent of the new value; move it aside first.
+        # The inner code addresses an in/out connector relative to its *read* subset (the pointer DaCe
+        # passes), which covers what it writes, so the move, the clear and the call all use that subset.
+        cotangent: dict[str, str] = {}
+        for c in shared:
+            if c not in active_out or c not in active_in:
+                continue
+            if ins[c].data.subset.covers(outs[c].data.subset) is not True:
+                raise NotDifferentiableError(f"{where}: connector '{c}' writes {outs[c].data.subset}, outside the "
+                                             f"part {ins[c].data.subset} it reads")
+            memlet, grad = ins[c].data, ctx.grad_of(ins[c].data.data)
+            desc = ctx.sdfg.arrays[grad]
+            cotangent[c], _ = ctx.sdfg.add_array(f"gradflow_t_cot_{c}", desc.shape, desc.dtype, transient=True,
+                                                 find_new_name=True)
+            over_subset("save_cotangent", memlet, cotangent[c], "__o = __g", {"__g": grad})
+            over_subset("clear", memlet, grad, "__o = 0", {})
 
         state = ctx.new_state(f"reverse_{site.state.label}")
-        grads_in = {PREFIX + c for c in active_in}
-        inputs = set(ins) | {PREFIX + c for c in active_out} | grads_in
-        call = state.add_nested_sdfg(inner, inputs, grads_in, dict(node.symbol_mapping),
+        grads_in = {PREFIX + inner_in[c] for c in active_in}
+        inputs = set(inner_in.values()) | {PREFIX + c for c in active_out} | grads_in
+        outputs = grads_in | ({OVERFLOW} if overflow else set())
+        call = state.add_nested_sdfg(inner, inputs, outputs, dict(node.symbol_mapping),
                                      name=safe_label(f"vjp_{node.label}"))
         if entry is not None:
             me, mx = state.add_map(safe_label(f"rev_{node.label}"), map_ranges(entry))
@@ -154,21 +226,23 @@ class NestedReverse:
                 state.add_memlet_path(call, mx, writes[array], src_conn=conn, memlet=m)
 
         for c, e in ins.items():
-            read(ctx.value_of(site.index, e.data.data), c, e.data)
+            read(ctx.value_of(site.index, e.data.data), inner_in[c], e.data)
         for c in active_out:
-            read(ctx.grad_of(outs[c].data.data), PREFIX + c, outs[c].data)
+            if c in cotangent:
+                read(cotangent[c], PREFIX + c, ins[c].data)
+            else:
+                read(ctx.grad_of(outs[c].data.data), PREFIX + c, outs[c].data)
         for c in active_in:
-            read(ctx.grad_of(ins[c].data.data), PREFIX + c, ins[c].data)
-            write(ctx.grad_of(ins[c].data.data), PREFIX + c, ins[c].data)
+            read(ctx.grad_of(ins[c].data.data), PREFIX + inner_in[c], ins[c].data)
+            write(ctx.grad_of(ins[c].data.data), PREFIX + inner_in[c], ins[c].data)
+        if overflow:
+            if OVERFLOW not in ctx.sdfg.arrays:
+                ctx.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
+            write(OVERFLOW, OVERFLOW, dace.Memlet(f"{OVERFLOW}[0]"))
 
-        # The forward overwrote its outputs: their old values had no influence.
-        clear = ctx.new_state(f"clear_{site.state.label}")
+        # The forward overwrote its outputs: their old values had no influence (in/out ones: done above).
         for c in active_out:
+            if c in cotangent:
+                continue
             memlet = outs[c].data
-            ranges, _, index = subset_elements(memlet.subset, "__c")
-            outer = dict(map_ranges(entry)) if entry is not None else {}
-            clear.add_mapped_tasklet(
-                safe_label(f"clear_{c}"), {**outer, **ranges}, {}, "__o = 0",
-                {"__o": dace.Memlet(f"{ctx.grad_of(memlet.data)}[{index}]")}, external_edges=True,
-            )
-
+            over_subset("clear", memlet, ctx.grad_of(memlet.data), "__o = 0", {})

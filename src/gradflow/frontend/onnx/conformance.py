@@ -84,28 +84,38 @@ def _category(exc: BaseException) -> str:
     return "error"
 
 
-def run_case(case: Any) -> Outcome:
-    """Load the case's model with gradflow and compare every data set against the reference outputs."""
+def measure_case(case: Any) -> float:
+    """Load the case's model with gradflow, run every data set and compare with the reference outputs at
+    the case's own tolerances: the worst relative error, or `CheckFailure` naming the output at fault.
+    Lowering and compile errors propagate (typed `GradflowError`s)."""
     from gradflow.frontend.onnx.backend import GradflowBackend
+    from gradflow.verify.compare import CheckFailure, agree
+
+    rep = GradflowBackend.prepare(case.model, "CPU")
+    worst = 0.0
+    for n, (inputs, expected) in enumerate(case.data_sets):
+        outs = rep.run([_as_array(a) for a in inputs])
+        expected = [np.asarray(_as_array(a)) for a in expected]
+        if len(outs) != len(expected):
+            raise CheckFailure(f"{case.name}: {len(outs)} outputs, expected {len(expected)}")
+        for k, (got, want) in enumerate(zip(outs, expected)):
+            got = np.asarray(got)
+            if got.dtype != want.dtype:
+                raise CheckFailure(f"{case.name}: output {k} has dtype {got.dtype}, expected {want.dtype}")
+            worst = max(worst, agree(got, want, rtol=case.rtol, atol=case.atol,
+                                     what=f"{case.name}: output {k} of data set {n}"))
+    return worst
+
+
+def run_case(case: Any) -> Outcome:
+    """`measure_case`, with every failure classified (`CATEGORIES`) instead of raised."""
+    from gradflow.verify.compare import CheckFailure
 
     op = case_op(case)
     try:
-        rep = GradflowBackend.prepare(case.model, "CPU")
-        for inputs, expected in case.data_sets:
-            inputs = [_as_array(a) for a in inputs]
-            expected = [_as_array(a) for a in expected]
-            outs = rep.run(inputs)
-            if len(outs) != len(expected):
-                return Outcome(case.name, op, False, f"{len(outs)} outputs, expected {len(expected)}", "mismatch")
-            for got, want in zip(outs, expected):
-                want = np.asarray(want)
-                got = np.asarray(got)
-                if got.dtype != want.dtype:
-                    return Outcome(case.name, op, False, f"dtype {got.dtype} != {want.dtype}", "mismatch")
-                np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
-    except AssertionError as exc:
-        lines = [l for l in str(exc).splitlines() if l.strip()]
-        return Outcome(case.name, op, False, " ".join(lines[1:3])[:200], "mismatch")
+        measure_case(case)
+    except CheckFailure as exc:
+        return Outcome(case.name, op, False, str(exc)[:240], "mismatch")
     except Exception as exc:  # noqa: BLE001 - every failure is a reported reason
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return Outcome(case.name, op, False, f"{type(exc).__name__}: {msg[:240]}", _category(exc))

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from returns.result import Failure, Success
 
+from gradflow.core import progress
 from gradflow.core.errors import GradflowError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
@@ -61,6 +62,7 @@ class Signature:
     outputs: tuple[Port, ...]
     params: Mapping[str, np.ndarray] = attrs.field(converter=lambda m: MappingProxyType(dict(m)), repr=False)
     symbols: tuple[str, ...] = ()
+    weights: tuple[Port, ...] = ()  # float initializers: ONNX name -> SDFG array (values in `params`)
 
 
 def _value_info_shape(lw: Lowering, vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
@@ -82,7 +84,8 @@ def lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatur
     DaCe's source-line info is off while building: it would record gradflow's own file and line numbers
     (inspecting the stack at every node added, most of the lowering time) in the SDFG and its fingerprint.
     """
-    with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+    with dace.config.set_temporary("compiler", "lineinfo", value="none"), \
+            progress.step(f"lowering ONNX model ({len(model.graph().node)} nodes)"):
         return _lower_model(model, table)
 
 
@@ -98,6 +101,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
     inits = {t.name: t for t in graph.initializer}
     init_values = model.initializer_values()
     inputs: list[Port] = []
+    weights: list[Port] = []
     for vi in graph.input:
         if vi.name in inits:
             continue
@@ -122,6 +126,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
         lw.sdfg.add_array(arr, t.phys_shape, dace_type(value.dtype))
         lw.params[arr] = value.astype(storage_dtype(value.dtype)).reshape([int(d) for d in t.phys_shape])
         lw.set(name, t)
+        weights.append(Port(name, arr, t.shape, t.dtype))
 
     taken = {p.onnx_name for p in inputs} | set(inits) | set(model.bound_inputs)
     for k, vi in enumerate(graph.output):
@@ -154,7 +159,8 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
             t = dst
         used.add(t.array)
         outputs.append(Port(vi.name, t.array, t.shape, t.dtype))
-    sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())))
+    sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())),
+                    tuple(weights))
     lw.sdfg.validate()
     return lw.sdfg, sig
 

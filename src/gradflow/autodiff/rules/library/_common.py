@@ -119,7 +119,7 @@ def clear(ctx: ReverseContext, op: Operand, label: str) -> None:
                         {"__o": dace.Memlet(f"{grad}[{element(op, params)}]")})
 
 
-def accumulate(ctx: ReverseContext, src: Operand, dst: Operand, label: str, scale: str = "1") -> None:
+def accumulate(ctx: ReverseContext, src: Operand, dst: Operand, label: str, scale: object = 1) -> None:
     """gradient of `dst` (on its subset) += scale * `src` (an array of the same squeezed shape)."""
     sdims, ddims = src.squeezed(), dst.squeezed()
     if len(sdims) != len(ddims):
@@ -131,7 +131,7 @@ def accumulate(ctx: ReverseContext, src: Operand, dst: Operand, label: str, scal
     add_element_tasklet(
         ctx.new_state(f"accumulate_{label}"), f"acc_{dst.array}", ranges or None,
         {"__s": dace.Memlet(f"{src.array}[{element(src, sparams)}]")},
-        "__o = __s" if scale == "1" else f"__o = ({scale}) * __s",
+        "__o = __s" if str(scale) == "1" else f"__o = ({scale}) * __s",
         {"__o": dace.Memlet(f"{ctx.grad_of(dst.array)}[{element(dst, dparams)}]", wcr=SUM)},
     )
 

@@ -1,6 +1,7 @@
 """Matrix products: `MatMul` (what `@`, `np.dot` and `np.matmul` become), `Gemm` and `Dot`.
 
-For `C = alpha * op(A) @ op(B)` (op: optional transpose):
+For `C = alpha * op(A) @ op(B) + beta * C` (op: optional transpose; a Gemm with beta != 0 updates C in
+place, reading it through its `_c` input or its output, and its gradient becomes beta * gC):
     g op(A) += alpha * gC @ op(B)^T        g op(B) += alpha * op(A)^T @ gC
 Matrix-matrix products reverse into two `Gemm` library nodes with beta = 1 (they add into the gradient
 buffers); compiled, each is one `cblas_?gemm` call (`gradflow.runtime.blas`). Matrix-vector products
@@ -32,8 +33,10 @@ def _shape_kind(a: Operand, b: Operand, c: Operand) -> str | None:
     return kind
 
 
-def _alpha(node) -> str:
-    return str(getattr(node, "alpha", 1))  # Dot has no alpha
+def _alpha(node):
+    """The node's alpha as the node holds it (a number): DaCe's expansions of the Gemm nodes emitted here
+    compare it with numbers, which a string would break (`sdfg.compile()` of the result)."""
+    return getattr(node, "alpha", 1)  # Dot has no alpha
 
 
 def _product_operands(site: OpSite):
@@ -54,8 +57,13 @@ def _check(site: OpSite, a: Operand, b: Operand, c: Operand) -> str:
     if c.array in (a.array, b.array):
         raise NotDifferentiableError(f"{where(site)}: the product overwrites its own operand '{c.array}'",
                                      "write the result to a new array")
-    if getattr(node, "beta", 0) != 0 and "_cin" in node.in_connectors:
-        raise NotDifferentiableError(f"{where(site)}: beta * C_in terms are not differentiated")
+    ins, _ = operands(site)
+    if "_c" in ins and (ins["_c"].array != c.array or ins["_c"].subset != c.subset):
+        raise NotDifferentiableError(
+            f"{where(site)}: it reads C from {ins['_c'].array}[{ins['_c'].subset}] and writes "
+            f"{c.array}[{c.subset}]; DaCe passes one pointer for the connector `_c`, so such a node computes "
+            "alpha * A @ B only (its expansions ignore C_in)",
+            "update C in place (C = alpha * A @ B + beta * C), or add beta * C_in with a separate operation")
     if kind == "batched" and (getattr(node, "transA", False) or getattr(node, "transB", False)):
         raise NotDifferentiableError(f"{where(site)}: a batched product with transposed operands")
     if kind == "vv" and not isinstance(node, (Dot, MatMul)):
@@ -64,7 +72,7 @@ def _check(site: OpSite, a: Operand, b: Operand, c: Operand) -> str:
 
 
 def _gemm(ctx: ReverseContext, label: str, x: tuple[str, Operand], y: tuple[str, Operand],
-          out: tuple[str, Operand], trans_x: bool, trans_y: bool, alpha: str) -> None:
+          out: tuple[str, Operand], trans_x: bool, trans_y: bool, alpha) -> None:
     """out += alpha * op(x) @ op(y), as one Gemm library node with beta = 1."""
     state = ctx.new_state(f"reverse_{label}")
     gemm = Gemm(f"rev_{label}", transA=trans_x, transB=trans_y, alpha=alpha, beta=1, cin=False)
@@ -143,7 +151,7 @@ class ProductReverse:
                             {"__o": dace.Memlet(f"{g}[{index}]")})
 
     @staticmethod
-    def _matvec(ctx, label, site, matrix, vector, y: Operand, alpha: str, matrix_first: bool) -> None:
+    def _matvec(ctx, label, site, matrix, vector, y: Operand, alpha, matrix_first: bool) -> None:
         """y = alpha * op(M) @ v, with M given as stored and `tm` telling whether op is a transpose."""
         m, vm, gm, tm = matrix
         v, vv, gv = vector
@@ -171,7 +179,7 @@ class ProductReverse:
             )
 
     @staticmethod
-    def _batched(ctx, label, a, b, c: Operand, alpha: str) -> None:
+    def _batched(ctx, label, a, b, c: Operand, alpha) -> None:
         """C[..., m, n] = alpha * A[..., m, k] @ B[..., k, n] with broadcast batch dimensions.
 
         gA_full = gC @ swap(B) and gB_full = swap(A) @ gC as BatchedMatMul nodes (batched gemm) into
@@ -195,7 +203,7 @@ class ProductReverse:
             _reduce_broadcast(ctx, full, x, f"{label}_{tag}", alpha)
 
     @staticmethod
-    def _dot(ctx, label, x, y, r: Operand, alpha: str) -> None:
+    def _dot(ctx, label, x, y, r: Operand, alpha) -> None:
         """r = alpha * x . y: gx += alpha * gr * y, gy += alpha * gr * x."""
         gr = ctx.grad_of(r.array)
         for (p, vp, gp), (_q, vq, _gq), tag in ((x, y, "gx"), (y, x, "gy")):
@@ -225,7 +233,7 @@ def _swapped(ctx: ReverseContext, x: Operand, vx: str, label: str) -> tuple[str,
     return tmp, dace.Memlet.from_array(tmp, ctx.sdfg.arrays[tmp])
 
 
-def _reduce_broadcast(ctx: ReverseContext, full: str, x: Operand, label: str, alpha: str) -> None:
+def _reduce_broadcast(ctx: ReverseContext, full: str, x: Operand, label: str, alpha) -> None:
     """grad(x) += alpha * full, summed over the leading dimensions x lacks or has as literal 1."""
     fshape = ctx.sdfg.arrays[full].shape
     ranges = {f"__b{d}": f"0:{s}" for d, s in enumerate(fshape)}

@@ -13,6 +13,9 @@ from typing import Any, Callable
 import dace
 import numpy as np
 import torch
+from dace.libraries.blas import Gemm
+
+from gradflow.verify.corpus.case import BuiltProgram
 
 N, M, K, B = (dace.symbol(s) for s in "NMKB")
 f64 = dace.float64
@@ -160,6 +163,26 @@ def _w(expr, W):
     return (expr * W).sum()
 
 
+# --- Gemm with beta: C = alpha * A @ B + beta * C, in place (built with the API) ----------------------------
+
+def gemm_beta_inplace() -> dace.SDFG:
+    sdfg = dace.SDFG("gemm_beta_inplace")
+    for name, shape in (("A", [N, K]), ("X", [K, M]), ("C", [N, M]), ("W", [N, M])):
+        sdfg.add_array(name, shape, f64)
+    sdfg.add_array("S", [1], f64)
+    state = sdfg.add_state("gemm", is_start_block=True)
+    gemm = Gemm("gemm", alpha=1.5, beta=0.5, cin=True)
+    state.add_node(gemm)
+    state.add_edge(state.add_read("A"), None, gemm, "_a", dace.Memlet("A[0:N, 0:K]"))
+    state.add_edge(state.add_read("X"), None, gemm, "_b", dace.Memlet("X[0:K, 0:M]"))
+    state.add_edge(state.add_read("C"), None, gemm, "_c", dace.Memlet("C[0:N, 0:M]"))
+    state.add_edge(gemm, "_c", state.add_write("C"), None, dace.Memlet("C[0:N, 0:M]"))
+    total = sdfg.add_state_after(state, "total")
+    total.add_mapped_tasklet("t", {"i": "0:N", "j": "0:M"}, {"c": dace.Memlet("C[i, j]"), "w": dace.Memlet("W[i, j]")},
+                             "s = c * w", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+    return sdfg
+
+
 CASES = [
     LibCase("sum_all", "Reduce", sum_all, lambda A, W: torch.sin(A).sum() * W[0], ("A", "W"),
             {"A": ("N", "M"), "W": ("1",)}, ("N", "M")),
@@ -195,6 +218,9 @@ CASES = [
             {"A": ("B", "N", "K"), "X": ("B", "K", "M"), "W": ("B", "N", "M")}, ("B", "N", "M", "K")),
     LibCase("matmul_broadcast", "MatMul", matmul_broadcast, lambda A, X, W: _w(A @ X, W), ("A", "X"),
             {"A": ("B", "N", "K"), "X": ("K", "M"), "W": ("B", "N", "M")}, ("B", "N", "M", "K")),
+    LibCase("gemm_beta_inplace", "Gemm", BuiltProgram(gemm_beta_inplace, ("A", "X", "C", "W", "S")),
+            lambda A, X, C, W: _w(1.5 * A @ X + 0.5 * C, W), ("A", "X", "C"),
+            {"A": ("N", "K"), "X": ("K", "M"), "C": ("N", "M"), "W": ("N", "M")}, ("N", "M", "K")),
     LibCase("transpose_2d", "Transpose", transpose_2d, lambda A, W: _w(A.T, W), ("A",),
             {"A": ("N", "M"), "W": ("M", "N")}, ("N", "M")),
     LibCase("transpose_3d", "TensorTranspose", transpose_3d, lambda A, W: _w(A.permute(2, 0, 1), W), ("A",),

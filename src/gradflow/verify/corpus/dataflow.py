@@ -11,7 +11,7 @@ import dace
 import numpy as np
 import torch
 
-from .case import Case
+from .case import BuiltProgram, Case
 
 N = dace.symbol("N")
 M = dace.symbol("M")
@@ -581,6 +581,44 @@ _i_lib_softmax = _i_softmax_wcr
 _N = {"N": _SIZES["N"]}
 _NM = {"N": _SIZES["N"], "M": _SIZES["M"]}
 
+# ----------------------------------------------------------------------------------------------------------
+# a call of a two-state nested SDFG (built with the API: the frontend inlines calls it can)
+
+
+def df_nested_call() -> dace.SDFG:
+    inner = dace.SDFG("df_nested_call_body")
+    inner.add_array("x", [N], f64)
+    inner.add_array("y", [N], f64)
+    inner.add_transient("t", [N], f64)
+    first = inner.add_state("exp", is_start_block=True)
+    first.add_mapped_tasklet("e", {"i": "0:N"}, {"a": dace.Memlet("x[i]")}, "b = exp(a)",
+                             {"b": dace.Memlet("t[i]")}, external_edges=True)
+    second = inner.add_state_after(first, "combine")
+    second.add_mapped_tasklet("m", {"i": "0:N"}, {"a": dace.Memlet("t[i]"), "c": dace.Memlet("x[i]")},
+                              "b = a * c + sin(c)", {"b": dace.Memlet("y[i]")}, external_edges=True)
+    outer = dace.SDFG("df_nested_call")
+    for name in ("X", "Y", "W"):
+        outer.add_array(name, [N], f64)
+    outer.add_array("S", [1], f64)
+    call = outer.add_state("call", is_start_block=True)
+    node = call.add_nested_sdfg(inner, {"x"}, {"y"}, {"N": "N"})
+    call.add_edge(call.add_read("X"), None, node, "x", dace.Memlet("X[0:N]"))
+    call.add_edge(node, "y", call.add_write("Y"), None, dace.Memlet("Y[0:N]"))
+    total = outer.add_state_after(call, "total")
+    total.add_mapped_tasklet("r", {"i": "0:N"}, {"a": dace.Memlet("Y[i]"), "w": dace.Memlet("W[i]")}, "s = a * w",
+                             {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+    return outer
+
+
+def _t_nested_call(X, W, S, **_):
+    return S[0] + ((torch.exp(X) * X + torch.sin(X)) * W).sum()
+
+
+def _i_nested_call(rng):
+    n = _SIZES["N"]
+    return {"X": rng.normal(size=n), "Y": _z(n), "W": rng.normal(size=n), "S": _z(1)}
+
+
 CASES: list[Case] = [
     Case("df_elementwise_chain", df_elementwise_chain, _t_elementwise_chain, ("X",), "S",
          _i_elementwise_chain, _N, "exp/sin/tanh/sqrt chain, map-WCR sum"),
@@ -620,6 +658,8 @@ CASES: list[Case] = [
          "row softmax, max by WCR-max tasklet, sum by WCR-sum, no library nodes"),
     Case("df_partial_dependence", df_partial_dependence, _t_partial_dependence, ("X", "Y", "Z"), "S",
          _i_partial_dependence, _N, "S independent of Z: gradient w.r.t. Z is zero"),
+    Case("df_nested_call", BuiltProgram(df_nested_call, ("X", "Y", "W", "S")), _t_nested_call, ("X", "W"), "S",
+         _i_nested_call, _N, "a call of a two-state nested SDFG (API-built, not inlined)"),
     Case("df_lib_sum", df_lib_sum, _t_lib_sum, ("X", "Y"), "S", _i_lib_sum, _N,
          "S[0] = np.sum(...) (Reduce library node)"),
     Case("df_lib_mean", df_lib_mean, _t_lib_mean, ("A",), "S", _i_lib_mean, _NM, "np.mean over a matrix"),

@@ -711,6 +711,77 @@ def _i_break_search(rng):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# a dace.map body that updates its row in place (a nested SDFG whose connector A is both in and out)
+
+
+@dace.program
+def lp_map_inplace_rows(A: f64[N, M], W: f64[N, M], S: f64[1]):
+    for i in dace.map[0:N]:
+        for j in range(1, M):
+            A[i, j] = A[i, j] + np.sin(A[i, j - 1]) * A[i, j - 1]
+    for i in dace.map[0:N]:
+        for j in dace.map[0:M]:
+            S[0] += A[i, j] * W[i, j]
+
+
+def _t_map_inplace_rows(A, W, S, **_):
+    rows = []
+    for i in range(A.shape[0]):
+        row = [A[i, 0]]
+        for j in range(1, A.shape[1]):
+            row.append(A[i, j] + torch.sin(row[-1]) * row[-1])
+        rows.append(torch.stack(row))
+    return S[0] + (torch.stack(rows) * W).sum()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a data-dependent while loop inside a dace.map body (values stored per iteration need a loop bound)
+
+
+@dace.program
+def lp_map_of_while(X: f64[N], Y: f64[N], S: f64[1]):
+    for i in dace.map[0:N]:
+        y = X[i]
+        while abs(y * y - X[i]) > 1e-10 * X[i]:
+            y = 0.5 * (y + X[i] / y)
+        Y[i] = y
+    for i in dace.map[0:N]:
+        S[0] += Y[i] * Y[i] * (i + 1.0)
+
+
+def _t_map_of_while(X, S, **_):
+    total = S[0]
+    for i in range(X.shape[0]):
+        y = X[i]
+        while abs((y * y - X[i]).item()) > 1e-10 * X[i].item():  # condition on data, not differentiated
+            y = 0.5 * (y + X[i] / y)
+        total = total + y * y * (i + 1.0)
+    return total
+
+
+def _i_map_of_while(rng):
+    n = 6
+    return {"X": rng.uniform(0.5, 9.0, n), "Y": _z(n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a growing prefix updated in place: the temporary `A[i] * A[:i + 1]` has the loop-dependent size i + 1
+
+
+@dace.program
+def lp_growing_prefix(A: f64[N], C: f64[N], S: f64[1]):
+    for i in range(N):
+        C[:i + 1] += A[i] * A[:i + 1]
+    S[0] = np.sum(C * C)
+
+
+def _t_growing_prefix(A, C, S, **_):
+    for i in range(A.shape[0]):
+        C = setitem(C, slice(0, i + 1), C[:i + 1] + A[i] * A[:i + 1])
+    return (C * C).sum()
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 
 def _inputs(**shapes):
@@ -780,6 +851,12 @@ CASES: list[Case] = [
          {"N": 10}, "data-dependent if/else inside a dace.map body"),
     Case("lp_break_search", lp_break_search, _t_break_search, ("X",), "S", _i_break_search,
          {"M": 4, "N": 7}, "break on data inside a for loop nested in another loop"),
+    Case("lp_growing_prefix", lp_growing_prefix, _t_growing_prefix, ("A", "C"), "S", _inputs(A=(6,), C=(6,)),
+         {"N": 6}, "C[:i+1] += A[i] * A[:i+1]: a temporary of loop-dependent size (i + 1)"),
+    Case("lp_map_inplace_rows", lp_map_inplace_rows, _t_map_inplace_rows, ("A", "W"), "S",
+         _inputs(A=(4, 6), W=(4, 6)), {"N": 4, "M": 6}, "a dace.map body updating its row in place (in/out)"),
+    Case("lp_map_of_while", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
+         "a data-dependent while loop inside a dace.map body (bounded)"),
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

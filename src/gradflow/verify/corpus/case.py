@@ -46,6 +46,19 @@ class Case:
         return self.make_inputs(np.random.default_rng(seed))
 
 
+class BuiltProgram:
+    """An SDFG built with DaCe's API, usable as a case's `program`: `to_sdfg` builds a fresh one (it is
+    not simplified, so structure the frontend would inline, such as a nested SDFG call, stays)."""
+
+    def __init__(self, build: Callable[[], dace.SDFG], argnames: tuple[str, ...]) -> None:
+        self.f = build
+        self.argnames = list(argnames)
+        self.name = build.__name__
+
+    def to_sdfg(self, simplify: bool = True) -> dace.SDFG:
+        return self.f()
+
+
 def run_compiled(case: Case, compiled: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Call a compiled SDFG of `case` on copies of `inputs`; return all arrays as they are afterwards."""
     arrays = {k: np.array(v, dtype=np.float64 if np.asarray(v).dtype.kind == "f" else None, copy=True)

@@ -1,0 +1,106 @@
+"""Checks of the ONNX lowering table: every op type against ONNX's reference implementation.
+
+Cases are ONNX's own backend node tests (`onnx.backend.test`, generated in memory; their expected
+outputs come from ONNX's reference implementation), one single-node model each. For every key of the
+lowering table, `selection(op, limit)` picks cases spread over the op's eligible cases (sorted by name);
+eligible means every tensor of the case has an element type gradflow represents (see
+`frontend/onnx/dtypes.py`: float8/float4/2- and 4-bit types, sequences and optionals are documented as
+unsupported and are not an op's fault). An op type the backend tests do not cover gets written cases in
+`WRITTEN` (a model and inputs), compared with `onnx.reference.ReferenceEvaluator`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+
+from gradflow.frontend.onnx.conformance import all_node_cases, case_op, cases_in_scope, measure_case
+from gradflow.frontend.onnx.errors import UnsupportedTypeError
+from gradflow.frontend.onnx.table import default_table
+
+
+@attrs.frozen
+class WrittenCase:
+    """A hand-written single-op case: `build()` returns (model, inputs); outputs come from onnx.reference."""
+
+    name: str
+    op: str
+    build: Callable[[], tuple[Any, list[np.ndarray]]]
+    rtol: float = 1e-5
+    atol: float = 1e-6
+
+
+#: op type -> written cases, for op types without backend node tests.
+WRITTEN: dict[str, tuple[WrittenCase, ...]] = {}
+
+
+def _supported(case: Any) -> bool:
+    from gradflow.frontend.onnx.dtypes import elem_dtype, input_dtype
+
+    graph = case.model.graph
+    try:
+        for vi in list(graph.input) + list(graph.output):
+            input_dtype(vi)
+        for node in graph.node:
+            for a in node.attribute:
+                if a.name == "to":
+                    elem_dtype(a.i, "the Cast target")
+    except UnsupportedTypeError:
+        return False
+    return True
+
+
+@functools.cache
+def eligible(op: str) -> tuple[str, ...]:
+    """The backend node cases of `op` gradflow can represent, by name."""
+    cases = cases_in_scope((op,))
+    return tuple(sorted(n for n, c in cases.items() if _supported(c)))
+
+
+def selection(op: str, limit: int) -> tuple[str, ...]:
+    """Up to `limit` case names of `op`, spread evenly over its eligible cases (first and last included)."""
+    names = eligible(op) + tuple(w.name for w in WRITTEN.get(op, ()))
+    if len(names) <= limit:
+        return names
+    if limit == 1:
+        return names[:1]
+    picks = sorted({round(i * (len(names) - 1) / (limit - 1)) for i in range(limit)})
+    return tuple(names[i] for i in picks)
+
+
+def ops() -> tuple[str, ...]:
+    """The keys of the built-in lowering table."""
+    return tuple(sorted(default_table().keys()))
+
+
+def check(name: str) -> float:
+    """Run case `name` (a backend node case or a written one): the worst relative error against the
+    reference, or `CheckFailure`; lowering and compile errors propagate as typed errors."""
+    written = {w.name: w for cases in WRITTEN.values() for w in cases}
+    if name in written:
+        return _check_written(written[name])
+    return measure_case(all_node_cases()[name])
+
+
+def _check_written(case: WrittenCase) -> float:
+    from onnx.reference import ReferenceEvaluator
+
+    from gradflow.frontend.onnx.program import load
+    from gradflow.verify.compare import agree
+
+    model, inputs = case.build()
+    expected = ReferenceEvaluator(model).run(None, {i.name: v for i, v in zip(model.graph.input, inputs)})
+    got = load(model)(*inputs)
+    worst = 0.0
+    for k, (g, w) in enumerate(zip(got, expected)):
+        worst = max(worst, agree(np.asarray(g), np.asarray(w), rtol=case.rtol, atol=case.atol,
+                                 what=f"{case.name}: output {k}"))
+    return worst
+
+
+def op_of(name: str) -> str:
+    written = {w.name: w.op for cases in WRITTEN.values() for w in cases}
+    return written.get(name) or case_op(all_node_cases()[name])

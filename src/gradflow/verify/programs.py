@@ -1,0 +1,80 @@
+"""Gradient checks of whole programs: the dataflow and loop corpora against `torch.autograd`.
+
+A program is differentiated once per forwarding policy and compiled once (content cache); each check
+runs it on the data of one seed of the case's own generator and compares the value and every gradient
+with torch (float64, rtol 1e-9). The rules the differentiation used (`ADInterface.rules_used`) tell which
+reverse and control rules the check verifies.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import gradflow
+from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
+from gradflow.core.graph import Graph
+from gradflow.runtime.compile import compile_sdfg
+from gradflow.verify.compare import CheckFailure, agree
+from gradflow.verify.corpus import dataflow, loops
+from gradflow.verify.corpus.case import Case, run_compiled, torch_grads, torch_value
+
+RTOL, ATOL = 1e-9, 1e-12
+#: Trip-count bound for the corpus's while loops (the Newton iteration converges in well under 64 steps).
+LOOP_BOUNDS = {"*": 64}
+OVERFLOW = "gradflow_overflow"
+
+
+def cases() -> tuple[Case, ...]:
+    return tuple(dataflow.CASES) + tuple(loops.CASES)
+
+
+def case_named(name: str) -> Case:
+    for corpus in (dataflow.CASES_BY_NAME, loops.CASES_BY_NAME):
+        if name in corpus:
+            return corpus[name]
+    raise KeyError(name)
+
+
+def bounded(policy: Forwarding) -> Forwarding:
+    """`policy` with the corpus's while-loop bound (only loops that store values inside use it)."""
+    return policy.with_loop_bounds(**LOOP_BOUNDS)
+
+
+@functools.cache
+def differentiated(name: str, policy: Forwarding = STORE_ALL) -> Graph:
+    """The `grad` result of case `name` under `policy` (with `meta["ad"]`), as a frozen graph."""
+    from gradflow.api import grad_graph
+
+    case = case_named(name)
+    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, bounded(policy))
+
+
+@functools.cache
+def _compiled(name: str, policy: Forwarding):
+    return compile_sdfg(differentiated(name, policy))
+
+
+def rules_used(name: str, policy: Forwarding = STORE_ALL) -> tuple[str, ...]:
+    return differentiated(name, policy).meta["ad"].rules_used
+
+
+def check(name: str, seed: int, policy: Forwarding = STORE_ALL) -> float:
+    """Run case `name` differentiated under `policy` on the data of `seed`; the worst relative error of
+    its value and gradients against torch, or `CheckFailure`."""
+    case = case_named(name)
+    graph = differentiated(name, policy)
+    inputs = case.inputs(seed)
+    extra = {f"grad_{x}": np.full_like(inputs[x], np.nan) for x in case.wrt}  # overwritten, never read
+    if OVERFLOW in graph.sdfg.arrays:
+        extra[OVERFLOW] = np.full(1, -1, dtype=np.int64)
+    arrays = run_compiled(case, _compiled(name, policy), {**inputs, **extra})
+    if OVERFLOW in graph.sdfg.arrays and arrays[OVERFLOW][0] != 0:
+        raise CheckFailure(f"{name}: a while loop ran past its bound of {LOOP_BOUNDS['*']}")
+    worst = agree(arrays[case.of][0], torch_value(case, inputs), rtol=RTOL, atol=ATOL, what=f"{name}: value")
+    expected = torch_grads(case, inputs)
+    for x in case.wrt:
+        worst = max(worst, agree(arrays[f"grad_{x}"], expected[x], rtol=RTOL, atol=ATOL,
+                                 what=f"{name}: d{case.of}/d{x} ({policy.name})"))
+    return worst

@@ -1,0 +1,109 @@
+"""Every registered pass has a before/after test: on an input that has what the pass removes or adds, the
+output has the promised property and the input does not (so the check is not vacuous). A newly registered
+pass without an entry here fails `test_every_registered_pass_has_a_contract`. Purity is test_purity.py."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import dace
+import pytest
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import BreakBlock
+
+from gradflow.analysis.ops import decompose
+from gradflow.autodiff.normalize import NORMALIZE, CollapseMaps, ExpandLibraryNodes, SplitOperations
+from gradflow.autodiff.passes import Reverse, SplitVJP
+from gradflow.core.graph import Graph
+from gradflow.core.passes import registered_passes
+from gradflow.core.rule_table import RuleTable
+from gradflow.verify.corpus import dataflow, loops
+
+
+def _breaks(g: Graph) -> int:
+    return sum(isinstance(b, BreakBlock) for b in g.sdfg.all_control_flow_blocks())
+
+
+def _views(g: Graph) -> int:
+    return sum(isinstance(g.sdfg.arrays[n.data], dace.data.View) for s in g.sdfg.states() for n in s.data_nodes())
+
+
+def _libraries(g: Graph) -> int:
+    return sum(isinstance(n, nd.LibraryNode) for n, _ in g.sdfg.all_nodes_recursive())
+
+
+def _nested_maps(g: Graph) -> int:
+    return sum(isinstance(n, nd.MapEntry) and s.entry_node(n) is not None for s in g.sdfg.states() for n in s.nodes())
+
+
+def _multi_op_states(g: Graph) -> int:
+    return sum(len(decompose(s)) > 1 for s in g.sdfg.states())
+
+
+def _loop_sized(g: Graph) -> int:
+    from gradflow.autodiff.shapes import loop_sized
+
+    return len(loop_sized(g.sdfg))
+
+
+def _has_backward(g: Graph) -> bool:
+    return any(b.label == "gradflow_backward" for b in g.sdfg.nodes()) and "grad_X" in g.sdfg.arrays
+
+
+def _onnx_input() -> Graph:
+    from onnx import TensorProto, helper
+
+    from gradflow.frontend.onnx import model_graph, read_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    return model_graph(read_model(model.SerializeToString()))
+
+
+def _normalized(program) -> Graph:
+    return NORMALIZE(Graph.of(program.to_sdfg())).unwrap()
+
+
+#: pass name -> (input builder, the pass to run, property of a graph, expected (before, after)).
+CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], object], tuple]] = {
+    "lower_breaks": (lambda: Graph.of(loops.lp_break_search.to_sdfg()), None, _breaks, ("> 0", 0)),
+    "remove_views": (lambda: Graph.of(dataflow.df_strided.to_sdfg()), None, _views, ("> 0", 0)),
+    "expand_library_nodes": (lambda: Graph.of(dataflow.df_lib_sum.to_sdfg()),
+                             ExpandLibraryNodes(RuleTable("library")), _libraries, ("> 0", 0)),
+    "bound_transient_shapes": (lambda: Graph.of(loops.lp_growing_prefix.to_sdfg()), None, _loop_sized, ("> 0", 0)),
+    "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
+                      _nested_maps, ("> 0", 0)),
+    "split_operations": (lambda: Graph.of(dataflow.df_states_sequence.to_sdfg()), SplitOperations(),
+                         _multi_op_states, ("> 0", 0)),
+    "reverse": (lambda: _normalized(loops.lp_if_else), Reverse(("X",), ("S",)), _has_backward, (False, True)),
+    "split_vjp": (lambda: Reverse(("X",), ("S",), "vjp")(_normalized(loops.lp_if_else)).unwrap(), SplitVJP(),
+                  lambda g: "vjp" in g.meta, (False, True)),
+    "onnx_lower": (_onnx_input, None, lambda g: sorted(n for n, d in g.sdfg.arrays.items() if not d.transient),
+                   ([], "non-empty")),
+}
+
+
+def _matches(value, expected) -> bool:
+    if expected == "> 0":
+        return value > 0
+    if expected == "non-empty":
+        return bool(value)
+    return value == expected
+
+
+def test_every_registered_pass_has_a_contract() -> None:
+    assert set(registered_passes()) == set(CONTRACTS)
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACTS))
+def test_before_and_after(name: str) -> None:
+    build, step, measure, (before, after) = CONTRACTS[name]
+    graph = build()
+    step = step if step is not None else registered_passes()[name]()
+    assert _matches(measure(graph), before), f"{name}: the input lacks what the pass changes"
+    out = step(graph).unwrap()
+    assert _matches(measure(out), after), f"{name}: {measure(out)!r}"
+    assert _matches(measure(graph), before), f"{name}: the input changed"
+    out.sdfg.validate()

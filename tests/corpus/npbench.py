@@ -3,9 +3,11 @@
 
 Each kernel keeps NPBench's structure (loops, slices, matrix products on slices, in-place updates,
 helper programs for the deep-learning kernels) and ends by writing a scalar summary of its outputs into
-the one-element array `S` (`of`). The summary is a sum of squares (or a plain sum where squares would
-make the gradient trivial), so that the gradient depends on the outputs' values. `wrt` is what
-upstream's `test_autodiff` differentiates with respect to. Scalar parameters of NPBench (alpha, beta,
+the one-element array `S` (`of`): `np.sum(out * ct_out)` over its outputs, with random cotangents `ct_*`
+(program inputs), so the gradient is a vector-Jacobian product with a random vector, not the all-ones
+one of a plain sum (a sum of squares, `out * out`, is avoided: upstream's AD rejects a map that reads one
+array twice, which would hide every other result). `wrt` is what upstream's `test_autodiff` differentiates
+with respect to. Scalar parameters of NPBench (alpha, beta,
 dt, ...) are module constants, time-step counts are symbols. See `case.py` for the conventions of
 `Case`; torch references never write into a tensor autograd may have saved (`setitem`, lists).
 
@@ -40,8 +42,9 @@ def _z(*shape: int) -> np.ndarray:
     return np.zeros(shape, dtype=np.float64)
 
 
-def _sq(x: torch.Tensor) -> torch.Tensor:
-    return (x * x).sum()
+def _wsum(x: torch.Tensor, ct: torch.Tensor) -> torch.Tensor:
+    """The summary `np.sum(x * ct)`: a vector-Jacobian product with the random cotangent `ct`."""
+    return (x * ct).sum()
 
 
 def _rows(A: torch.Tensor) -> list[list[torch.Tensor]]:
@@ -87,13 +90,13 @@ def _with(fn, **bound):
 
 
 @dace.program
-def nb_atax(A: f64[M, N], x: f64[N], S: f64[1]):
+def nb_atax(A: f64[M, N], x: f64[N], ct_y: f64[N], S: f64[1]):
     y = (A @ x) @ A
-    S[0] = np.sum(y * y)
+    S[0] = np.sum(y * ct_y)
 
 
-def _t_atax(A, x, **_):
-    return _sq((A @ x) @ A)
+def _t_atax(A, x, ct_y, **_):
+    return _wsum((A @ x) @ A, ct_y)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -101,14 +104,14 @@ def _t_atax(A, x, **_):
 
 
 @dace.program
-def nb_bicg(A: f64[N, M], p: f64[M], r: f64[N], S: f64[1]):
+def nb_bicg(A: f64[N, M], p: f64[M], r: f64[N], ct_s: f64[M], ct_q: f64[N], S: f64[1]):
     s = r @ A
     q = A @ p
-    S[0] = np.sum(s * s) + np.sum(q * q)
+    S[0] = np.sum(s * ct_s) + np.sum(q * ct_q)
 
 
-def _t_bicg(A, p, r, **_):
-    return _sq(r @ A) + _sq(A @ p)
+def _t_bicg(A, p, r, ct_s, ct_q, **_):
+    return _wsum(r @ A, ct_s) + _wsum(A @ p, ct_q)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -116,13 +119,13 @@ def _t_bicg(A, p, r, **_):
 
 
 @dace.program
-def nb_gemm(C: f64[NI, NJ], A: f64[NI, NK], B: f64[NK, NJ], S: f64[1]):
+def nb_gemm(C: f64[NI, NJ], A: f64[NI, NK], B: f64[NK, NJ], ct_C: f64[NI, NJ], S: f64[1]):
     C[:] = ALPHA * A @ B + BETA * C
-    S[0] = np.sum(C * C)
+    S[0] = np.sum(C * ct_C)
 
 
-def _t_gemm(C, A, B, **_):
-    return _sq(ALPHA * A @ B + BETA * C)
+def _t_gemm(C, A, B, ct_C, **_):
+    return _wsum(ALPHA * A @ B + BETA * C, ct_C)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -131,17 +134,17 @@ def _t_gemm(C, A, B, **_):
 
 @dace.program
 def nb_gemver(A: f64[N, N], u1: f64[N], v1: f64[N], u2: f64[N], v2: f64[N], w: f64[N], x: f64[N], y: f64[N],
-              z: f64[N], S: f64[1]):
+              z: f64[N], ct_w: f64[N], S: f64[1]):
     A += np.multiply.outer(u1, v1) + np.multiply.outer(u2, v2)
     x += BETA * y @ A + z
     w += ALPHA * A @ x
-    S[0] = np.sum(w * w)
+    S[0] = np.sum(w * ct_w)
 
 
-def _t_gemver(A, u1, v1, u2, v2, w, x, y, z, **_):
+def _t_gemver(A, u1, v1, u2, v2, w, x, y, z, ct_w, **_):
     A = A + torch.outer(u1, v1) + torch.outer(u2, v2)
     x = x + BETA * y @ A + z
-    return _sq(w + ALPHA * A @ x)
+    return _wsum(w + ALPHA * A @ x, ct_w)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -149,13 +152,13 @@ def _t_gemver(A, u1, v1, u2, v2, w, x, y, z, **_):
 
 
 @dace.program
-def nb_gesummv(A: f64[N, N], B: f64[N, N], x: f64[N], S: f64[1]):
+def nb_gesummv(A: f64[N, N], B: f64[N, N], x: f64[N], ct_out: f64[N], S: f64[1]):
     out = ALPHA * A @ x + BETA * B @ x
-    S[0] = np.sum(out * out)
+    S[0] = np.sum(out * ct_out)
 
 
-def _t_gesummv(A, B, x, **_):
-    return _sq(ALPHA * A @ x + BETA * B @ x)
+def _t_gesummv(A, B, x, ct_out, **_):
+    return _wsum(ALPHA * A @ x + BETA * B @ x, ct_out)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -163,13 +166,13 @@ def _t_gesummv(A, B, x, **_):
 
 
 @dace.program
-def nb_k2mm(A: f64[NI, NK], B: f64[NK, NJ], C: f64[NJ, NL], D: f64[NI, NL], S: f64[1]):
+def nb_k2mm(A: f64[NI, NK], B: f64[NK, NJ], C: f64[NJ, NL], D: f64[NI, NL], ct_D: f64[NI, NL], S: f64[1]):
     D[:] = ALPHA * A @ B @ C + BETA * D
-    S[0] = np.sum(D * D)
+    S[0] = np.sum(D * ct_D)
 
 
-def _t_k2mm(A, B, C, D, **_):
-    return _sq(ALPHA * A @ B @ C + BETA * D)
+def _t_k2mm(A, B, C, D, ct_D, **_):
+    return _wsum(ALPHA * A @ B @ C + BETA * D, ct_D)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -177,13 +180,13 @@ def _t_k2mm(A, B, C, D, **_):
 
 
 @dace.program
-def nb_k3mm(A: f64[NI, NK], B: f64[NK, NJ], C: f64[NJ, NM], D: f64[NM, NL], S: f64[1]):
+def nb_k3mm(A: f64[NI, NK], B: f64[NK, NJ], C: f64[NJ, NM], D: f64[NM, NL], ct_E: f64[NI, NL], S: f64[1]):
     E = A @ B @ C @ D
-    S[0] = np.sum(E * E)
+    S[0] = np.sum(E * ct_E)
 
 
-def _t_k3mm(A, B, C, D, **_):
-    return _sq(A @ B @ C @ D)
+def _t_k3mm(A, B, C, D, ct_E, **_):
+    return _wsum(A @ B @ C @ D, ct_E)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -191,14 +194,15 @@ def _t_k3mm(A, B, C, D, **_):
 
 
 @dace.program
-def nb_mvt(x1: f64[N], x2: f64[N], y_1: f64[N], y_2: f64[N], A: f64[N, N], S: f64[1]):
+def nb_mvt(x1: f64[N], x2: f64[N], y_1: f64[N], y_2: f64[N], A: f64[N, N], ct_x1: f64[N], ct_x2: f64[N],
+           S: f64[1]):
     x1 += A @ y_1
     x2 += y_2 @ A
-    S[0] = np.sum(x1 * x1) + np.sum(x2 * x2)
+    S[0] = np.sum(x1 * ct_x1) + np.sum(x2 * ct_x2)
 
 
-def _t_mvt(x1, x2, y_1, y_2, A, **_):
-    return _sq(x1 + A @ y_1) + _sq(x2 + y_2 @ A)
+def _t_mvt(x1, x2, y_1, y_2, A, ct_x1, ct_x2, **_):
+    return _wsum(x1 + A @ y_1, ct_x1) + _wsum(x2 + y_2 @ A, ct_x2)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -207,14 +211,14 @@ def _t_mvt(x1, x2, y_1, y_2, A, **_):
 
 
 @dace.program
-def nb_doitgen(A: f64[NR, NQ, NP], C4: f64[NP, NP], S: f64[1]):
+def nb_doitgen(A: f64[NR, NQ, NP], C4: f64[NP, NP], ct_A: f64[NR, NQ, NP], S: f64[1]):
     for r in range(NR):
         A[r, :, :] = np.reshape(np.reshape(A[r], (NQ, NP)) @ C4, (NQ, NP))
-    S[0] = np.sum(A * A)
+    S[0] = np.sum(A * ct_A)
 
 
-def _t_doitgen(A, C4, **_):
-    return _sq(torch.stack([A[r] @ C4 for r in range(A.shape[0])]))
+def _t_doitgen(A, C4, ct_A, **_):
+    return _wsum(torch.stack([A[r] @ C4 for r in range(A.shape[0])]), ct_A)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -222,19 +226,19 @@ def _t_doitgen(A, C4, **_):
 
 
 @dace.program
-def nb_go_fast(a: f64[N, N], S: f64[1]):
+def nb_go_fast(a: f64[N, N], ct_out: f64[N, N], S: f64[1]):
     trace = 0.0
     for i in range(N):
         trace += np.tanh(a[i, i])
     out = a + trace
-    S[0] = np.sum(out * out)
+    S[0] = np.sum(out * ct_out)
 
 
-def _t_go_fast(a, **_):
+def _t_go_fast(a, ct_out, **_):
     trace = torch.zeros((), dtype=torch.float64)
     for i in range(a.shape[0]):
         trace = trace + torch.tanh(a[i, i])
-    return _sq(a + trace)
+    return _wsum(a + trace, ct_out)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -242,7 +246,7 @@ def _t_go_fast(a, **_):
 
 
 @dace.program
-def nb_cholesky(A: f64[N, N], S: f64[1]):
+def nb_cholesky(A: f64[N, N], ct_A: f64[N, N], S: f64[1]):
     A[0, 0] = np.sqrt(A[0, 0])
     for i in range(1, N):
         for j in range(i):
@@ -250,10 +254,10 @@ def nb_cholesky(A: f64[N, N], S: f64[1]):
             A[i, j] /= A[j, j]
         A[i, i] -= np.dot(A[i, :i], A[i, :i])
         A[i, i] = np.sqrt(A[i, i])
-    S[0] = np.sum(A * A)
+    S[0] = np.sum(A * ct_A)
 
 
-def _t_cholesky(A, **_):
+def _t_cholesky(A, ct_A, **_):
     n = A.shape[0]
     a = _rows(A)
     a[0][0] = torch.sqrt(a[0][0])
@@ -261,7 +265,7 @@ def _t_cholesky(A, **_):
         for j in range(i):
             a[i][j] = (a[i][j] - _dot(a[i][:j], a[j][:j])) / a[j][j]
         a[i][i] = torch.sqrt(a[i][i] - _dot(a[i][:i], a[i][:i]))
-    return _sq(_matrix(a))
+    return _wsum(_matrix(a), ct_A)
 
 
 def _spd(rng, n):
@@ -271,7 +275,7 @@ def _spd(rng, n):
 
 
 def _i_cholesky(rng):
-    return {"A": _spd(rng, 6), "S": _z(1)}
+    return {"A": _spd(rng, 6), "ct_A": rng.normal(size=(6, 6)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -279,14 +283,14 @@ def _i_cholesky(rng):
 
 
 @dace.program
-def nb_lu(A: f64[N, N], S: f64[1]):
+def nb_lu(A: f64[N, N], ct_A: f64[N, N], S: f64[1]):
     for i in range(N):
         for j in range(i):
             A[i, j] -= A[i, :j] @ A[:j, j]
             A[i, j] /= A[j, j]
         for j in range(i, N):
             A[i, j] -= A[i, :i] @ A[:i, j]
-    S[0] = np.sum(A * A)
+    S[0] = np.sum(A * ct_A)
 
 
 def _t_lu_rows(A):
@@ -300,8 +304,8 @@ def _t_lu_rows(A):
     return a
 
 
-def _t_lu(A, **_):
-    return _sq(_matrix(_t_lu_rows(A)))
+def _t_lu(A, ct_A, **_):
+    return _wsum(_matrix(_t_lu_rows(A)), ct_A)
 
 
 def _dominant(rng, n):
@@ -310,7 +314,7 @@ def _dominant(rng, n):
 
 
 def _i_lu(rng):
-    return {"A": _dominant(rng, 6), "S": _z(1)}
+    return {"A": _dominant(rng, 6), "ct_A": rng.normal(size=(6, 6)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -318,7 +322,7 @@ def _i_lu(rng):
 
 
 @dace.program
-def nb_ludcmp(A: f64[N, N], b: f64[N], S: f64[1]):
+def nb_ludcmp(A: f64[N, N], b: f64[N], ct_x: f64[N], ct_y: f64[N], S: f64[1]):
     x = np.zeros_like(b)
     y = np.zeros_like(b)
     for i in range(N):
@@ -331,10 +335,10 @@ def nb_ludcmp(A: f64[N, N], b: f64[N], S: f64[1]):
         y[i] = b[i] - A[i, :i] @ y[:i]
     for i in range(N - 1, -1, -1):
         x[i] = (y[i] - A[i, i + 1:] @ x[i + 1:]) / A[i, i]
-    S[0] = np.sum(x * x) + np.sum(y * y)
+    S[0] = np.sum(x * ct_x) + np.sum(y * ct_y)
 
 
-def _t_ludcmp(A, b, **_):
+def _t_ludcmp(A, b, ct_x, ct_y, **_):
     n = A.shape[0]
     a = _t_lu_rows(A)
     y: list[torch.Tensor] = []
@@ -343,11 +347,12 @@ def _t_ludcmp(A, b, **_):
     x: list[torch.Tensor] = [torch.zeros((), dtype=torch.float64)] * n
     for i in range(n - 1, -1, -1):
         x[i] = (y[i] - _dot(a[i][i + 1:], x[i + 1:])) / a[i][i]
-    return _sq(torch.stack(x)) + _sq(torch.stack(y))
+    return _wsum(torch.stack(x), ct_x) + _wsum(torch.stack(y), ct_y)
 
 
 def _i_ludcmp(rng):
-    return {"A": _dominant(rng, 6), "b": rng.normal(size=6), "S": _z(1)}
+    return {"A": _dominant(rng, 6), "b": rng.normal(size=6), "ct_x": rng.normal(size=6), "ct_y": rng.normal(size=6),
+            "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -355,23 +360,23 @@ def _i_ludcmp(rng):
 
 
 @dace.program
-def nb_trisolv(L: f64[N, N], x: f64[N], b: f64[N], S: f64[1]):
+def nb_trisolv(L: f64[N, N], x: f64[N], b: f64[N], ct_x: f64[N], S: f64[1]):
     for i in range(N):
         x[i] = (b[i] - L[i, :i] @ x[:i]) / L[i, i]
-    S[0] = np.sum(x * x)
+    S[0] = np.sum(x * ct_x)
 
 
-def _t_trisolv(L, b, **_):
+def _t_trisolv(L, b, ct_x, **_):
     x: list[torch.Tensor] = []
     for i in range(L.shape[0]):
         x.append((b[i] - _dot([L[i, j] for j in range(i)], x)) / L[i, i])
-    return _sq(torch.stack(x))
+    return _wsum(torch.stack(x), ct_x)
 
 
 def _i_trisolv(rng):
     n = 7
     L = np.tril(rng.normal(size=(n, n)) * 0.3) + np.diag(rng.uniform(1.5, 2.5, n))
-    return {"L": L, "x": _z(n), "b": rng.normal(size=n), "S": _z(1)}
+    return {"L": L, "x": _z(n), "b": rng.normal(size=n), "ct_x": rng.normal(size=n), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -387,7 +392,7 @@ def _flip(A: f64[M]):
 
 
 @dace.program
-def nb_durbin(r: f64[N], S: f64[1]):
+def nb_durbin(r: f64[N], ct_y: f64[N], S: f64[1]):
     y = np.empty_like(r)
     alpha = -r[0]
     beta = 1.0
@@ -397,10 +402,10 @@ def nb_durbin(r: f64[N], S: f64[1]):
         alpha = -(r[k] + np.dot(_flip(r[:k]), y[:k])) / beta
         y[:k] += alpha * _flip(y[:k])
         y[k] = alpha
-    S[0] = np.sum(y * y)
+    S[0] = np.sum(y * ct_y)
 
 
-def _t_durbin(r, **_):
+def _t_durbin(r, ct_y, **_):
     n = r.shape[0]
     y = setitem(torch.zeros(n, dtype=torch.float64), 0, -r[0])
     alpha = -r[0]
@@ -410,21 +415,20 @@ def _t_durbin(r, **_):
         alpha = -(r[k] + torch.dot(torch.flip(r[:k], (0,)), y[:k])) / beta
         y = setitem(y, slice(0, k), y[:k] + alpha * torch.flip(y[:k], (0,)))
         y = setitem(y, k, alpha)
-    return _sq(y)
+    return _wsum(y, ct_y)
 
 
 def _i_durbin(rng):
     n = 8
-    return {"r": rng.uniform(-0.3, 0.3, n), "S": _z(1)}
+    return {"r": rng.uniform(-0.3, 0.3, n), "ct_y": rng.normal(size=n), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
-# gramschmidt: modified Gram-Schmidt on columns, in place on A. Q is orthonormal and R carries A's norm,
-# so squares would give trivial gradients: the summary is the plain sum of Q, R and the final A.
+# gramschmidt: modified Gram-Schmidt on columns, in place on A; Q, R and the final A are summarised.
 
 
 @dace.program
-def nb_gramschmidt(A: f64[M, N], S: f64[1]):
+def nb_gramschmidt(A: f64[M, N], ct_Q: f64[M, N], ct_R: f64[N, N], ct_A: f64[M, N], S: f64[1]):
     Q = np.zeros_like(A)
     R = np.zeros((N, N), dtype=A.dtype)
     for k in range(N):
@@ -434,23 +438,23 @@ def nb_gramschmidt(A: f64[M, N], S: f64[1]):
         for j in range(k + 1, N):
             R[k, j] = np.dot(Q[:, k], A[:, j])
             A[:, j] -= Q[:, k] * R[k, j]
-    S[0] = np.sum(Q) + np.sum(R) + np.sum(A)
+    S[0] = np.sum(Q * ct_Q) + np.sum(R * ct_R) + np.sum(A * ct_A)
 
 
-def _t_gramschmidt(A, **_):
+def _t_gramschmidt(A, ct_Q, ct_R, ct_A, **_):
     n = A.shape[1]
     cols = list(A.unbind(1))
     q: list[torch.Tensor] = []
-    r_sum = torch.zeros((), dtype=torch.float64)
+    r_sum = torch.zeros((), dtype=torch.float64)  # sum(R * ct_R), R upper triangular
     for k in range(n):
         rkk = torch.sqrt(torch.dot(cols[k], cols[k]))
         q.append(cols[k] / rkk)
-        r_sum = r_sum + rkk
+        r_sum = r_sum + rkk * ct_R[k, k]
         for j in range(k + 1, n):
             rkj = torch.dot(q[k], cols[j])
-            r_sum = r_sum + rkj
+            r_sum = r_sum + rkj * ct_R[k, j]
             cols[j] = cols[j] - q[k] * rkj
-    return torch.stack(q).sum() + r_sum + torch.stack(cols).sum()
+    return _wsum(torch.stack(q, 1), ct_Q) + r_sum + _wsum(torch.stack(cols, 1), ct_A)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -458,7 +462,7 @@ def _t_gramschmidt(A, **_):
 
 
 @dace.program
-def nb_symm(C: f64[M, N], A: f64[M, M], B: f64[M, N], S: f64[1]):
+def nb_symm(C: f64[M, N], A: f64[M, M], B: f64[M, N], ct_C: f64[M, N], S: f64[1]):
     temp2 = np.empty((N,), dtype=C.dtype)
     C *= BETA
     for i in range(M):
@@ -466,10 +470,10 @@ def nb_symm(C: f64[M, N], A: f64[M, M], B: f64[M, N], S: f64[1]):
             C[:i, j] += ALPHA * B[i, j] * A[i, :i]
             temp2[j] = B[:i, j] @ A[i, :i]
         C[i, :] += ALPHA * B[i, :] * A[i, i] + ALPHA * temp2
-    S[0] = np.sum(C * C)
+    S[0] = np.sum(C * ct_C)
 
 
-def _t_symm(C, A, B, **_):
+def _t_symm(C, A, B, ct_C, **_):
     m, n = C.shape
     C = C * BETA
     for i in range(m):
@@ -478,7 +482,7 @@ def _t_symm(C, A, B, **_):
             C = setitem(C, (slice(0, i), j), C[:i, j] + ALPHA * B[i, j] * A[i, :i])
             temp2.append(_dot(list(B[:i, j].unbind()), list(A[i, :i].unbind())))
         C = setitem(C, i, C[i, :] + ALPHA * B[i, :] * A[i, i] + ALPHA * torch.stack(temp2))
-    return _sq(C)
+    return _wsum(C, ct_C)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -486,41 +490,41 @@ def _t_symm(C, A, B, **_):
 
 
 @dace.program
-def nb_syr2k(C: f64[N, N], A: f64[N, M], B: f64[N, M], S: f64[1]):
+def nb_syr2k(C: f64[N, N], A: f64[N, M], B: f64[N, M], ct_C: f64[N, N], S: f64[1]):
     for i in range(N):
         C[i, :i + 1] *= BETA
         for k in range(M):
             C[i, :i + 1] += A[:i + 1, k] * ALPHA * B[i, k] + B[:i + 1, k] * ALPHA * A[i, k]
-    S[0] = np.sum(C * C)
+    S[0] = np.sum(C * ct_C)
 
 
-def _t_syr2k(C, A, B, **_):
+def _t_syr2k(C, A, B, ct_C, **_):
     n, m = A.shape
     for i in range(n):
         row = C[i, :i + 1] * BETA
         for k in range(m):
             row = row + A[:i + 1, k] * ALPHA * B[i, k] + B[:i + 1, k] * ALPHA * A[i, k]
         C = setitem(C, (i, slice(0, i + 1)), row)
-    return _sq(C)
+    return _wsum(C, ct_C)
 
 
 @dace.program
-def nb_syrk(C: f64[N, N], A: f64[N, M], S: f64[1]):
+def nb_syrk(C: f64[N, N], A: f64[N, M], ct_C: f64[N, N], S: f64[1]):
     for i in range(N):
         C[i, :i + 1] *= BETA
         for k in range(M):
             C[i, :i + 1] += ALPHA * A[i, k] * A[:i + 1, k]
-    S[0] = np.sum(C * C)
+    S[0] = np.sum(C * ct_C)
 
 
-def _t_syrk(C, A, **_):
+def _t_syrk(C, A, ct_C, **_):
     n, m = A.shape
     for i in range(n):
         row = C[i, :i + 1] * BETA
         for k in range(m):
             row = row + ALPHA * A[i, k] * A[:i + 1, k]
         C = setitem(C, (i, slice(0, i + 1)), row)
-    return _sq(C)
+    return _wsum(C, ct_C)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -528,21 +532,21 @@ def _t_syrk(C, A, **_):
 
 
 @dace.program
-def nb_trmm(A: f64[M, M], B: f64[M, N], S: f64[1]):
+def nb_trmm(A: f64[M, M], B: f64[M, N], ct_B: f64[M, N], S: f64[1]):
     for i in range(M):
         for j in range(N):
             B[i, j] += np.dot(A[i + 1:, i], B[i + 1:, j])
     B *= ALPHA
-    S[0] = np.sum(B * B)
+    S[0] = np.sum(B * ct_B)
 
 
-def _t_trmm(A, B, **_):
+def _t_trmm(A, B, ct_B, **_):
     m, n = B.shape
     b = _rows(B)
     for i in range(m):
         for j in range(n):
             b[i][j] = b[i][j] + _dot([A[k, i] for k in range(i + 1, m)], [b[k][j] for k in range(i + 1, m)])
-    return _sq(_matrix(b) * ALPHA)
+    return _wsum(_matrix(b) * ALPHA, ct_B)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -551,7 +555,7 @@ def _t_trmm(A, B, **_):
 
 
 @dace.program
-def nb_covariance(data: f64[N, M], S: f64[1]):
+def nb_covariance(data: f64[N, M], ct_cov: f64[M, M], S: f64[1]):
     float_n = np.float64(N)
     mean = np.mean(data, axis=0)
     np.subtract(data, mean, out=data)
@@ -559,17 +563,17 @@ def nb_covariance(data: f64[N, M], S: f64[1]):
     for i in range(M):
         cov[i, i:M] = data[:, i] @ data[:, i:M] / (float_n - 1.0)
         cov[i:M, i] = cov[i, i:M]
-    S[0] = np.sum(cov * cov)
+    S[0] = np.sum(cov * ct_cov)
 
 
-def _t_covariance(data, **_):
+def _t_covariance(data, ct_cov, **_):
     n = data.shape[0]
     d = data - data.mean(0)
-    return _sq(d.T @ d / (n - 1.0))
+    return _wsum(d.T @ d / (n - 1.0), ct_cov)
 
 
 @dace.program
-def nb_correlation(data: f64[N, M], S: f64[1]):
+def nb_correlation(data: f64[N, M], ct_corr: f64[M, M], S: f64[1]):
     float_n = np.float64(N)
     mean = np.mean(data, axis=0)
     stddev = np.sqrt(np.mean(np.subtract(data, mean) ** 2, axis=0))
@@ -580,25 +584,25 @@ def nb_correlation(data: f64[N, M], S: f64[1]):
     for i in range(M - 1):
         corr[i, i + 1:M] = data[:, i] @ data[:, i + 1:M]
         corr[i + 1:M, i] = corr[i, i + 1:M]
-    S[0] = np.sum(corr * corr)
+    S[0] = np.sum(corr * ct_corr)
 
 
-def _t_correlation(data, **_):
+def _t_correlation(data, ct_corr, **_):
     n, m = data.shape
     mean = data.mean(0)
     stddev = torch.sqrt(((data - mean) ** 2).mean(0))
     stddev = torch.where(stddev <= 0.1, torch.ones_like(stddev), stddev)
     d = (data - mean) / (np.sqrt(float(n)) * stddev)
-    corr = d.T @ d
-    off = ~torch.eye(m, dtype=torch.bool)
-    return _sq(corr[off]) + m  # the diagonal stays 1 (np.eye)
+    eye = torch.eye(m, dtype=torch.float64)
+    corr = (d.T @ d) * (1.0 - eye) + eye  # the diagonal stays 1 (np.eye)
+    return _wsum(corr, ct_corr)
 
 
 def _i_correlation(rng):
     n, m = 8, 5
     data = rng.normal(size=(n, m))
     data[:, 1] = 2.0 + 0.01 * rng.normal(size=n)  # a near-constant column: stddev <= 0.1 takes the mask branch
-    return {"data": data, "S": _z(1)}
+    return {"data": data, "ct_corr": rng.normal(size=(m, m)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -608,42 +612,42 @@ def _i_correlation(rng):
 
 
 @dace.program
-def nb_jacobi_1d(A: f64[N], B: f64[N], S: f64[1]):
+def nb_jacobi_1d(A: f64[N], B: f64[N], ct_A: f64[N], ct_B: f64[N], S: f64[1]):
     for t in range(1, T):
         B[1:-1] = 0.33333 * (A[:-2] + A[1:-1] + A[2:])
         A[1:-1] = 0.33333 * (B[:-2] + B[1:-1] + B[2:])
-    S[0] = np.sum(A * A) + np.sum(B * B)
+    S[0] = np.sum(A * ct_A) + np.sum(B * ct_B)
 
 
-def _t_jacobi_1d(A, B, T, **_):
+def _t_jacobi_1d(A, B, ct_A, ct_B, T, **_):
     for _t in range(1, T):
         B = setitem(B, slice(1, -1), 0.33333 * (A[:-2] + A[1:-1] + A[2:]))
         A = setitem(A, slice(1, -1), 0.33333 * (B[:-2] + B[1:-1] + B[2:]))
-    return _sq(A) + _sq(B)
+    return _wsum(A, ct_A) + _wsum(B, ct_B)
 
 
 @dace.program
-def nb_jacobi_2d(A: f64[N, N], B: f64[N, N], S: f64[1]):
+def nb_jacobi_2d(A: f64[N, N], B: f64[N, N], ct_A: f64[N, N], ct_B: f64[N, N], S: f64[1]):
     for t in range(1, T):
         B[1:-1, 1:-1] = 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[2:, 1:-1] + A[:-2, 1:-1])
         A[1:-1, 1:-1] = 0.2 * (B[1:-1, 1:-1] + B[1:-1, :-2] + B[1:-1, 2:] + B[2:, 1:-1] + B[:-2, 1:-1])
-    S[0] = np.sum(A * A) + np.sum(B * B)
+    S[0] = np.sum(A * ct_A) + np.sum(B * ct_B)
 
 
 def _jacobi_2d_step(A):
     return 0.2 * (A[1:-1, 1:-1] + A[1:-1, :-2] + A[1:-1, 2:] + A[2:, 1:-1] + A[:-2, 1:-1])
 
 
-def _t_jacobi_2d(A, B, T, **_):
+def _t_jacobi_2d(A, B, ct_A, ct_B, T, **_):
     inner = (slice(1, -1), slice(1, -1))
     for _t in range(1, T):
         B = setitem(B, inner, _jacobi_2d_step(A))
         A = setitem(A, inner, _jacobi_2d_step(B))
-    return _sq(A) + _sq(B)
+    return _wsum(A, ct_A) + _wsum(B, ct_B)
 
 
 @dace.program
-def nb_heat_3d(A: f64[N, N, N], B: f64[N, N, N], S: f64[1]):
+def nb_heat_3d(A: f64[N, N, N], B: f64[N, N, N], ct_A: f64[N, N, N], ct_B: f64[N, N, N], S: f64[1]):
     for t in range(1, T):
         B[1:-1, 1:-1, 1:-1] = (
             0.125 * (A[2:, 1:-1, 1:-1] - 2.0 * A[1:-1, 1:-1, 1:-1] + A[:-2, 1:-1, 1:-1])
@@ -655,7 +659,7 @@ def nb_heat_3d(A: f64[N, N, N], B: f64[N, N, N], S: f64[1]):
             + 0.125 * (B[1:-1, 2:, 1:-1] - 2.0 * B[1:-1, 1:-1, 1:-1] + B[1:-1, :-2, 1:-1])
             + 0.125 * (B[1:-1, 1:-1, 2:] - 2.0 * B[1:-1, 1:-1, 1:-1] + B[1:-1, 1:-1, 0:-2])
             + B[1:-1, 1:-1, 1:-1])
-    S[0] = np.sum(A * A) + np.sum(B * B)
+    S[0] = np.sum(A * ct_A) + np.sum(B * ct_B)
 
 
 def _heat_step(A):
@@ -665,16 +669,16 @@ def _heat_step(A):
             + 0.125 * (A[1:-1, 1:-1, 2:] - 2.0 * c + A[1:-1, 1:-1, :-2]) + c)
 
 
-def _t_heat_3d(A, B, T, **_):
+def _t_heat_3d(A, B, ct_A, ct_B, T, **_):
     inner = (slice(1, -1),) * 3
     for _t in range(1, T):
         B = setitem(B, inner, _heat_step(A))
         A = setitem(A, inner, _heat_step(B))
-    return _sq(A) + _sq(B)
+    return _wsum(A, ct_A) + _wsum(B, ct_B)
 
 
 @dace.program
-def nb_seidel_2d(A: f64[N, N], S: f64[1]):
+def nb_seidel_2d(A: f64[N, N], ct_A: f64[N, N], S: f64[1]):
     for t in range(0, T - 1):
         for i in range(1, N - 1):
             A[i, 1:-1] += (A[i - 1, :-2] + A[i - 1, 1:-1] + A[i - 1, 2:] + A[i, 2:] + A[i + 1, :-2]
@@ -682,10 +686,10 @@ def nb_seidel_2d(A: f64[N, N], S: f64[1]):
             for j in range(1, N - 1):
                 A[i, j] += A[i, j - 1]
                 A[i, j] /= 9.0
-    S[0] = np.sum(A * A)
+    S[0] = np.sum(A * ct_A)
 
 
-def _t_seidel_2d(A, T, **_):
+def _t_seidel_2d(A, ct_A, T, **_):
     n = A.shape[0]
     for _t in range(T - 1):
         for i in range(1, n - 1):
@@ -695,27 +699,28 @@ def _t_seidel_2d(A, T, **_):
             for j in range(1, n - 1):
                 vals[j] = (vals[j] + vals[j - 1]) / 9.0
             A = setitem(A, i, torch.stack(vals))
-    return _sq(A)
+    return _wsum(A, ct_A)
 
 
 @dace.program
-def nb_fdtd_2d(ex: f64[NX, NY], ey: f64[NX, NY], hz: f64[NX, NY], fict: f64[T], S: f64[1]):
+def nb_fdtd_2d(ex: f64[NX, NY], ey: f64[NX, NY], hz: f64[NX, NY], fict: f64[T], ct_ex: f64[NX, NY],
+               ct_ey: f64[NX, NY], ct_hz: f64[NX, NY], S: f64[1]):
     for t in range(T):
         ey[0, :] = fict[t]
         ey[1:, :] -= 0.5 * (hz[1:, :] - hz[:-1, :])
         ex[:, 1:] -= 0.5 * (hz[:, 1:] - hz[:, :-1])
         hz[:-1, :-1] -= 0.7 * (ex[:-1, 1:] - ex[:-1, :-1] + ey[1:, :-1] - ey[:-1, :-1])
-    S[0] = np.sum(ex * ex) + np.sum(ey * ey) + np.sum(hz * hz)
+    S[0] = np.sum(ex * ct_ex) + np.sum(ey * ct_ey) + np.sum(hz * ct_hz)
 
 
-def _t_fdtd_2d(ex, ey, hz, fict, **_):
+def _t_fdtd_2d(ex, ey, hz, fict, ct_ex, ct_ey, ct_hz, **_):
     for t in range(fict.shape[0]):
         ey = setitem(ey, 0, fict[t].expand(ey.shape[1]))
         ey = setitem(ey, slice(1, None), ey[1:, :] - 0.5 * (hz[1:, :] - hz[:-1, :]))
         ex = setitem(ex, (slice(None), slice(1, None)), ex[:, 1:] - 0.5 * (hz[:, 1:] - hz[:, :-1]))
         hz = setitem(hz, (slice(None, -1), slice(None, -1)),
                      hz[:-1, :-1] - 0.7 * (ex[:-1, 1:] - ex[:-1, :-1] + ey[1:, :-1] - ey[:-1, :-1]))
-    return _sq(ex) + _sq(ey) + _sq(hz)
+    return _wsum(ex, ct_ex) + _wsum(ey, ct_ey) + _wsum(hz, ct_hz)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -724,7 +729,7 @@ def _t_fdtd_2d(ex, ey, hz, fict, **_):
 
 
 @dace.program
-def nb_adi(u: f64[N, N], S: f64[1]):
+def nb_adi(u: f64[N, N], ct_u: f64[N, N], S: f64[1]):
     v = np.empty(u.shape, dtype=u.dtype)
     p = np.empty(u.shape, dtype=u.dtype)
     q = np.empty(u.shape, dtype=u.dtype)
@@ -765,10 +770,10 @@ def nb_adi(u: f64[N, N], S: f64[1]):
         u[1:N - 1, N - 1] = 1.0
         for j in range(N - 2, 0, -1):
             u[1:N - 1, j] = p[1:N - 1, j] * u[1:N - 1, j + 1] + q[1:N - 1, j]
-    S[0] = np.sum(u * u)
+    S[0] = np.sum(u * ct_u)
 
 
-def _t_adi(u, T, **_):
+def _t_adi(u, ct_u, T, **_):
     n = u.shape[0]
     dx = dy = 1.0 / n
     dt = 1.0 / T
@@ -806,11 +811,11 @@ def _t_adi(u, T, **_):
             cols[j] = p[j] * cols[j + 1] + q[j]
         cols[0] = one
         u = setitem(u, (inner, slice(None)), torch.stack(cols, dim=1))
-    return _sq(u)
+    return _wsum(u, ct_u)
 
 
 def _i_adi(rng):
-    return {"u": rng.uniform(0.0, 1.0, (6, 6)), "S": _z(1)}
+    return {"u": rng.uniform(0.0, 1.0, (6, 6)), "ct_u": rng.normal(size=(6, 6)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -821,7 +826,7 @@ ALPHA_DERICHE = 0.25
 
 
 @dace.program
-def nb_deriche(imgIn: f64[W, H], S: f64[1]):
+def nb_deriche(imgIn: f64[W, H], ct_imgOut: f64[W, H], S: f64[1]):
     alpha = ALPHA_DERICHE
     k = (1.0 - np.exp(-alpha)) * (1.0 - np.exp(-alpha)) / (1.0 + alpha * np.exp(-alpha) - np.exp(2.0 * alpha))
     a1 = k
@@ -862,7 +867,7 @@ def nb_deriche(imgIn: f64[W, H], S: f64[1]):
         y2[i, :] = a7 * imgOut[i + 1, :] + a8 * imgOut[i + 2, :] + b1 * y2[i + 1, :] + b2 * y2[i + 2, :]
 
     imgOut[:] = c2 * (y1 + y2)
-    S[0] = np.sum(imgOut * imgOut)
+    S[0] = np.sum(imgOut * ct_imgOut)
 
 
 def _iir(x, a_0, a_1, a_2, a_3, b1, b2):
@@ -880,7 +885,7 @@ def _iir(x, a_0, a_1, a_2, a_3, b1, b2):
     return [p + q for p, q in zip(y1, y2)]
 
 
-def _t_deriche(imgIn, **_):
+def _t_deriche(imgIn, ct_imgOut, **_):
     al = ALPHA_DERICHE
     ea, e2a = np.exp(-al), np.exp(-2.0 * al)
     k = (1.0 - ea) * (1.0 - ea) / (1.0 + al * ea - np.exp(2.0 * al))
@@ -889,7 +894,7 @@ def _t_deriche(imgIn, **_):
     cols = _iir(list(imgIn.unbind(1)), a1, a2, a3, a4, b1, b2)  # along j (columns)
     out = torch.stack(cols, dim=1)
     rows = _iir(list(out.unbind(0)), a1, a2, a3, a4, b1, b2)  # along i (rows); a5..a8 equal a1..a4
-    return _sq(torch.stack(rows, dim=0))
+    return _wsum(torch.stack(rows, dim=0), ct_imgOut)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -907,7 +912,8 @@ def _build_up_b(b: f64[NY, NX], u: f64[NY, NX], v: f64[NY, NX]):
     b[1:-1, 1:-1] = (RHO * (1 / DT_C * ((u[1:-1, 2:] - u[1:-1, 0:-2]) / (2 * DX_C)
                                         + (v[2:, 1:-1] - v[0:-2, 1:-1]) / (2 * DY_C))
                             - ((u[1:-1, 2:] - u[1:-1, 0:-2]) / (2 * DX_C)) ** 2
-                            - 2 * ((u[2:, 1:-1] - u[0:-2, 1:-1]) / (2 * DY_C) * (v[1:-1, 2:] - v[1:-1, 0:-2]) / (2 * DX_C))
+                            - 2 * ((u[2:, 1:-1] - u[0:-2, 1:-1]) / (2 * DY_C)
+                                   * (v[1:-1, 2:] - v[1:-1, 0:-2]) / (2 * DX_C))
                             - ((v[2:, 1:-1] - v[0:-2, 1:-1]) / (2 * DY_C)) ** 2))
 
 
@@ -927,7 +933,8 @@ def _pressure_poisson(p: f64[NY, NX], b: f64[NY, NX]):
 
 
 @dace.program
-def nb_cavity_flow(u: f64[NY, NX], v: f64[NY, NX], p: f64[NY, NX], S: f64[1]):
+def nb_cavity_flow(u: f64[NY, NX], v: f64[NY, NX], p: f64[NY, NX], ct_u: f64[NY, NX], ct_v: f64[NY, NX],
+                   S: f64[1]):
     un = np.empty_like(u)
     vn = np.empty_like(v)
     b = np.zeros((NY, NX))
@@ -954,18 +961,20 @@ def nb_cavity_flow(u: f64[NY, NX], v: f64[NY, NX], p: f64[NY, NX], S: f64[1]):
         v[-1, :] = 0
         v[:, 0] = 0
         v[:, -1] = 0
-    S[0] = np.sum(u * u) + np.sum(v * v)
+    S[0] = np.sum(u * ct_u) + np.sum(v * ct_v)
 
 
-def _t_cavity_flow(u, v, p, T, NIT, **_):
+def _t_cavity_flow(u, v, p, ct_u, ct_v, T, NIT, **_):
     dx, dy, dt, rho, nu = DX_C, DY_C, DT_C, RHO, NU
     i = (slice(1, -1), slice(1, -1))
     b = torch.zeros_like(u)
     for _n in range(T):
         un, vn = u, v
-        b = setitem(b, i, rho * (1 / dt * ((u[1:-1, 2:] - u[1:-1, 0:-2]) / (2 * dx) + (v[2:, 1:-1] - v[0:-2, 1:-1]) / (2 * dy))
+        b = setitem(b, i, rho * (1 / dt * ((u[1:-1, 2:] - u[1:-1, 0:-2]) / (2 * dx)
+                                           + (v[2:, 1:-1] - v[0:-2, 1:-1]) / (2 * dy))
                                  - ((u[1:-1, 2:] - u[1:-1, 0:-2]) / (2 * dx)) ** 2
-                                 - 2 * ((u[2:, 1:-1] - u[0:-2, 1:-1]) / (2 * dy) * (v[1:-1, 2:] - v[1:-1, 0:-2]) / (2 * dx))
+                                 - 2 * ((u[2:, 1:-1] - u[0:-2, 1:-1]) / (2 * dy)
+                                        * (v[1:-1, 2:] - v[1:-1, 0:-2]) / (2 * dx))
                                  - ((v[2:, 1:-1] - v[0:-2, 1:-1]) / (2 * dy)) ** 2))
         for _q in range(NIT):
             pn = p
@@ -993,13 +1002,14 @@ def _t_cavity_flow(u, v, p, T, NIT, **_):
         v = setitem(v, -1, 0.0)
         v = setitem(v, (slice(None), 0), 0.0)
         v = setitem(v, (slice(None), -1), 0.0)
-    return _sq(u) + _sq(v)
+    return _wsum(u, ct_u) + _wsum(v, ct_v)
 
 
 def _i_cavity_flow(rng):
     shape = (5, 5)
     return {"u": rng.uniform(-0.5, 0.5, shape), "v": rng.uniform(-0.5, 0.5, shape),
-            "p": rng.uniform(-0.5, 0.5, shape), "S": _z(1)}
+            "p": rng.uniform(-0.5, 0.5, shape), "ct_u": rng.normal(size=shape), "ct_v": rng.normal(size=shape),
+            "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1007,7 +1017,8 @@ def _i_cavity_flow(rng):
 
 
 @dace.program
-def nb_hdiff(in_field: f64[I + 4, J + 4, K], out_field: f64[I, J, K], coeff: f64[I, J, K], S: f64[1]):
+def nb_hdiff(in_field: f64[I + 4, J + 4, K], out_field: f64[I, J, K], coeff: f64[I, J, K], ct_out: f64[I, J, K],
+             S: f64[1]):
     lap_field = 4.0 * in_field[1:I + 3, 1:J + 3, :] - (in_field[2:I + 4, 1:J + 3, :] + in_field[0:I + 2, 1:J + 3, :]
                                                        + in_field[1:I + 3, 2:J + 4, :] + in_field[1:I + 3, 0:J + 2, :])
     res1 = lap_field[1:, 1:J + 1, :] - lap_field[:I + 1, 1:J + 1, :]
@@ -1016,25 +1027,26 @@ def nb_hdiff(in_field: f64[I + 4, J + 4, K], out_field: f64[I, J, K], coeff: f64
     fly_field = np.where((res2 * (in_field[2:I + 2, 2:J + 3, :] - in_field[2:I + 2, 1:J + 2, :])) > 0, 0, res2)
     out_field[:, :, :] = in_field[2:I + 2, 2:J + 2, :] - coeff[:, :, :] * (
         flx_field[1:, :, :] - flx_field[:-1, :, :] + fly_field[:, 1:, :] - fly_field[:, :-1, :])
-    S[0] = np.sum(out_field * out_field)
+    S[0] = np.sum(out_field * ct_out)
 
 
-def _t_hdiff(in_field, coeff, **_):
+def _t_hdiff(in_field, coeff, ct_out, **_):
     i, j = coeff.shape[0], coeff.shape[1]
     f = in_field
-    lap = 4.0 * f[1:i + 3, 1:j + 3] - (f[2:i + 4, 1:j + 3] + f[0:i + 2, 1:j + 3] + f[1:i + 3, 2:j + 4] + f[1:i + 3, 0:j + 2])
+    lap = 4.0 * f[1:i + 3, 1:j + 3] - (f[2:i + 4, 1:j + 3] + f[0:i + 2, 1:j + 3]
+                                       + f[1:i + 3, 2:j + 4] + f[1:i + 3, 0:j + 2])
     res1 = lap[1:, 1:j + 1] - lap[:i + 1, 1:j + 1]
     flx = torch.where(res1 * (f[2:i + 3, 2:j + 2] - f[1:i + 2, 2:j + 2]) > 0, torch.zeros_like(res1), res1)
     res2 = lap[1:i + 1, 1:] - lap[1:i + 1, :j + 1]
     fly = torch.where(res2 * (f[2:i + 2, 2:j + 3] - f[2:i + 2, 1:j + 2]) > 0, torch.zeros_like(res2), res2)
     out = f[2:i + 2, 2:j + 2] - coeff * (flx[1:] - flx[:-1] + fly[:, 1:] - fly[:, :-1])
-    return _sq(out)
+    return _wsum(out, ct_out)
 
 
 def _i_hdiff(rng):
     i, j, k = 4, 4, 3
     return {"in_field": rng.normal(size=(i + 4, j + 4, k)), "out_field": _z(i, j, k),
-            "coeff": rng.uniform(0.0, 1.0, (i, j, k)), "S": _z(1)}
+            "coeff": rng.uniform(0.0, 1.0, (i, j, k)), "ct_out": rng.normal(size=(i, j, k)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1049,7 +1061,7 @@ DTR_STAGE = 3.0 / 20.0
 
 @dace.program
 def nb_vadv(utens_stage: f64[I, J, K], u_stage: f64[I, J, K], wcon: f64[I + 1, J, K], u_pos: f64[I, J, K],
-            utens: f64[I, J, K], S: f64[1]):
+            utens: f64[I, J, K], ct_out: f64[I, J, K], S: f64[1]):
     dtr_stage = DTR_STAGE
     ccol = np.ndarray((I, J, K), dtype=utens_stage.dtype)
     dcol = np.ndarray((I, J, K), dtype=utens_stage.dtype)
@@ -1099,10 +1111,10 @@ def nb_vadv(utens_stage: f64[I, J, K], u_stage: f64[I, J, K], wcon: f64[I + 1, J
     for k in range(K - 2, -1, -1):
         data_col[:] = dcol[:, :, k] - ccol[:, :, k] * data_col[:, :]
         utens_stage[:, :, k] = dtr_stage * (data_col - u_pos[:, :, k])
-    S[0] = np.sum(utens_stage * utens_stage)
+    S[0] = np.sum(utens_stage * ct_out)
 
 
-def _t_vadv(utens_stage, u_stage, wcon, u_pos, utens, **_):
+def _t_vadv(utens_stage, u_stage, wcon, u_pos, utens, ct_out, **_):
     kk = u_stage.shape[2]
     dtr = DTR_STAGE
     us, up, ut, uts = u_stage, u_pos, utens, utens_stage
@@ -1139,14 +1151,14 @@ def _t_vadv(utens_stage, u_stage, wcon, u_pos, utens, **_):
     for k in range(kk - 2, -1, -1):
         data = dcol[k] - ccol[k] * data
         out[k] = dtr * (data - up[:, :, k])
-    return _sq(torch.stack(out, dim=2))
+    return _wsum(torch.stack(out, dim=2), ct_out)
 
 
 def _i_vadv(rng):
     i, j, k = 3, 4, 5
     u = lambda *s: rng.uniform(0.0, 1.0, s)  # noqa: E731  (NPBench draws uniform [0, 1))
     return {"utens_stage": u(i, j, k), "u_stage": u(i, j, k), "wcon": u(i + 1, j, k), "u_pos": u(i, j, k),
-            "utens": u(i, j, k), "S": _z(1)}
+            "utens": u(i, j, k), "ct_out": rng.normal(size=(i, j, k)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1216,13 +1228,14 @@ def _t_batchnorm2d(x):
 
 
 @dace.program
-def nb_conv2d_bias(input: f64[N, H, W, C_in], weights: f64[K, K, C_in, C_out], bias: f64[C_out], S: f64[1]):
+def nb_conv2d_bias(input: f64[N, H, W, C_in], weights: f64[K, K, C_in, C_out], bias: f64[C_out],
+                   ct_out: f64[N, H - K + 1, W - K + 1, C_out], S: f64[1]):
     out = _conv2d(input, weights) + bias
-    S[0] = np.sum(out * out)
+    S[0] = np.sum(out * ct_out)
 
 
-def _t_conv2d_bias(input, weights, bias, **_):
-    return _sq(_t_conv2d(input, weights) + bias)
+def _t_conv2d_bias(input, weights, bias, ct_out, **_):
+    return _wsum(_t_conv2d(input, weights) + bias, ct_out)
 
 
 # lenet: LeNet-5 (inference), C_before_fc1 is the symbol CB = 16 * ((H - 12) // 4) * ((W - 12) // 4)
@@ -1231,7 +1244,7 @@ def _t_conv2d_bias(input, weights, bias, **_):
 @dace.program
 def nb_lenet(input: f64[N, H, W, 1], conv1: f64[5, 5, 1, 6], conv1bias: f64[6], conv2: f64[5, 5, 6, 16],
              conv2bias: f64[16], fc1w: f64[CB, 120], fc1b: f64[120], fc2w: f64[120, 84], fc2b: f64[84],
-             fc3w: f64[84, 10], fc3b: f64[10], S: f64[1]):
+             fc3w: f64[84, 10], fc3b: f64[10], ct_out: f64[N, 10], S: f64[1]):
     x1 = _relu4(_conv2d(input, conv1) + conv1bias)
     x2 = _maxpool2d(x1)
     x3 = _relu4(_conv2d(x2, conv2) + conv2bias)
@@ -1240,10 +1253,10 @@ def nb_lenet(input: f64[N, H, W, 1], conv1: f64[5, 5, 1, 6], conv1bias: f64[6], 
     x6 = _relu2(x5 @ fc1w + fc1b)
     x7 = _relu2(x6 @ fc2w + fc2b)
     out = x7 @ fc3w + fc3b
-    S[0] = np.sum(out * out)
+    S[0] = np.sum(out * ct_out)
 
 
-def _t_lenet(input, conv1, conv1bias, conv2, conv2bias, fc1w, fc1b, fc2w, fc2b, fc3w, fc3b, **_):
+def _t_lenet(input, conv1, conv1bias, conv2, conv2bias, fc1w, fc1b, fc2w, fc2b, fc3w, fc3b, ct_out, **_):
     def pool(x):  # NHWC 2x2 max-pooling
         return F.max_pool2d(x.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
 
@@ -1252,7 +1265,7 @@ def _t_lenet(input, conv1, conv1bias, conv2, conv2bias, fc1w, fc1b, fc2w, fc2b, 
     x = x.reshape(x.shape[0], -1)
     x = torch.relu(x @ fc1w + fc1b)
     x = torch.relu(x @ fc2w + fc2b)
-    return _sq(x @ fc3w + fc3b)
+    return _wsum(x @ fc3w + fc3b, ct_out)
 
 
 def _i_lenet(rng):
@@ -1261,7 +1274,8 @@ def _i_lenet(rng):
     g = lambda *s: rng.normal(size=s) / np.sqrt(np.prod(s[:-1]))  # noqa: E731  (fan-in scaling)
     return {"input": rng.normal(size=(n, h, w, 1)), "conv1": g(5, 5, 1, 6), "conv1bias": g(6),
             "conv2": g(5, 5, 6, 16), "conv2bias": g(16), "fc1w": g(cb, 120), "fc1b": g(120),
-            "fc2w": g(120, 84), "fc2b": g(84), "fc3w": g(84, 10), "fc3b": g(10), "S": _z(1)}
+            "fc2w": g(120, 84), "fc2b": g(84), "fc3w": g(84, 10), "fc3b": g(10),
+            "ct_out": rng.normal(size=(n, 10)), "S": _z(1)}
 
 
 # mlp: three layers, relu, relu, softmax. NPBench's numpy version reduces with np.max / np.sum(keepdims=True),
@@ -1270,17 +1284,17 @@ def _i_lenet(rng):
 
 @dace.program
 def nb_mlp(input: f64[N, C_in], w1: f64[C_in, S0], b1: f64[S0], w2: f64[S0, S1], b2: f64[S1], w3: f64[S1, S2],
-           b3: f64[S2], S: f64[1]):
+           b3: f64[S2], ct_out: f64[N, S2], S: f64[1]):
     x1 = _relu2(input @ w1 + b1)
     x2 = _relu2(x1 @ w2 + b2)
     x3 = _softmax2(x2 @ w3 + b3)
-    S[0] = np.sum(x3 * x3)
+    S[0] = np.sum(x3 * ct_out)
 
 
-def _t_mlp(input, w1, b1, w2, b2, w3, b3, **_):
+def _t_mlp(input, w1, b1, w2, b2, w3, b3, ct_out, **_):
     x = torch.relu(input @ w1 + b1)
     x = torch.relu(x @ w2 + b2)
-    return _sq(torch.softmax(x @ w3 + b3, dim=-1))
+    return _wsum(torch.softmax(x @ w3 + b3, dim=-1), ct_out)
 
 
 # resnet: a bottleneck residual block with batch normalisation over the batch axis (NPBench's form: the first
@@ -1289,7 +1303,7 @@ def _t_mlp(input, w1, b1, w2, b2, w3, b3, **_):
 
 @dace.program
 def nb_resnet(input: f64[N, H, W, C1], conv1: f64[1, 1, C1, C2], conv2: f64[3, 3, C2, C2],
-              conv3: f64[1, 1, C2, C1], S: f64[1]):
+              conv3: f64[1, 1, C2, C1], ct_out: f64[N, H, W, C1], S: f64[1]):
     padded = np.zeros((N, H + 2, W + 2, C2), dtype=np.float64)
     padded[:, 1:-1, 1:-1, :] = _conv2d(input, conv1)
     x = _batchnorm2d(padded)
@@ -1300,15 +1314,15 @@ def nb_resnet(input: f64[N, H, W, C1], conv1: f64[1, 1, C1, C2], conv2: f64[3, 3
     x5 = _conv2d(x4, conv3)
     x6 = _batchnorm2d(x5)
     out = _relu4(x6 + input)
-    S[0] = np.sum(out * out)
+    S[0] = np.sum(out * ct_out)
 
 
-def _t_resnet(input, conv1, conv2, conv3, **_):
+def _t_resnet(input, conv1, conv2, conv3, ct_out, **_):
     x = F.pad(_t_conv2d(input, conv1), (0, 0, 1, 1, 1, 1))  # zero padding of H and W (NHWC)
     x = torch.relu(_t_batchnorm2d(x))
     x = torch.relu(_t_batchnorm2d(_t_conv2d(x, conv2)))
     x = _t_batchnorm2d(_t_conv2d(x, conv3))
-    return _sq(torch.relu(x + input))
+    return _wsum(torch.relu(x + input), ct_out)
 
 
 # softmax over the last axis of a 4-D tensor; reductions as NPBench's DaCe version (np.maximum.reduce with
@@ -1316,41 +1330,44 @@ def _t_resnet(input, conv1, conv2, conv3, **_):
 
 
 @dace.program
-def nb_softmax(x: f64[N, H, SM, SM], S: f64[1]):
+def nb_softmax(x: f64[N, H, SM, SM], ct_out: f64[N, H, SM, SM], S: f64[1]):
     tmp_max = np.maximum.reduce(x, axis=-1, keepdims=True, initial=-9999)
     tmp_out = np.exp(x - tmp_max)
     tmp_sum = np.add.reduce(tmp_out, axis=-1, keepdims=True)
     out = tmp_out / tmp_sum
-    S[0] = np.sum(out * out)
+    S[0] = np.sum(out * ct_out)
 
 
-def _t_softmax(x, **_):
-    return _sq(torch.softmax(x, dim=-1))
+def _t_softmax(x, ct_out, **_):
+    return _wsum(torch.softmax(x, dim=-1), ct_out)
 
 
 # ----------------------------------------------------------------------------------------------------------
 
 CASES: list[Case] = [
-    Case("nb_atax", nb_atax, _t_atax, ("A",), "S", _inputs(A=(6, 5), x=(5,)), {"M": 6, "N": 5},
+    Case("nb_atax", nb_atax, _t_atax, ("A",), "S", _inputs(A=(6, 5), x=(5,), ct_y=(5,)), {"M": 6, "N": 5},
          "PolyBench atax: two matrix-vector products"),
-    Case("nb_bicg", nb_bicg, _t_bicg, ("A",), "S", _inputs(A=(6, 5), p=(5,), r=(6,)), {"N": 6, "M": 5},
+    Case("nb_bicg", nb_bicg, _t_bicg, ("A",), "S", _inputs(A=(6, 5), p=(5,), r=(6,), ct_s=(5,), ct_q=(6,)),
+         {"N": 6, "M": 5},
          "PolyBench bicg: r A and A p"),
-    Case("nb_gemm", nb_gemm, _t_gemm, ("A",), "S", _inputs(C=(5, 6), A=(5, 4), B=(4, 6)),
+    Case("nb_gemm", nb_gemm, _t_gemm, ("A",), "S", _inputs(C=(5, 6), A=(5, 4), B=(4, 6), ct_C=(5, 6)),
          {"NI": 5, "NJ": 6, "NK": 4}, "PolyBench gemm, C updated in place"),
     Case("nb_gemver", nb_gemver, _t_gemver, ("A",), "S",
-         _inputs(A=(6, 6), u1=(6,), v1=(6,), u2=(6,), v2=(6,), w=(6,), x=(6,), y=(6,), z=(6,)), {"N": 6},
+         _inputs(A=(6, 6), u1=(6,), v1=(6,), u2=(6,), v2=(6,), w=(6,), x=(6,), y=(6,), z=(6,), ct_w=(6,)), {"N": 6},
          "PolyBench gemver: outer products, in-place A, x, w"),
-    Case("nb_gesummv", nb_gesummv, _t_gesummv, ("A",), "S", _inputs(A=(6, 6), B=(6, 6), x=(6,)), {"N": 6},
+    Case("nb_gesummv", nb_gesummv, _t_gesummv, ("A",), "S", _inputs(A=(6, 6), B=(6, 6), x=(6,), ct_out=(6,)),
+         {"N": 6},
          "PolyBench gesummv"),
-    Case("nb_k2mm", nb_k2mm, _t_k2mm, ("A",), "S", _inputs(A=(4, 5), B=(5, 6), C=(6, 3), D=(4, 3)),
+    Case("nb_k2mm", nb_k2mm, _t_k2mm, ("A",), "S", _inputs(A=(4, 5), B=(5, 6), C=(6, 3), D=(4, 3), ct_D=(4, 3)),
          {"NI": 4, "NK": 5, "NJ": 6, "NL": 3}, "PolyBench 2mm, D updated in place"),
-    Case("nb_k3mm", nb_k3mm, _t_k3mm, ("A",), "S", _inputs(A=(4, 5), B=(5, 6), C=(6, 3), D=(3, 5)),
+    Case("nb_k3mm", nb_k3mm, _t_k3mm, ("A",), "S", _inputs(A=(4, 5), B=(5, 6), C=(6, 3), D=(3, 5), ct_E=(4, 5)),
          {"NI": 4, "NK": 5, "NJ": 6, "NM": 3, "NL": 5}, "PolyBench 3mm: a chain of three products"),
-    Case("nb_mvt", nb_mvt, _t_mvt, ("A",), "S", _inputs(x1=(6,), x2=(6,), y_1=(6,), y_2=(6,), A=(6, 6)),
+    Case("nb_mvt", nb_mvt, _t_mvt, ("A",), "S",
+         _inputs(x1=(6,), x2=(6,), y_1=(6,), y_2=(6,), A=(6, 6), ct_x1=(6,), ct_x2=(6,)),
          {"N": 6}, "PolyBench mvt, x1 and x2 updated in place"),
-    Case("nb_doitgen", nb_doitgen, _t_doitgen, ("A",), "S", _inputs(A=(3, 4, 5), C4=(5, 5)),
+    Case("nb_doitgen", nb_doitgen, _t_doitgen, ("A",), "S", _inputs(A=(3, 4, 5), C4=(5, 5), ct_A=(3, 4, 5)),
          {"NR": 3, "NQ": 4, "NP": 5}, "PolyBench doitgen: per-slice product through reshapes, in place"),
-    Case("nb_go_fast", nb_go_fast, _t_go_fast, ("a",), "S", _inputs(a=(6, 6)), {"N": 6},
+    Case("nb_go_fast", nb_go_fast, _t_go_fast, ("a",), "S", _inputs(a=(6, 6), ct_out=(6, 6)), {"N": 6},
          "NPBench go_fast: tanh of the trace by a scalar loop"),
     Case("nb_cholesky", nb_cholesky, _t_cholesky, ("A",), "S", _i_cholesky, {"N": 6},
          "PolyBench cholesky, np.dot of row slices, in place"),
@@ -1361,33 +1378,43 @@ CASES: list[Case] = [
          "PolyBench trisolv: row slice times solved prefix into one element"),
     Case("nb_durbin", nb_durbin, _t_durbin, ("r",), "S", _i_durbin, {"N": 8},
          "PolyBench durbin: flip helper program, dot, in-place y[:k] update, loop-carried scalars"),
-    Case("nb_gramschmidt", nb_gramschmidt, _t_gramschmidt, ("A",), "S", _inputs(A=(7, 5)), {"M": 7, "N": 5},
+    Case("nb_gramschmidt", nb_gramschmidt, _t_gramschmidt, ("A",), "S",
+         _inputs(A=(7, 5), ct_Q=(7, 5), ct_R=(5, 5), ct_A=(7, 5)),
+         {"M": 7, "N": 5},
          "PolyBench gramschmidt: column dots, in-place column updates"),
-    Case("nb_symm", nb_symm, _t_symm, ("A",), "S", _inputs(C=(5, 4), A=(5, 5), B=(5, 4)), {"M": 5, "N": 4},
+    Case("nb_symm", nb_symm, _t_symm, ("A",), "S", _inputs(C=(5, 4), A=(5, 5), B=(5, 4), ct_C=(5, 4)),
+         {"M": 5, "N": 4},
          "PolyBench symm: column-slice updates and slice products"),
-    Case("nb_syr2k", nb_syr2k, _t_syr2k, ("A",), "S", _inputs(C=(5, 5), A=(5, 4), B=(5, 4)), {"N": 5, "M": 4},
+    Case("nb_syr2k", nb_syr2k, _t_syr2k, ("A",), "S", _inputs(C=(5, 5), A=(5, 4), B=(5, 4), ct_C=(5, 5)),
+         {"N": 5, "M": 4},
          "PolyBench syr2k: in-place row-prefix updates"),
-    Case("nb_syrk", nb_syrk, _t_syrk, ("A",), "S", _inputs(C=(5, 5), A=(5, 4)), {"N": 5, "M": 4},
+    Case("nb_syrk", nb_syrk, _t_syrk, ("A",), "S", _inputs(C=(5, 5), A=(5, 4), ct_C=(5, 5)), {"N": 5, "M": 4},
          "PolyBench syrk: in-place row-prefix updates"),
-    Case("nb_trmm", nb_trmm, _t_trmm, ("A",), "S", _inputs(A=(5, 5), B=(5, 4)), {"M": 5, "N": 4},
+    Case("nb_trmm", nb_trmm, _t_trmm, ("A",), "S", _inputs(A=(5, 5), B=(5, 4), ct_B=(5, 4)), {"M": 5, "N": 4},
          "PolyBench trmm: dot products of column suffixes, in place"),
-    Case("nb_covariance", nb_covariance, _t_covariance, ("data",), "S", _inputs(data=(8, 5)), {"N": 8, "M": 5},
+    Case("nb_covariance", nb_covariance, _t_covariance, ("data",), "S", _inputs(data=(8, 5), ct_cov=(5, 5)),
+         {"N": 8, "M": 5},
          "PolyBench covariance: in-place centring, triangular slice products, mirrored copy"),
     Case("nb_correlation", nb_correlation, _t_correlation, ("data",), "S", _i_correlation, {"N": 8, "M": 5},
          "PolyBench correlation: masked stddev, in-place normalisation, triangular slice products"),
-    Case("nb_jacobi_1d", nb_jacobi_1d, _with(_t_jacobi_1d, T=3), ("A",), "S", _inputs(A=(10,), B=(10,)),
+    Case("nb_jacobi_1d", nb_jacobi_1d, _with(_t_jacobi_1d, T=3), ("A",), "S",
+         _inputs(A=(10,), B=(10,), ct_A=(10,), ct_B=(10,)),
          {"N": 10, "T": 3}, "PolyBench jacobi_1d: 1-D stencil ping-pong in a time loop"),
-    Case("nb_jacobi_2d", nb_jacobi_2d, _with(_t_jacobi_2d, T=3), ("A",), "S", _inputs(A=(6, 6), B=(6, 6)),
+    Case("nb_jacobi_2d", nb_jacobi_2d, _with(_t_jacobi_2d, T=3), ("A",), "S",
+         _inputs(A=(6, 6), B=(6, 6), ct_A=(6, 6), ct_B=(6, 6)),
          {"N": 6, "T": 3}, "PolyBench jacobi_2d: 2-D stencil ping-pong in a time loop"),
-    Case("nb_heat_3d", nb_heat_3d, _with(_t_heat_3d, T=3), ("A",), "S", _inputs(A=(5, 5, 5), B=(5, 5, 5)),
+    Case("nb_heat_3d", nb_heat_3d, _with(_t_heat_3d, T=3), ("A",), "S",
+         _inputs(A=(5, 5, 5), B=(5, 5, 5), ct_A=(5, 5, 5), ct_B=(5, 5, 5)),
          {"N": 5, "T": 3}, "PolyBench heat_3d: 3-D stencil ping-pong in a time loop"),
-    Case("nb_seidel_2d", nb_seidel_2d, _with(_t_seidel_2d, T=3), ("A",), "S", _inputs(A=(6, 6)),
+    Case("nb_seidel_2d", nb_seidel_2d, _with(_t_seidel_2d, T=3), ("A",), "S", _inputs(A=(6, 6), ct_A=(6, 6)),
          {"N": 6, "T": 3}, "PolyBench seidel_2d: vectorised row update then in-place sweep"),
-    Case("nb_fdtd_2d", nb_fdtd_2d, _t_fdtd_2d, ("ex",), "S", _inputs(ex=(5, 6), ey=(5, 6), hz=(5, 6), fict=(3,)),
+    Case("nb_fdtd_2d", nb_fdtd_2d, _t_fdtd_2d, ("ex",), "S",
+         _inputs(ex=(5, 6), ey=(5, 6), hz=(5, 6), fict=(3,), ct_ex=(5, 6), ct_ey=(5, 6), ct_hz=(5, 6)),
          {"NX": 5, "NY": 6, "T": 3}, "PolyBench fdtd_2d: in-place field updates in a time loop"),
     Case("nb_adi", nb_adi, _with(_t_adi, T=2), ("u",), "S", _i_adi, {"N": 6, "T": 2},
          "PolyBench adi: tridiagonal sweeps, forward and reversed loops, in place on u"),
-    Case("nb_deriche", nb_deriche, _t_deriche, ("imgIn",), "S", _inputs(imgIn=(6, 5)), {"W": 6, "H": 5},
+    Case("nb_deriche", nb_deriche, _t_deriche, ("imgIn",), "S", _inputs(imgIn=(6, 5), ct_imgOut=(6, 5)),
+         {"W": 6, "H": 5},
          "PolyBench deriche: causal and anti-causal recurrences along both axes"),
     Case("nb_cavity_flow", nb_cavity_flow, _with(_t_cavity_flow, T=2, NIT=2), ("u",), "S", _i_cavity_flow,
          {"NY": 5, "NX": 5, "T": 2, "NIT": 2}, "NPBench cavity_flow: nested helper programs, boundary copies"),
@@ -1396,17 +1423,18 @@ CASES: list[Case] = [
     Case("nb_vadv", nb_vadv, _t_vadv, ("utens",), "S", _i_vadv, {"I": 3, "J": 4, "K": 5},
          "NPBench vadv: Thomas solve along K, forward sweep and backward substitution"),
     Case("nb_conv2d_bias", nb_conv2d_bias, _t_conv2d_bias, ("input",), "S",
-         _inputs(input=(2, 5, 5, 2), weights=(2, 2, 2, 3), bias=(3,)),
+         _inputs(input=(2, 5, 5, 2), weights=(2, 2, 2, 3), bias=(3,), ct_out=(2, 4, 4, 3)),
          {"N": 2, "H": 5, "W": 5, "C_in": 2, "C_out": 3, "K": 2}, "NPBench conv2d_bias: loop convolution + bias"),
     Case("nb_lenet", nb_lenet, _t_lenet, ("input",), "S", _i_lenet, {"N": 2, "H": 16, "W": 16, "CB": 16},
          "NPBench lenet: LeNet-5 with loop convolutions, max-pooling, dense layers"),
     Case("nb_mlp", nb_mlp, _t_mlp, ("input",), "S",
-         _inputs(input=(4, 3), w1=(3, 8), b1=(8,), w2=(8, 6), b2=(6,), w3=(6, 5), b3=(5,)),
+         _inputs(input=(4, 3), w1=(3, 8), b1=(8,), w2=(8, 6), b2=(6,), w3=(6, 5), b3=(5,), ct_out=(4, 5)),
          {"N": 4, "C_in": 3, "S0": 8, "S1": 6, "S2": 5}, "NPBench mlp: dense, relu, softmax with keepdims"),
     Case("nb_resnet", nb_resnet, _t_resnet, ("input",), "S",
-         _inputs(input=(2, 4, 4, 3), conv1=(1, 1, 3, 2), conv2=(3, 3, 2, 2), conv3=(1, 1, 2, 3)),
+         _inputs(input=(2, 4, 4, 3), conv1=(1, 1, 3, 2), conv2=(3, 3, 2, 2), conv3=(1, 1, 2, 3), ct_out=(2, 4, 4, 3)),
          {"N": 2, "H": 4, "W": 4, "C1": 3, "C2": 2}, "NPBench resnet: bottleneck block with batch normalisation"),
-    Case("nb_softmax", nb_softmax, _t_softmax, ("x",), "S", _inputs(x=(2, 2, 4, 4)), {"N": 2, "H": 2, "SM": 4},
+    Case("nb_softmax", nb_softmax, _t_softmax, ("x",), "S", _inputs(x=(2, 2, 4, 4), ct_out=(2, 2, 4, 4)),
+         {"N": 2, "H": 2, "SM": 4},
          "NPBench softmax over the last axis, keepdims reductions"),
 ]
 

@@ -3,13 +3,15 @@
 
 Each kernel keeps NPBench's structure (loops, slices, matrix products on slices, in-place updates,
 helper programs for the deep-learning kernels) and ends by writing a scalar summary of its outputs into
-the one-element array `S` (`of`): `np.sum(out * ct_out)` over its outputs, with random cotangents `ct_*`
-(program inputs), so the gradient is a vector-Jacobian product with a random vector, not the all-ones
-one of a plain sum (a sum of squares, `out * out`, is avoided: upstream's AD rejects a map that reads one
-array twice, which would hide every other result). `wrt` is what upstream's `test_autodiff` differentiates
-with respect to. Scalar parameters of NPBench (alpha, beta,
-dt, ...) are module constants, time-step counts are symbols. See `case.py` for the conventions of
-`Case`; torch references never write into a tensor autograd may have saved (`setitem`, lists).
+the one-element array `S` (`of`): `np.sum(x * ct_x)` over its outputs x, with random cotangents `ct_*`
+(program inputs), so the gradient is a vector-Jacobian product with a random vector rather than the
+all-ones one of a plain sum. Two shapes are avoided because upstream's AD fails on them for reasons
+unrelated to the kernels, which would hide its other results: a sum of squares (`x * x`, a map reading
+one array twice) and an array named `out` (it clashes with a connector of DaCe's pure BLAS expansions).
+`wrt` is what upstream's `test_autodiff` differentiates with respect to. NPBench's scalar parameters
+(alpha, beta, dt, ...) are module constants; time-step counts are symbols. See `case.py` for the
+conventions of `Case`; torch references never write into a tensor autograd may have saved (`setitem`,
+lists of 0-d tensors).
 
 Deviations from NPBench are stated in each kernel's comment.
 """
@@ -152,13 +154,13 @@ def _t_gemver(A, u1, v1, u2, v2, w, x, y, z, ct_w, **_):
 
 
 @dace.program
-def nb_gesummv(A: f64[N, N], B: f64[N, N], x: f64[N], ct_out: f64[N], S: f64[1]):
-    out = ALPHA * A @ x + BETA * B @ x
-    S[0] = np.sum(out * ct_out)
+def nb_gesummv(A: f64[N, N], B: f64[N, N], x: f64[N], ct_res: f64[N], S: f64[1]):
+    res = ALPHA * A @ x + BETA * B @ x
+    S[0] = np.sum(res * ct_res)
 
 
-def _t_gesummv(A, B, x, ct_out, **_):
-    return _wsum(ALPHA * A @ x + BETA * B @ x, ct_out)
+def _t_gesummv(A, B, x, ct_res, **_):
+    return _wsum(ALPHA * A @ x + BETA * B @ x, ct_res)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -226,19 +228,19 @@ def _t_doitgen(A, C4, ct_A, **_):
 
 
 @dace.program
-def nb_go_fast(a: f64[N, N], ct_out: f64[N, N], S: f64[1]):
+def nb_go_fast(a: f64[N, N], ct_res: f64[N, N], S: f64[1]):
     trace = 0.0
     for i in range(N):
         trace += np.tanh(a[i, i])
-    out = a + trace
-    S[0] = np.sum(out * ct_out)
+    res = a + trace
+    S[0] = np.sum(res * ct_res)
 
 
-def _t_go_fast(a, ct_out, **_):
+def _t_go_fast(a, ct_res, **_):
     trace = torch.zeros((), dtype=torch.float64)
     for i in range(a.shape[0]):
         trace = trace + torch.tanh(a[i, i])
-    return _wsum(a + trace, ct_out)
+    return _wsum(a + trace, ct_res)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1017,7 +1019,7 @@ def _i_cavity_flow(rng):
 
 
 @dace.program
-def nb_hdiff(in_field: f64[I + 4, J + 4, K], out_field: f64[I, J, K], coeff: f64[I, J, K], ct_out: f64[I, J, K],
+def nb_hdiff(in_field: f64[I + 4, J + 4, K], out_field: f64[I, J, K], coeff: f64[I, J, K], ct_res: f64[I, J, K],
              S: f64[1]):
     lap_field = 4.0 * in_field[1:I + 3, 1:J + 3, :] - (in_field[2:I + 4, 1:J + 3, :] + in_field[0:I + 2, 1:J + 3, :]
                                                        + in_field[1:I + 3, 2:J + 4, :] + in_field[1:I + 3, 0:J + 2, :])
@@ -1027,10 +1029,10 @@ def nb_hdiff(in_field: f64[I + 4, J + 4, K], out_field: f64[I, J, K], coeff: f64
     fly_field = np.where((res2 * (in_field[2:I + 2, 2:J + 3, :] - in_field[2:I + 2, 1:J + 2, :])) > 0, 0, res2)
     out_field[:, :, :] = in_field[2:I + 2, 2:J + 2, :] - coeff[:, :, :] * (
         flx_field[1:, :, :] - flx_field[:-1, :, :] + fly_field[:, 1:, :] - fly_field[:, :-1, :])
-    S[0] = np.sum(out_field * ct_out)
+    S[0] = np.sum(out_field * ct_res)
 
 
-def _t_hdiff(in_field, coeff, ct_out, **_):
+def _t_hdiff(in_field, coeff, ct_res, **_):
     i, j = coeff.shape[0], coeff.shape[1]
     f = in_field
     lap = 4.0 * f[1:i + 3, 1:j + 3] - (f[2:i + 4, 1:j + 3] + f[0:i + 2, 1:j + 3]
@@ -1040,13 +1042,13 @@ def _t_hdiff(in_field, coeff, ct_out, **_):
     res2 = lap[1:i + 1, 1:] - lap[1:i + 1, :j + 1]
     fly = torch.where(res2 * (f[2:i + 2, 2:j + 3] - f[2:i + 2, 1:j + 2]) > 0, torch.zeros_like(res2), res2)
     out = f[2:i + 2, 2:j + 2] - coeff * (flx[1:] - flx[:-1] + fly[:, 1:] - fly[:, :-1])
-    return _wsum(out, ct_out)
+    return _wsum(out, ct_res)
 
 
 def _i_hdiff(rng):
     i, j, k = 4, 4, 3
     return {"in_field": rng.normal(size=(i + 4, j + 4, k)), "out_field": _z(i, j, k),
-            "coeff": rng.uniform(0.0, 1.0, (i, j, k)), "ct_out": rng.normal(size=(i, j, k)), "S": _z(1)}
+            "coeff": rng.uniform(0.0, 1.0, (i, j, k)), "ct_res": rng.normal(size=(i, j, k)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1061,7 +1063,7 @@ DTR_STAGE = 3.0 / 20.0
 
 @dace.program
 def nb_vadv(utens_stage: f64[I, J, K], u_stage: f64[I, J, K], wcon: f64[I + 1, J, K], u_pos: f64[I, J, K],
-            utens: f64[I, J, K], ct_out: f64[I, J, K], S: f64[1]):
+            utens: f64[I, J, K], ct_res: f64[I, J, K], S: f64[1]):
     dtr_stage = DTR_STAGE
     ccol = np.ndarray((I, J, K), dtype=utens_stage.dtype)
     dcol = np.ndarray((I, J, K), dtype=utens_stage.dtype)
@@ -1111,10 +1113,10 @@ def nb_vadv(utens_stage: f64[I, J, K], u_stage: f64[I, J, K], wcon: f64[I + 1, J
     for k in range(K - 2, -1, -1):
         data_col[:] = dcol[:, :, k] - ccol[:, :, k] * data_col[:, :]
         utens_stage[:, :, k] = dtr_stage * (data_col - u_pos[:, :, k])
-    S[0] = np.sum(utens_stage * ct_out)
+    S[0] = np.sum(utens_stage * ct_res)
 
 
-def _t_vadv(utens_stage, u_stage, wcon, u_pos, utens, ct_out, **_):
+def _t_vadv(utens_stage, u_stage, wcon, u_pos, utens, ct_res, **_):
     kk = u_stage.shape[2]
     dtr = DTR_STAGE
     us, up, ut, uts = u_stage, u_pos, utens, utens_stage
@@ -1151,14 +1153,14 @@ def _t_vadv(utens_stage, u_stage, wcon, u_pos, utens, ct_out, **_):
     for k in range(kk - 2, -1, -1):
         data = dcol[k] - ccol[k] * data
         out[k] = dtr * (data - up[:, :, k])
-    return _wsum(torch.stack(out, dim=2), ct_out)
+    return _wsum(torch.stack(out, dim=2), ct_res)
 
 
 def _i_vadv(rng):
     i, j, k = 3, 4, 5
     u = lambda *s: rng.uniform(0.0, 1.0, s)  # noqa: E731  (NPBench draws uniform [0, 1))
     return {"utens_stage": u(i, j, k), "u_stage": u(i, j, k), "wcon": u(i + 1, j, k), "u_pos": u(i, j, k),
-            "utens": u(i, j, k), "ct_out": rng.normal(size=(i, j, k)), "S": _z(1)}
+            "utens": u(i, j, k), "ct_res": rng.normal(size=(i, j, k)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1229,13 +1231,13 @@ def _t_batchnorm2d(x):
 
 @dace.program
 def nb_conv2d_bias(input: f64[N, H, W, C_in], weights: f64[K, K, C_in, C_out], bias: f64[C_out],
-                   ct_out: f64[N, H - K + 1, W - K + 1, C_out], S: f64[1]):
-    out = _conv2d(input, weights) + bias
-    S[0] = np.sum(out * ct_out)
+                   ct_res: f64[N, H - K + 1, W - K + 1, C_out], S: f64[1]):
+    res = _conv2d(input, weights) + bias
+    S[0] = np.sum(res * ct_res)
 
 
-def _t_conv2d_bias(input, weights, bias, ct_out, **_):
-    return _wsum(_t_conv2d(input, weights) + bias, ct_out)
+def _t_conv2d_bias(input, weights, bias, ct_res, **_):
+    return _wsum(_t_conv2d(input, weights) + bias, ct_res)
 
 
 # lenet: LeNet-5 (inference), C_before_fc1 is the symbol CB = 16 * ((H - 12) // 4) * ((W - 12) // 4)
@@ -1244,7 +1246,7 @@ def _t_conv2d_bias(input, weights, bias, ct_out, **_):
 @dace.program
 def nb_lenet(input: f64[N, H, W, 1], conv1: f64[5, 5, 1, 6], conv1bias: f64[6], conv2: f64[5, 5, 6, 16],
              conv2bias: f64[16], fc1w: f64[CB, 120], fc1b: f64[120], fc2w: f64[120, 84], fc2b: f64[84],
-             fc3w: f64[84, 10], fc3b: f64[10], ct_out: f64[N, 10], S: f64[1]):
+             fc3w: f64[84, 10], fc3b: f64[10], ct_res: f64[N, 10], S: f64[1]):
     x1 = _relu4(_conv2d(input, conv1) + conv1bias)
     x2 = _maxpool2d(x1)
     x3 = _relu4(_conv2d(x2, conv2) + conv2bias)
@@ -1252,11 +1254,11 @@ def nb_lenet(input: f64[N, H, W, 1], conv1: f64[5, 5, 1, 6], conv1bias: f64[6], 
     x5 = np.reshape(x4, (N, CB))
     x6 = _relu2(x5 @ fc1w + fc1b)
     x7 = _relu2(x6 @ fc2w + fc2b)
-    out = x7 @ fc3w + fc3b
-    S[0] = np.sum(out * ct_out)
+    res = x7 @ fc3w + fc3b
+    S[0] = np.sum(res * ct_res)
 
 
-def _t_lenet(input, conv1, conv1bias, conv2, conv2bias, fc1w, fc1b, fc2w, fc2b, fc3w, fc3b, ct_out, **_):
+def _t_lenet(input, conv1, conv1bias, conv2, conv2bias, fc1w, fc1b, fc2w, fc2b, fc3w, fc3b, ct_res, **_):
     def pool(x):  # NHWC 2x2 max-pooling
         return F.max_pool2d(x.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
 
@@ -1265,7 +1267,7 @@ def _t_lenet(input, conv1, conv1bias, conv2, conv2bias, fc1w, fc1b, fc2w, fc2b, 
     x = x.reshape(x.shape[0], -1)
     x = torch.relu(x @ fc1w + fc1b)
     x = torch.relu(x @ fc2w + fc2b)
-    return _wsum(x @ fc3w + fc3b, ct_out)
+    return _wsum(x @ fc3w + fc3b, ct_res)
 
 
 def _i_lenet(rng):
@@ -1275,7 +1277,7 @@ def _i_lenet(rng):
     return {"input": rng.normal(size=(n, h, w, 1)), "conv1": g(5, 5, 1, 6), "conv1bias": g(6),
             "conv2": g(5, 5, 6, 16), "conv2bias": g(16), "fc1w": g(cb, 120), "fc1b": g(120),
             "fc2w": g(120, 84), "fc2b": g(84), "fc3w": g(84, 10), "fc3b": g(10),
-            "ct_out": rng.normal(size=(n, 10)), "S": _z(1)}
+            "ct_res": rng.normal(size=(n, 10)), "S": _z(1)}
 
 
 # mlp: three layers, relu, relu, softmax. NPBench's numpy version reduces with np.max / np.sum(keepdims=True),
@@ -1284,17 +1286,17 @@ def _i_lenet(rng):
 
 @dace.program
 def nb_mlp(input: f64[N, C_in], w1: f64[C_in, S0], b1: f64[S0], w2: f64[S0, S1], b2: f64[S1], w3: f64[S1, S2],
-           b3: f64[S2], ct_out: f64[N, S2], S: f64[1]):
+           b3: f64[S2], ct_res: f64[N, S2], S: f64[1]):
     x1 = _relu2(input @ w1 + b1)
     x2 = _relu2(x1 @ w2 + b2)
     x3 = _softmax2(x2 @ w3 + b3)
-    S[0] = np.sum(x3 * ct_out)
+    S[0] = np.sum(x3 * ct_res)
 
 
-def _t_mlp(input, w1, b1, w2, b2, w3, b3, ct_out, **_):
+def _t_mlp(input, w1, b1, w2, b2, w3, b3, ct_res, **_):
     x = torch.relu(input @ w1 + b1)
     x = torch.relu(x @ w2 + b2)
-    return _wsum(torch.softmax(x @ w3 + b3, dim=-1), ct_out)
+    return _wsum(torch.softmax(x @ w3 + b3, dim=-1), ct_res)
 
 
 # resnet: a bottleneck residual block with batch normalisation over the batch axis (NPBench's form: the first
@@ -1303,7 +1305,7 @@ def _t_mlp(input, w1, b1, w2, b2, w3, b3, ct_out, **_):
 
 @dace.program
 def nb_resnet(input: f64[N, H, W, C1], conv1: f64[1, 1, C1, C2], conv2: f64[3, 3, C2, C2],
-              conv3: f64[1, 1, C2, C1], ct_out: f64[N, H, W, C1], S: f64[1]):
+              conv3: f64[1, 1, C2, C1], ct_res: f64[N, H, W, C1], S: f64[1]):
     padded = np.zeros((N, H + 2, W + 2, C2), dtype=np.float64)
     padded[:, 1:-1, 1:-1, :] = _conv2d(input, conv1)
     x = _batchnorm2d(padded)
@@ -1313,16 +1315,16 @@ def nb_resnet(input: f64[N, H, W, C1], conv1: f64[1, 1, C1, C2], conv2: f64[3, 3
     x4 = _relu4(x3)
     x5 = _conv2d(x4, conv3)
     x6 = _batchnorm2d(x5)
-    out = _relu4(x6 + input)
-    S[0] = np.sum(out * ct_out)
+    res = _relu4(x6 + input)
+    S[0] = np.sum(res * ct_res)
 
 
-def _t_resnet(input, conv1, conv2, conv3, ct_out, **_):
+def _t_resnet(input, conv1, conv2, conv3, ct_res, **_):
     x = F.pad(_t_conv2d(input, conv1), (0, 0, 1, 1, 1, 1))  # zero padding of H and W (NHWC)
     x = torch.relu(_t_batchnorm2d(x))
     x = torch.relu(_t_batchnorm2d(_t_conv2d(x, conv2)))
     x = _t_batchnorm2d(_t_conv2d(x, conv3))
-    return _wsum(torch.relu(x + input), ct_out)
+    return _wsum(torch.relu(x + input), ct_res)
 
 
 # softmax over the last axis of a 4-D tensor; reductions as NPBench's DaCe version (np.maximum.reduce with
@@ -1330,16 +1332,16 @@ def _t_resnet(input, conv1, conv2, conv3, ct_out, **_):
 
 
 @dace.program
-def nb_softmax(x: f64[N, H, SM, SM], ct_out: f64[N, H, SM, SM], S: f64[1]):
+def nb_softmax(x: f64[N, H, SM, SM], ct_res: f64[N, H, SM, SM], S: f64[1]):
     tmp_max = np.maximum.reduce(x, axis=-1, keepdims=True, initial=-9999)
     tmp_out = np.exp(x - tmp_max)
     tmp_sum = np.add.reduce(tmp_out, axis=-1, keepdims=True)
-    out = tmp_out / tmp_sum
-    S[0] = np.sum(out * ct_out)
+    res = tmp_out / tmp_sum
+    S[0] = np.sum(res * ct_res)
 
 
-def _t_softmax(x, ct_out, **_):
-    return _wsum(torch.softmax(x, dim=-1), ct_out)
+def _t_softmax(x, ct_res, **_):
+    return _wsum(torch.softmax(x, dim=-1), ct_res)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1355,7 +1357,7 @@ CASES: list[Case] = [
     Case("nb_gemver", nb_gemver, _t_gemver, ("A",), "S",
          _inputs(A=(6, 6), u1=(6,), v1=(6,), u2=(6,), v2=(6,), w=(6,), x=(6,), y=(6,), z=(6,), ct_w=(6,)), {"N": 6},
          "PolyBench gemver: outer products, in-place A, x, w"),
-    Case("nb_gesummv", nb_gesummv, _t_gesummv, ("A",), "S", _inputs(A=(6, 6), B=(6, 6), x=(6,), ct_out=(6,)),
+    Case("nb_gesummv", nb_gesummv, _t_gesummv, ("A",), "S", _inputs(A=(6, 6), B=(6, 6), x=(6,), ct_res=(6,)),
          {"N": 6},
          "PolyBench gesummv"),
     Case("nb_k2mm", nb_k2mm, _t_k2mm, ("A",), "S", _inputs(A=(4, 5), B=(5, 6), C=(6, 3), D=(4, 3), ct_D=(4, 3)),
@@ -1367,7 +1369,7 @@ CASES: list[Case] = [
          {"N": 6}, "PolyBench mvt, x1 and x2 updated in place"),
     Case("nb_doitgen", nb_doitgen, _t_doitgen, ("A",), "S", _inputs(A=(3, 4, 5), C4=(5, 5), ct_A=(3, 4, 5)),
          {"NR": 3, "NQ": 4, "NP": 5}, "PolyBench doitgen: per-slice product through reshapes, in place"),
-    Case("nb_go_fast", nb_go_fast, _t_go_fast, ("a",), "S", _inputs(a=(6, 6), ct_out=(6, 6)), {"N": 6},
+    Case("nb_go_fast", nb_go_fast, _t_go_fast, ("a",), "S", _inputs(a=(6, 6), ct_res=(6, 6)), {"N": 6},
          "NPBench go_fast: tanh of the trace by a scalar loop"),
     Case("nb_cholesky", nb_cholesky, _t_cholesky, ("A",), "S", _i_cholesky, {"N": 6},
          "PolyBench cholesky, np.dot of row slices, in place"),
@@ -1423,17 +1425,17 @@ CASES: list[Case] = [
     Case("nb_vadv", nb_vadv, _t_vadv, ("utens",), "S", _i_vadv, {"I": 3, "J": 4, "K": 5},
          "NPBench vadv: Thomas solve along K, forward sweep and backward substitution"),
     Case("nb_conv2d_bias", nb_conv2d_bias, _t_conv2d_bias, ("input",), "S",
-         _inputs(input=(2, 5, 5, 2), weights=(2, 2, 2, 3), bias=(3,), ct_out=(2, 4, 4, 3)),
+         _inputs(input=(2, 5, 5, 2), weights=(2, 2, 2, 3), bias=(3,), ct_res=(2, 4, 4, 3)),
          {"N": 2, "H": 5, "W": 5, "C_in": 2, "C_out": 3, "K": 2}, "NPBench conv2d_bias: loop convolution + bias"),
     Case("nb_lenet", nb_lenet, _t_lenet, ("input",), "S", _i_lenet, {"N": 2, "H": 16, "W": 16, "CB": 16},
          "NPBench lenet: LeNet-5 with loop convolutions, max-pooling, dense layers"),
     Case("nb_mlp", nb_mlp, _t_mlp, ("input",), "S",
-         _inputs(input=(4, 3), w1=(3, 8), b1=(8,), w2=(8, 6), b2=(6,), w3=(6, 5), b3=(5,), ct_out=(4, 5)),
+         _inputs(input=(4, 3), w1=(3, 8), b1=(8,), w2=(8, 6), b2=(6,), w3=(6, 5), b3=(5,), ct_res=(4, 5)),
          {"N": 4, "C_in": 3, "S0": 8, "S1": 6, "S2": 5}, "NPBench mlp: dense, relu, softmax with keepdims"),
     Case("nb_resnet", nb_resnet, _t_resnet, ("input",), "S",
-         _inputs(input=(2, 4, 4, 3), conv1=(1, 1, 3, 2), conv2=(3, 3, 2, 2), conv3=(1, 1, 2, 3), ct_out=(2, 4, 4, 3)),
+         _inputs(input=(2, 4, 4, 3), conv1=(1, 1, 3, 2), conv2=(3, 3, 2, 2), conv3=(1, 1, 2, 3), ct_res=(2, 4, 4, 3)),
          {"N": 2, "H": 4, "W": 4, "C1": 3, "C2": 2}, "NPBench resnet: bottleneck block with batch normalisation"),
-    Case("nb_softmax", nb_softmax, _t_softmax, ("x",), "S", _inputs(x=(2, 2, 4, 4), ct_out=(2, 2, 4, 4)),
+    Case("nb_softmax", nb_softmax, _t_softmax, ("x",), "S", _inputs(x=(2, 2, 4, 4), ct_res=(2, 2, 4, 4)),
          {"N": 2, "H": 2, "SM": 4},
          "NPBench softmax over the last axis, keepdims reductions"),
 ]

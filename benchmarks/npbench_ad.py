@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,14 +127,15 @@ def worker(side: str, name: str, out: pathlib.Path) -> None:
 
             start = time.perf_counter()
             result = gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of)
-            grad_name, fill = (lambda w: f"grad_{w}"), (lambda _n: np.nan)
+            # gradflow overwrites its gradient outputs: NaN-filled, a result that is never written shows
+            grad_name, fill = (lambda w: f"grad_{w}"), (lambda n: np.nan if n.startswith("grad_") else 0.0)
         else:
             from dace.autodiff import add_backward_pass
 
             start = time.perf_counter()
             add_backward_pass(sdfg=sdfg, inputs=list(case.wrt), outputs=[case.of], **UPSTREAM_OPTIONS.get(name, {}))
             result = sdfg
-            seed = f"gradient_{case.of}"
+            seed = f"gradient_{case.of}"  # upstream adds into zeroed gradients from the seed d of / d of = 1
             grad_name, fill = (lambda w: f"gradient_{w}"), (lambda n: 1.0 if n == seed else 0.0)
         record.update(diff_s=time.perf_counter() - start, stage="compile")
         save()
@@ -143,8 +145,9 @@ def worker(side: str, name: str, out: pathlib.Path) -> None:
         save()
         record.update(status=_check(case, compiled, result, grad_name, fill), stage="done")
     except Exception as exc:  # the table reports any failure by class and message
-        record.update(status=f"{type(exc).__name__} ({record['stage']}): {_first_lines(exc, 1)}",
-                      message=_first_lines(exc, 6), where=_where(exc))
+        first = re.sub(r"^building SDFG '[^']*' in \S+ failed: ", "", _first_lines(exc, 1))  # keep DaCe's cause
+        record.update(status=f"{type(exc).__name__} ({record['stage']}): {first}", message=_first_lines(exc, 6),
+                      where=_where(exc))
     save()
 
 # ---------------------------------------------------------------------------------------------- driver side
@@ -212,19 +215,30 @@ def details(rows: dict[str, dict[str, dict]]) -> str:
     return "\n".join(out)
 
 
-def environment() -> str:
+def environment(load_before: tuple[float, ...]) -> str:
     import dace
     import numpy
     import torch
 
     from gradflow.runtime import blas
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    return (f"- machine: `{' '.join(platform.uname())}`, {os.cpu_count()} CPUs, OMP_NUM_THREADS=1\n"
+    def run(*cmd: str) -> str:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    commit = run("git", "rev-parse", "--short", "HEAD") or "?"
+    if run("git", "status", "--porcelain", "src", "tests", "benchmarks/npbench_ad.py"):
+        commit += " plus uncommitted changes"
+    return (f"- machine: `{run('uname', '-a')}`, {os.cpu_count()} CPUs, OMP_NUM_THREADS=1\n"
             f"- python {platform.python_version()}, dace {dace.__version__}, torch {torch.__version__}, "
-            f"numpy {numpy.__version__}, gradflow at commit {commit.strip() or '?'}\n"
+            f"numpy {numpy.__version__}, gradflow at commit {commit}\n"
             f"- BLAS for both sides' builds: {blas.describe()}\n"
+            f"- load average (1, 5, 15 min) before / after the run: {_load(load_before)} / {_load(os.getloadavg())} "
+            "(times are wall-clock: a loaded machine inflates them; compare the two sides within one run)\n"
             f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n")
+
+
+def _load(avg: tuple[float, ...]) -> str:
+    return ", ".join(f"{x:.1f}" for x in avg)
 
 
 def main() -> None:
@@ -248,6 +262,7 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown kernels: {', '.join(sorted(unknown))}")
         names = [n for n in names if n in wanted]
+    load_before = os.getloadavg()
     rows: dict[str, dict[str, dict]] = {}
     for name in names:
         rows[name] = {side: run_one(side, name, args.timeout) for side in SIDES}
@@ -266,7 +281,7 @@ def main() -> None:
         "build of the differentiated SDFG. Status: gradients on two seeds against torch.autograd at rtol 1e-9 "
         "(`ok`, `wrong`), else the error class, the stage that raised it and the first line of its message. "
         "Totals sum the times that exist (their count in parentheses).\n\n"
-        + environment() + "\n" + text + "\n## Failure messages\n\n" + details(rows))
+        + environment(load_before) + "\n" + text + "\n## Failure messages\n\n" + details(rows))
     print(f"wrote {args.out}")
 
 

@@ -82,7 +82,7 @@ def _extra_arrays(sdfg, case, inputs, fill):
 
 def _check(case, compiled, sdfg, grad_name, fill) -> str:
     """Run on every seed and compare the value of `of` and every gradient with torch: 'ok' or 'wrong (...)'."""
-    from tests.corpus.case import run_compiled, torch_grads, torch_value
+    from gradflow.verify.corpus.case import run_compiled, torch_grads, torch_value
 
     worst, what = 0.0, ""
     for seed in SEEDS:

@@ -72,3 +72,26 @@ def test_rule_table_priority_predicate_and_override() -> None:
 def test_errors_are_exceptions_and_values() -> None:
     err = InvalidArgumentError("bad thing", "do this")
     assert isinstance(err, GradflowError) and "hint: do this" in str(err)
+
+
+@attrs.frozen
+class MakeCycle(Pass):
+    """Returns a graph whose one state has a dataflow cycle (which DaCe's validation would not report)."""
+
+    name: ClassVar[str] = "test_make_cycle"
+
+    def run(self, graph: Graph):
+        sdfg = graph.editable()
+        sdfg.add_array("A", [2], dace.float64)
+        state = sdfg.add_state("loopy")
+        a, t = state.add_access("A"), state.add_tasklet("t", {"i"}, {"o"}, "o = i")
+        state.add_edge(a, None, t, "i", dace.Memlet("A[0]"))
+        state.add_edge(t, "o", a, None, dace.Memlet("A[1]"))
+        return Success(Graph.adopt(sdfg))
+
+
+def test_a_pass_returning_a_malformed_graph_fails_naming_the_pass() -> None:
+    result = Pipeline((AddArray("B"), MakeCycle()))(empty())
+    assert isinstance(result, Failure)
+    message = str(result.failure())
+    assert "pass 'test_make_cycle' returned an invalid graph" in message and "dataflow cycle" in message

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .case import Case, setitem
+from gradflow.verify.corpus.case import Case, setitem
 
 f64 = dace.float64
 

@@ -18,7 +18,7 @@ from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 
 from . import npbench
-from .case import Case, run_compiled, torch_grads, torch_value
+from gradflow.verify.corpus.case import Case, run_compiled, torch_grads, torch_value
 
 RTOL = 1e-9
 

@@ -35,6 +35,14 @@ class ReverseContext:
     inner_bounded: list[tuple[str, int]] = attrs.field(factory=list)
     overflow_base: int = 0  # the number of bounded loops numbered before those of nested SDFGs
     _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
+    _memo: dict = attrs.field(factory=dict)
+
+    def memo(self, key, compute):
+        """`compute()` once per build for `key` (facts about the forward program that rules ask for more than
+        once, e.g. an operation's composed element function in `needs` and in `reverse`)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def note_rule(self, name: str) -> None:
         """Record that a rule took part (reported in `ADInterface.rules_used`; tests check table coverage)."""

@@ -80,7 +80,9 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
         entry, exit_ = None, None
         body = list(members)
     order = _topological(state, body)
-    constants = set(map(str, state.sdfg.free_symbols)) | set(state.sdfg.symbols)
+    # Names code may read besides its connectors: symbols. The state's own symbols suffice (the SDFG-wide
+    # `free_symbols` walks the whole graph, which grows as reverse mode builds the backward sweep).
+    constants = set(map(str, state.free_symbols)) | set(state.sdfg.symbols)
     if entry is not None:
         constants |= set(entry.map.params)
     for n in body:

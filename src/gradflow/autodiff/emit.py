@@ -6,6 +6,7 @@ import re
 
 import dace
 from dace import subsets
+from dace.sdfg.propagation import propagate_subset
 from dace.sdfg.state import SDFGState
 
 SUM = "lambda a, b: a + b"
@@ -33,12 +34,29 @@ def subset_elements(subset: subsets.Range, prefix: str) -> tuple[dict[str, str],
     return ranges, params, element
 
 
+def mapped_tasklet(state: SDFGState, label: str, ranges: dict[str, str], inputs: dict[str, dace.Memlet], code: str,
+                   outputs: dict[str, dace.Memlet], schedule: dace.ScheduleType = dace.ScheduleType.Default):
+    """A tasklet in a new map with external edges (`SDFGState.add_mapped_tasklet`), whose outer memlets
+    are propagated here through that one map: everything but the map's parameters is defined outside it.
+    (DaCe's own propagation first scans the whole graph for the symbols defined at the map, which made
+    building the backward sweep quadratic in its size.)"""
+    tasklet, entry, exit_ = state.add_mapped_tasklet(label, ranges, inputs, code, outputs, schedule=schedule,
+                                                     external_edges=True, propagate=False)
+    params, rng = entry.map.params, entry.map.range
+    for outer, inner, use_dst in ((state.in_edges(entry), state.out_edges(entry), False),
+                                  (state.out_edges(exit_), state.in_edges(exit_), True)):
+        for e in outer:
+            found = [i.data for i in inner if not i.data.is_empty() and i.data.data == e.data.data]
+            if found:
+                e.data = propagate_subset(found, state.sdfg.arrays[e.data.data], params, rng, use_dst=use_dst)
+                e.data.try_initialize(state.sdfg, state, e)
+    return tasklet, entry, exit_
+
+
 def fill(state: SDFGState, array: str, value: str) -> None:
     """array[...] = value, as a map."""
     ranges, index = full_index(state.sdfg, array)
-    state.add_mapped_tasklet(
-        f"fill_{array}", ranges, {}, f"__o = {value}", {"__o": dace.Memlet(f"{array}[{index}]")}, external_edges=True
-    )
+    mapped_tasklet(state, f"fill_{array}", ranges, {}, f"__o = {value}", {"__o": dace.Memlet(f"{array}[{index}]")})
 
 
 def copy_array(state: SDFGState, src: str, dst: str) -> None:
@@ -67,9 +85,7 @@ def add_element_tasklet(
     """A tasklet, inside a map when `ranges` is given, with one access node per array on each side."""
     label = safe_label(label)
     if ranges:
-        state.add_mapped_tasklet(
-            label, ranges, inputs, code, outputs, schedule=schedule, external_edges=True
-        )
+        mapped_tasklet(state, label, ranges, inputs, code, outputs, schedule)
         return
     tasklet = state.add_tasklet(label, {c: None for c in inputs}, {c: None for c in outputs}, code)
     reads: dict[str, dace.nodes.AccessNode] = {}

@@ -3,9 +3,9 @@
 
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
 - `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array;
-- `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
   (then `simplify` inlines the nested SDFGs that expansions create);
+- `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
 - `split_operations`: every state is split into a chain of states holding one operation each, so that
   "before operation k" is a place in the control flow where a value can be stored.

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import attrs
 import dace
-from returns.result import Success
+from returns.result import Failure, Success
 
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.engine import END_LABEL, ADInterface, ADSpec, ADTables, build_reverse
@@ -25,6 +25,7 @@ from gradflow.core.errors import InvalidArgumentError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
+from gradflow.core.validation import check_graph
 
 
 def written_arrays(sdfg: dace.SDFG) -> set[str]:
@@ -99,8 +100,13 @@ class Reverse(Pass):
         of = self.of if self.of is not None else (infer_of(sdfg),)
         wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
         spec = ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding)
-        interface = build_reverse(sdfg, spec, self.tables)
-        sdfg.validate()
+        # DaCe's source-line info would record gradflow's own files and lines in every node it adds
+        # (inspecting the stack each time): slow, and it would tie the fingerprint to gradflow's source.
+        with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+            interface = build_reverse(sdfg, spec, self.tables)
+        error = check_graph(sdfg, self.name, thorough=True)
+        if error is not None:
+            return Failure(error)
         return Success(Graph.adopt(sdfg, {**graph.meta, "ad": interface}))
 
 

@@ -16,7 +16,7 @@ import dace
 from dace import subsets
 from dace.sdfg.state import ControlFlowRegion, SDFGState
 
-from gradflow.autodiff.emit import subset_elements
+from gradflow.autodiff.emit import mapped_tasklet, subset_elements
 
 TOP = "gradflow_tape_top"
 
@@ -93,7 +93,5 @@ def _copy_subset(state: SDFGState, array: str, subset: subsets.Range, tape: str,
     ranges, params, element = subset_elements(subset, "__t")
     slot = ", ".join([sp] + params)
     src, dst = (f"{array}[{element}]", f"{tape}[{slot}]") if to_tape else (f"{tape}[{slot}]", f"{array}[{element}]")
-    state.add_mapped_tasklet(
-        f"{'push' if to_tape else 'pop'}_{array}", ranges or {"__t": "0:1"}, {"__i": dace.Memlet(src)}, "__o = __i",
-        {"__o": dace.Memlet(dst)}, external_edges=True,
-    )
+    mapped_tasklet(state, f"{'push' if to_tape else 'pop'}_{array}", ranges or {"__t": "0:1"},
+                   {"__i": dace.Memlet(src)}, "__o = __i", {"__o": dace.Memlet(dst)})

@@ -3,7 +3,8 @@
 A pass is a frozen attrs class whose fields are its options and whose `run` maps a `Graph` to
 `Result[Graph, GradflowError]`. `__call__` wraps `run` so that an unexpected exception from deep inside
 DaCe becomes a `PassError` value naming the pass (with the exception chained as its cause), never a bare
-traceback. A pass declares the passes that must have run before it (`requires`), and the rule tables it
+traceback, and checks the graph `run` returns (`core/validation.py`: a malformed graph is a `PassError`
+naming the pass, not a crash in DaCe's code generator later). A pass declares the passes that must have run before it (`requires`), and the rule tables it
 uses as fields tagged with `table_field`, so a pipeline can swap a table for all of its steps.
 
 A `Pipeline` is a tuple of passes and is itself a pass. It is a value users edit: by step name
@@ -22,6 +23,7 @@ from returns.result import Failure, Result, Success
 
 from gradflow.core.errors import GradflowError, InvalidArgumentError, PassError
 from gradflow.core.graph import Graph
+from gradflow.core.validation import check_graph
 
 PassResult = Result[Graph, GradflowError]
 
@@ -52,17 +54,24 @@ class Pass:
 
     name: ClassVar[str] = "pass"
     requires: ClassVar[tuple[str, ...]] = ()
+    #: Whether `__call__` checks the graph `run` returns (`core/validation.py`); a pipeline's steps do.
+    checks_output: ClassVar[bool] = True
 
     def run(self, graph: Graph) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __call__(self, graph: Graph) -> PassResult:
         try:
-            return self.run(graph)
+            result = self.run(graph)
         except GradflowError as err:
             return Failure(err)
         except Exception as exc:  # a DaCe internal error: report it as a value naming the pass, cause kept
             return Failure(PassError.wrap(self.name, exc))
+        if self.checks_output and isinstance(result, Success) and result.unwrap().sdfg is not graph.sdfg:
+            error = check_graph(result.unwrap().sdfg, self.name)
+            if error is not None:
+                return Failure(error)
+        return result
 
     def provides(self) -> tuple[str, ...]:
         """The step names this pass counts as, for prerequisites (a pipeline: all of its steps')."""
@@ -122,6 +131,7 @@ class Pipeline(Pass):
     hook: StepHook | None = attrs.field(default=None, eq=False)
     assumes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     name: ClassVar[str] = "pipeline"
+    checks_output: ClassVar[bool] = False  # each step checks its own output
 
     def __attrs_post_init__(self) -> None:
         _check_prerequisites(self.steps, self.assumes)

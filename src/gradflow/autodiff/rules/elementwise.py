@@ -22,8 +22,9 @@ from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative
 
 
-def _element_function(site: OpSite) -> ElementFunction:
-    return element_function(site.state, site.members())
+def _element_function(site: OpSite, ctx: ReverseContext) -> ElementFunction:
+    """The operation's element function, composed once per build (`needs` and `reverse` both ask)."""
+    return ctx.memo(("element_function", site.index), lambda: element_function(site.state, site.members()))
 
 
 def _contributions(ef: ElementFunction, ctx: ReverseContext, where: str):
@@ -57,15 +58,16 @@ class ElementwiseReverse:
     """Element-wise maps and top-level tasklet groups: one reverse tasklet per element (module doc)."""
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
-        ef = _element_function(site)
-        _, contrib = _contributions(ef, ctx, site.op.label)
+        ef = _element_function(site, ctx)
+        where = f"'{site.op.label}' in state '{site.state.label}'"
+        _, contrib = ctx.memo(("contributions", site.index), lambda: _contributions(ef, ctx, where))
         used = _used_symbols(contrib)
         return frozenset(p.array for p in ef.inputs if p.symbol in used)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
-        ef = _element_function(site)
+        ef = _element_function(site, ctx)
         where = f"'{site.op.label}' in state '{site.state.label}'"
-        gouts, contrib = _contributions(ef, ctx, where)
+        gouts, contrib = ctx.memo(("contributions", site.index), lambda: _contributions(ef, ctx, where))
         if not gouts:
             return
         in_map = ef.map_entry is not None

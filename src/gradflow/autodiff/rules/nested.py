@@ -34,7 +34,7 @@ from dace.sdfg import nodes as nd
 
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import map_ranges, safe_label, subset_elements
+from gradflow.autodiff.emit import map_ranges, mapped_tasklet, safe_label, subset_elements
 from gradflow.autodiff.rules import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 
@@ -176,8 +176,8 @@ class NestedReverse:
             ranges, _, index = subset_elements(memlet.subset, "__c")
             reads_ = {k: dace.Memlet(f"{a}[{index}]") for k, a in inputs.items()}
             where_ = ctx.new_state(f"{label}_{site.state.label}")
-            where_.add_mapped_tasklet(safe_label(f"{label}_{memlet.data}"), {**outer, **ranges}, reads_, code,
-                                      {"__o": dace.Memlet(f"{target}[{index}]")}, external_edges=True)
+            mapped_tasklet(where_, safe_label(f"{label}_{memlet.data}"), {**outer, **ranges}, reads_, code,
+                           {"__o": dace.Memlet(f"{target}[{index}]")})
 
         # An updated-in-place array: its gradient is the cotangent of the new value; move it aside first.
         # The inner code addresses an in/out connector relative to its *read* subset (the pointer DaCe

@@ -76,7 +76,7 @@ def _prepare(program: Any, wrt, of, prefix: str, scalar_of: bool) -> tuple[Graph
 
 
 def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefix: str = "grad_",
-         pipeline: Pipeline | None = None, forwarding: Forwarding | None = None):
+         pipeline: Pipeline | None = None, forwarding: Forwarding | None = None, optimize: bool | Pipeline = True):
     """A new SDFG computing what `program` computes plus `grad_<x>` = d(of)/d(x) for each x in `wrt`.
 
     `program` is a `dace.SDFG` or `@dace.program` and is not modified. `of` names a one-element array
@@ -85,19 +85,38 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     `wrt`/`of`/`prefix`/`forwarding` from this call where it leaves them unset, and a step that says
     otherwise is an error. `forwarding` chooses how values reach the backward sweep (default `STORE_ALL`;
     `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds the SDFG has one more output,
-    `gradflow_overflow` (see `gradflow.Forwarding`).
+    `gradflow_overflow` (see `gradflow.Forwarding`). `optimize` applies `gradflow.optimize.OPTIMIZE` to
+    the result (True, the default), nothing (False) or the given pipeline.
     """
-    return grad_graph(program, wrt, of, prefix, pipeline, forwarding).to_sdfg()
+    return grad_graph(program, wrt, of, prefix, pipeline, forwarding, optimize).to_sdfg()
 
 
 def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | None = None,
-               forwarding: Forwarding | None = None) -> Graph:
+               forwarding: Forwarding | None = None, optimize: bool | Pipeline = True) -> Graph:
     """`grad` as a frozen `Graph` whose `meta["ad"]` (`ADInterface`) says what was built: gradient names,
     what the tape stores, what is recomputed, which rules were applied."""
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=True)
     want = Reverse(wrt_names, of_names, "grad", prefix, forwarding if forwarding is not None else STORE_ALL)
     pipe = ad_pipeline(want) if pipeline is None else bind_pipeline(pipeline, want, forwarding is not None)
-    return unwrap_or_raise(pipe(graph))
+    return optimized(unwrap_or_raise(pipe(graph)), optimize)
+
+
+def optimization(optimize: bool | Pipeline) -> Pipeline | None:
+    """The optimization pipeline `optimize=` asks for: the default one, none, or the one given."""
+    from gradflow.optimize import OPTIMIZE
+
+    if optimize is True:
+        return OPTIMIZE
+    if optimize is False or optimize is None:
+        return None
+    if isinstance(optimize, Pipeline):
+        return optimize
+    raise InvalidArgumentError(f"optimize must be True, False or a gradflow.Pipeline, got {optimize!r}")
+
+
+def optimized(graph: Graph, optimize: bool | Pipeline) -> Graph:
+    pipe = optimization(optimize)
+    return graph if pipe is None else unwrap_or_raise(pipe(graph))
 
 
 def bind_pipeline(pipeline: Any, want: Reverse, forwarding_given: bool) -> Pipeline:
@@ -144,16 +163,20 @@ def check_loop_bounds(arrays: Any, interface: Any) -> None:
 
 
 def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str = "grad_",
-        forwarding: Forwarding = STORE_ALL) -> VJPResult:
-    """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`)."""
+        forwarding: Forwarding = STORE_ALL, optimize: bool | Pipeline = True) -> VJPResult:
+    """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`); `optimize`
+    as for `grad`, applied to each of them."""
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=False)
     pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix, forwarding)) + SplitVJP()
-    result = unwrap_or_raise(pipe(graph))
-    return result.meta["vjp"]
+    result = unwrap_or_raise(pipe(graph)).meta["vjp"]
+    if optimization(optimize) is None:
+        return result
+    return attrs.evolve(result, forward=optimized(Graph.adopt(result.forward), optimize).to_sdfg(),
+                        backward=optimized(Graph.adopt(result.backward), optimize).to_sdfg())
 
 
 def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *,
-                   forwarding: Forwarding = STORE_ALL) -> Callable[..., tuple]:
+                   forwarding: Forwarding = STORE_ALL, optimize: bool | Pipeline = True) -> Callable[..., tuple]:
     """A callable `f(*arrays, **arrays) -> (value, grads)` in the style of `jax.value_and_grad`.
 
     Arguments follow the program's argument order (or are passed by name); arrays the program writes but
@@ -162,7 +185,7 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     """
     from gradflow.runtime.invoke import Invoker
 
-    result = grad_graph(program, wrt, of, "grad_", None, forwarding)
+    result = grad_graph(program, wrt, of, "grad_", None, forwarding, optimize)
     interface = result.meta.get("ad")
     graph = Graph.adopt(result.to_sdfg())
     wrt_names = _names(wrt, "wrt")

@@ -6,6 +6,8 @@
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
   (then `simplify` inlines the nested SDFGs that expansions create);
 - `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
+- `fuse_maps` (`optimize/fusion.py`): element-wise chains become one map, so reverse mode sees one
+  operation (and no temporaries) where the frontend wrote several;
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
 - `split_operations`: every state is split into a chain of states holding one operation each, so that
   "before operation k" is a place in the control flow where a value can be stored.
@@ -147,9 +149,11 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     from gradflow.autodiff.jumps import LowerBreaks
     from gradflow.autodiff.shapes import BoundTransientShapes
     from gradflow.autodiff.views import RemoveViews
+    from gradflow.optimize.fusion import FuseMaps
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LowerBreaks(), RemoveViews(), expand, BoundTransientShapes(), CollapseMaps(), SplitOperations()))
+    return Pipeline((LowerBreaks(), RemoveViews(), expand, BoundTransientShapes(), FuseMaps(), CollapseMaps(),
+                     SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

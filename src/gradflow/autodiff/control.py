@@ -3,6 +3,8 @@
 A `ControlRule` says, for one kind of region of the control-flow tree (`structure.py`):
 - `restores(item)`: the symbols its reversal sets in every reversed iteration (so operations inside may
   read them; anything else assigned on interstate edges is rejected by `check_symbols`);
+- `tape_bytes(item, rev, loops)`: the bytes of the stacks `record` will create (the budget planner
+  counts them; they do not depend on what is stored or recomputed);
 - `record(item, rev, loops)`: how it instruments the forward sweep (what it pushes on the tape; `loops` are
   the loops around the item), returning whatever its `reverse` needs;
 - `reverse(item, recorded, rev, ctx, body)`: the backward blocks it appends to `ctx`, calling `body(seq)`
@@ -52,6 +54,9 @@ class CountedLoop:
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.counted.var})
 
+    def tape_bytes(self, item, rev, loops: tuple):
+        return 0
+
     def record(self, item, rev, loops: tuple) -> None:
         return None
 
@@ -80,6 +85,12 @@ class RecordedLoop:
 
     def restores(self, item) -> frozenset[str]:
         return frozenset(_per_iteration(item))
+
+    def tape_bytes(self, item, rev, loops: tuple):
+        per_iteration = [s for s in _per_iteration(item) if s in rev.used_symbols]
+        slots = rev.capacity(loops, register=False) + len(per_iteration) * rev.capacity(loops + (item.loop,),
+                                                                                        register=False)
+        return 8 * slots + 8 * (1 + len(per_iteration))
 
     def record(self, item, rev, loops: tuple) -> RecordedTrips:
         loop = item.loop
@@ -158,6 +169,9 @@ class RecordedBranch:
 
     def restores(self, item) -> frozenset[str]:
         return frozenset()
+
+    def tape_bytes(self, item, rev, loops: tuple):
+        return 8 * rev.capacity(loops, register=False) + 8
 
     def record(self, item, rev, loops: tuple) -> RecordedChoice:
         block = item.block

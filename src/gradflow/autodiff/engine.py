@@ -29,7 +29,9 @@ from dace import subsets, symbolic
 from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.activity import OpAccess, activity, is_float
+from gradflow.analysis.cost import op_work
 from gradflow.analysis.loops import upper_bound
+from gradflow.autodiff import budget
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -83,6 +85,7 @@ class ADInterface:
     bounded_loops: tuple[tuple[str, int], ...] = ()  # (label, user bound) of guarded while loops
     backward_label: str = BACKWARD_LABEL
     rules_used: tuple[str, ...] = ()  # names of the reverse, library and control rules applied
+    forwarding_plan: budget.ForwardingPlan | None = None  # what is kept and what is rerun (see budget.py)
 
 
 def _rule_for(tables: ADTables, site: OpSite):
@@ -120,6 +123,7 @@ class Reversal:
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
     recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
+    tables: Any = None  # the ADTables of the build
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -130,14 +134,15 @@ class Reversal:
         self._names[stem] = n + 1
         return f"{stem}{n}"
 
-    def capacity(self, loops: Sequence[LoopRegion]):
-        """Slots needed by a site that runs once per iteration of `loops` (outermost first)."""
+    def capacity(self, loops: Sequence[LoopRegion], register: bool = True):
+        """Slots needed by a site that runs once per iteration of `loops` (outermost first). `register=False`
+        only asks (a model pricing storage): a while loop's user bound is then not put into force."""
         cap = sympy.Integer(1)
         for k, loop in enumerate(loops):
-            cap = cap * self.trip_bound(loop, loops[:k])
+            cap = cap * self.trip_bound(loop, loops[:k], register)
         return cap
 
-    def trip_bound(self, loop: LoopRegion, outer: Sequence[LoopRegion]):
+    def trip_bound(self, loop: LoopRegion, outer: Sequence[LoopRegion], register: bool = True):
         """An upper bound of `loop`'s trip count valid for every iteration of `outer`; a while loop takes
         the user's bound (and is then stopped there, see `user_bound`)."""
         item = self.loops[id(loop)]
@@ -149,7 +154,8 @@ class Reversal:
                 return bound if divisor == 1 else symbolic.int_floor(bound, divisor)
         user = self.spec.forwarding.bound_of(loop.label)
         if user is not None and item.counted is None and not loop.loop_variable:
-            self.bounded[id(loop)] = (loop, user)
+            if register:
+                self.bounded[id(loop)] = (loop, user)
             return user
         raise NotDifferentiableError(
             f"loop '{loop.label}' has a trip count gradflow cannot bound at compile time, and values "
@@ -184,26 +190,43 @@ class Reversal:
 
     # ---- forward instrumentation ---------------------------------------------------------------------
 
-    def record_overwrites(self, needs: list[frozenset[str]], accesses: list[OpAccess],
-                          recomputed: frozenset[str]) -> None:
-        """Push what an operation overwrites when an operation reversed after it reads the old value."""
+    def overwrite_sites(self, accesses: list[OpAccess]) -> list[tuple[OpSite, str]]:
+        """(operation, array) where the operation overwrites part of the array and its old value may be
+        needed later: all but the first definition of a temporary outside loops (garbage nobody reads)."""
+        found = []
         for p in self.sites:
             for array in sorted(accesses[p.index].writes):
-                if array in recomputed:
-                    continue
-                if not any(array in needs[q.index] and _may_precede(q, p) for q in self.sites):
-                    continue
                 desc = self.sdfg.arrays[array]
                 if desc.transient and not p.loops and array not in accesses[p.index].reads and not any(
                     array in accesses[q.index].reads | accesses[q.index].writes
                     for q in self.sites if q.index < p.index
                 ):
-                    continue  # first definition of a temporary: its old value is garbage nobody reads
-                sub = p.written_subset(array)
-                stack = self.tape.new_stack(array, self.capacity(p.loops), self.item_shape(p, array, sub), desc.dtype)
-                self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
-                self.pops.setdefault(p.index, []).append((array, stack, sub))
-                self.stores[stack.array] = array
+                    continue
+                found.append((p, array))
+        return found
+
+    def stack_bytes(self, site: OpSite, array: str, register: bool = True):
+        """Bytes of the stack that saves what `site` overwrites of `array` (symbolic)."""
+        item = self.item_shape(site, array, site.written_subset(array))
+        elements = self.capacity(site.loops, register)
+        for extent in item:
+            elements = elements * extent
+        return elements * self.sdfg.arrays[array].dtype.bytes
+
+    def record_overwrites(self, needs: list[frozenset[str]], accesses: list[OpAccess],
+                          recomputed: frozenset[str]) -> None:
+        """Push what an operation overwrites when an operation reversed after it reads the old value."""
+        for p, array in self.overwrite_sites(accesses):
+            if array in recomputed:
+                continue
+            if not any(array in needs[q.index] and may_precede(q, p) for q in self.sites):
+                continue
+            desc = self.sdfg.arrays[array]
+            sub = p.written_subset(array)
+            stack = self.tape.new_stack(array, self.capacity(p.loops), self.item_shape(p, array, sub), desc.dtype)
+            self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
+            self.pops.setdefault(p.index, []).append((array, stack, sub))
+            self.stores[stack.array] = array
 
     def record_regions(self, seq: Seq, loops: tuple, tables: ADTables, ctx: ReverseContext) -> None:
         """Let each region's control rule instrument the forward sweep, inner regions first."""
@@ -215,6 +238,17 @@ class Reversal:
             rule = _control_rule_for(tables, item)
             ctx.note_rule(rule.name)
             self.recorded[id(item)] = rule.fn.record(item, self, loops)
+
+    def control_tape_bytes(self, seq: Seq | None = None, loops: tuple = ()):
+        """Bytes of the stacks the control rules will create (known before anything is recorded)."""
+        total = 0
+        for item in (seq or self.tree).items:
+            if item.kind == OPERATION:
+                continue
+            total += _control_rule_for(self.tables, item).fn.tape_bytes(item, self, loops)
+            for child in item.children:
+                total += self.control_tape_bytes(child, loops + item.encloses)
+        return total
 
     # ---- backward sweep ------------------------------------------------------------------------------
 
@@ -241,7 +275,7 @@ def set_flag(state, array: str, value: str) -> None:
     state.add_edge(tasklet, "__o", state.add_write(array), None, dace.Memlet(f"{array}[0]"))
 
 
-def _may_precede(q: OpSite, p: OpSite) -> bool:
+def may_precede(q: OpSite, p: OpSite) -> bool:
     """Can operation q run before (or be) operation p in some execution?"""
     return q.index <= p.index or bool(set(map(id, q.loops)) & set(map(id, p.loops)))
 
@@ -284,9 +318,13 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
         if site.index in active:
             ctx.note_rule(rule.name)
     needs = [frozenset(rule.fn.needs(site, ctx)) for site, rule in zip(sites, rules)]
-    recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding)
-    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg))
+    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables)
     rev.used_symbols = frozenset(str(x) for site in sites if site.index in active for x in site.state.free_symbols)
+    choice = None
+    if spec.forwarding.max_bytes is not None:
+        choice = budget.choose(rev, needs, accesses, spec.forwarding.max_bytes, dict(spec.forwarding.sizes))
+    recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding,
+                                   choice.recompute if choice is not None else None)
     rev.record_overwrites(needs, accesses, recompute.arrays)
     rev.record_regions(tree, (), tables, ctx)
 
@@ -328,5 +366,8 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
             set_flag(sdfg.add_state_before(sdfg.start_block, "gradflow_overflow_clear", is_start_block=True),
                      OVERFLOW, "0")
     sdfg.reset_cfg_list()
+    reruns = tuple((array, sites[p].state.label, op_work(q) * rev.capacity(sites[p].loops, register=False))
+                   for p, plan in sorted(recompute.before.items()) for array, q in plan)
+    plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice)
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
-                       rules_used=tuple(ctx.rules_used))
+                       rules_used=tuple(ctx.rules_used), forwarding_plan=plan)

@@ -9,7 +9,10 @@ the operation that reads it is reversed). The policies:
 - `RECOMPUTE_ALL`: recompute every array for which recomputation is valid (see `recomputable`), store
   the rest;
 - `Forwarding(recompute={"a", "b"})`: recompute exactly those arrays (an error names any of them for
-  which recomputation is not valid).
+  which recomputation is not valid);
+- `Forwarding.budget(max_bytes, sizes={...})`: the least rerun work that keeps at most `max_bytes` for
+  the backward sweep, chosen exactly by a mixed-integer program (`budget.py`) at the given sizes; a budget
+  below what any plan needs is a `BudgetError` stating that minimum.
 
 `loop_bounds` gives, per loop label (the key `"*"`: any other loop), an upper bound on the trip count of
 while loops, whose trip count gradflow cannot bound itself, when values inside them must be stored per
@@ -36,13 +39,34 @@ def _frozen_map(value) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((str(k), int(v)) for k, v in items))
 
 
+def _optional_bytes(value) -> int | None:
+    if value is None:
+        return None
+    from gradflow.core.errors import InvalidArgumentError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        raise InvalidArgumentError(f"a byte budget must be a non-negative whole number, got {value!r}")
+    return int(value)
+
+
 @attrs.frozen
 class Forwarding:
     recompute: frozenset[str] | str = attrs.field(default=frozenset(), converter=_frozen_set)
     loop_bounds: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
+    max_bytes: int | None = attrs.field(default=None, converter=_optional_bytes)
+    sizes: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
+
+    @staticmethod
+    def budget(max_bytes: int, sizes: Mapping[str, int] | None = None,
+               loop_bounds: Mapping[str, int] | None = None) -> "Forwarding":
+        """Keep at most `max_bytes` for the backward sweep at these sizes (symbol -> value), rerunning
+        the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`)."""
+        return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {})
 
     @property
     def name(self) -> str:
+        if self.max_bytes is not None:
+            return f"budget({self.max_bytes})"
         if self.recompute == ALL:
             return "recompute_all"
         return "store_all" if not self.recompute else f"recompute({', '.join(sorted(self.recompute))})"

@@ -104,6 +104,8 @@ class Reverse(Pass):
         # (inspecting the stack each time): slow, and it would tie the fingerprint to gradflow's source.
         with dace.config.set_temporary("compiler", "lineinfo", value="none"):
             interface = build_reverse(sdfg, spec, self.tables)
+        plan = attrs.evolve(interface.forwarding_plan, kept=tuple(sorted(kept_bytes(sdfg, interface).items())))
+        interface = attrs.evolve(interface, forwarding_plan=plan)
         error = check_graph(sdfg, self.name, thorough=True)
         if error is not None:
             return Failure(error)
@@ -136,6 +138,24 @@ def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
         sdfg.arrays[name] = dace.data.Array(desc.dtype, [1], transient=desc.transient)
 
 
+def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]:
+    """Arrays the backward sweep reads from the forward sweep: arguments it reads, and the forward's
+    transients (temporaries, the tape) it reads; backward-local ones (working copies, recomputed values,
+    gradient buffers) are not forwarded."""
+    region = _backward_region(sdfg, interface)
+    gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
+    used_backward = _arrays_used([region]) & set(sdfg.arrays)
+    used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
+    arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
+    return tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
+
+
+def kept_bytes(sdfg: dace.SDFG, interface: ADInterface) -> dict[str, object]:
+    """What the forward keeps for the backward beyond the program's arguments: transient -> bytes."""
+    return {a: sdfg.arrays[a].total_size * sdfg.arrays[a].dtype.bytes for a in forwarded_arrays(sdfg, interface)
+            if sdfg.arrays[a].transient}
+
+
 def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     """Forward and backward SDFGs from a combined one (both built from private copies)."""
     import copy
@@ -143,10 +163,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     region = _backward_region(sdfg, interface)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
     used_backward = _arrays_used([region]) & set(sdfg.arrays)
-    used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
-    arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
-    # Backward-local transients (working copies, recomputed values) are not forwarded.
-    forwarded = tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
+    forwarded = forwarded_arrays(sdfg, interface)
 
     fwd = copy.deepcopy(sdfg)
     for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:

@@ -58,7 +58,8 @@ class FuseMaps(Pass):
         sdfg = graph.editable()
         single_use = FindSingleUseData().apply_pass(sdfg, {})
         fusion = ElementwiseMapFusion(_single_use_data=single_use)  # see DaCe's FullMapFusion
-        applied = pattern_matching.PatternMatchAndApplyRepeated([fusion], permissive=False, validate=False) \
+        applied = pattern_matching.PatternMatchAndApplyRepeated([fusion], permissive=False, validate=False,
+                                                                print_report=False, progress=False) \
             .apply_pass(sdfg, {FindSingleUseData.__name__: single_use})
         if not applied:
             return Success(graph)

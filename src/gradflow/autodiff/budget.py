@@ -110,7 +110,8 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
             if (b, pi) in rerun_at:
                 q = rerun_at[(b, pi)]
                 model.row({("rc", b, pi): 1, key: -1, x: -1}, -1, np.inf)
-                cost[("rc", b, pi)] = evaluate(op_work(q), sizes, f"the work of '{q.state.label}'") * executions[pi]
+                work = rev.worst_case(op_work(q), q.loops)
+                cost[("rc", b, pi)] = evaluate(work, sizes, f"the work of '{q.state.label}'") * executions[pi]
             else:
                 model.row({key: 1, x: 1}, -np.inf, 1)  # cannot be rerun for this operation
             model.row({("st", b, pi): 1, key: -1, x: 1}, 0, np.inf)

@@ -164,6 +164,12 @@ class Reversal:
             "iterations>}) (or the key '*'); or recompute the overwritten arrays",
         )
 
+    def worst_case(self, expr, loops: Sequence[LoopRegion]):
+        """`expr` at its largest over the values the variables of `loops` take (e.g. the work of a map whose
+        range depends on the loop variable); `expr` itself where that cannot be bounded."""
+        bound = upper_bound(symbolic.pystr_to_symbolic(str(expr)), self._intervals(loops))
+        return expr if bound is None else bound
+
     def user_bound(self, loop: LoopRegion) -> int | None:
         """The user's bound when storage inside `loop` needed one (the loop must then stop there)."""
         entry = self.bounded.get(id(loop))
@@ -366,7 +372,8 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
             set_flag(sdfg.add_state_before(sdfg.start_block, "gradflow_overflow_clear", is_start_block=True),
                      OVERFLOW, "0")
     sdfg.reset_cfg_list()
-    reruns = tuple((array, sites[p].state.label, op_work(q) * rev.capacity(sites[p].loops, register=False))
+    reruns = tuple((array, sites[p].state.label,
+                    rev.worst_case(op_work(q), q.loops) * rev.capacity(sites[p].loops, register=False))
                    for p, plan in sorted(recompute.before.items()) for array, q in plan)
     plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice)
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,

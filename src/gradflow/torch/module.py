@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
-from gradflow.torch.function import Function, function
+from gradflow.torch.function import Function, bind_inputs, function
 
 
 class Module(torch.nn.Module):
@@ -40,9 +40,11 @@ class Module(torch.nn.Module):
             tensor = torch.as_tensor(value).detach().clone()
             self.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        expected = [n for n, is_param in self._slots if not is_param]
+        if kwargs:  # inputs by name (the parameters are the module's own)
+            args = bind_inputs(type(self).__name__, expected, args, kwargs)
         if len(args) != self._n_args:
-            expected = [n for n, is_param in self._slots if not is_param]
             raise ArgumentError(f"{type(self).__name__} takes {self._n_args} inputs ({', '.join(expected)}), "
                                 f"got {len(args)}")
         it = iter(args)

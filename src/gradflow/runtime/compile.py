@@ -39,7 +39,7 @@ import dace
 from dace.codegen import compiler as dace_compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 
-from gradflow.core.errors import CacheWarning, CompilationError
+from gradflow.core.errors import CacheWarning, CompilationError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.core.names import check_identifiers
 from gradflow.runtime import blas
@@ -102,6 +102,9 @@ def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
 
 def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
     """Compile (or fetch from the cache) the SDFG. The argument is never modified."""
+    if not isinstance(program, (Graph, dace.SDFG)):
+        raise InvalidArgumentError(f"compile_sdfg takes a dace.SDFG or a gradflow.Graph, got {describe(program)}",
+                                   "parse a @dace.program first: gradflow.Graph.of(program)")
     graph = program if isinstance(program, Graph) else None
     sdfg = graph.sdfg if graph is not None else program
     key = build_key(sdfg, graph.fingerprint if graph is not None else None)
@@ -112,10 +115,13 @@ def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
         if hit is not None:
             return hit
         check_identifiers(sdfg)  # a name the C++ cannot carry fails here, not in the compiler
+        # the loaded program keeps a reference to its SDFG: an immutable Graph's may be shared, a plain
+        # SDFG the caller could still edit is copied
+        mine = sdfg if graph is not None else copy.deepcopy(sdfg)
         with _key_lock(root, key):
-            compiled = _load(folder, key, sdfg)
+            compiled = _load(folder, key, mine)
             if compiled is None:
-                compiled = _build_and_publish(sdfg, root, key)
+                compiled = _build_and_publish(mine, root, key)
         _LOADED[str(folder)] = compiled
         return compiled
 
@@ -190,8 +196,10 @@ def _load(folder: Path, key: str, sdfg: dace.SDFG) -> CompiledSDFG | None:
     else:
         problem = _problem(folder, key, record, sdfg)
     if problem is None:
-        private = copy.deepcopy(sdfg)
-        private.name = record["name"]
+        private = sdfg
+        if record["name"] != sdfg.name:  # the library's entry points carry the name it was built under
+            private = copy.deepcopy(sdfg)
+            private.name = record["name"]
         library = folder / record["library"]
         stub = folder / next(rel for rel in record["files"] if rel != record["library"])
         try:

@@ -6,7 +6,7 @@ import dace
 import numpy as np
 import pytest
 
-from gradflow.analysis.writes import overwritten_before_read, written
+from gradflow.analysis.writes import may_read_before_write, overwritten_before_read, written
 
 N = dace.symbol("N")
 f64 = dace.float64
@@ -83,3 +83,15 @@ def test_accumulating_and_nested_writes_are_not_overwrites():
     nested = state.add_nested_sdfg(inner, {}, {"o"})
     state.add_edge(nested, "o", state.add_access("Y"), None, dace.Memlet("Y[0:N]"))
     assert not overwritten_before_read(outer, "Y") and written(outer) == {"Y"}
+
+
+@dace.program
+def unused(X: f64[N], Y: f64[N], S: f64[1]):
+    S[0] = np.sum(X)
+
+
+def test_an_untouched_array_is_never_read_but_not_overwritten():
+    sdfg = unused.to_sdfg(simplify=True)
+    assert not may_read_before_write(sdfg, "Y") and not overwritten_before_read(sdfg, "Y")
+    assert not may_read_before_write(sdfg, "S") and overwritten_before_read(sdfg, "S")
+    assert may_read_before_write(sdfg, "X")

@@ -23,6 +23,14 @@ from tests.torch.vjp_programs import square_mul
 N = dace.symbol("N")
 
 
+@pytest.fixture(autouse=True)
+def _no_line_info():
+    """DaCe inspects the Python stack for every node added (deep under pytest and hypothesis): off here,
+    it only fills in source positions."""
+    with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+        yield
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(wrt=None), r"wrt must be an array name or a non-empty sequence of names, got None"),
     (dict(wrt=3), r"wrt must be an array name .* got 3"),

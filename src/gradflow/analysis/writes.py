@@ -2,8 +2,9 @@
 
 Callers that allocate arrays for the user (`value_and_grad`'s omitted arguments, the torch dispatchers'
 outputs) and callers that check arguments (read-only arrays the program would write) share these
-answers. `overwritten_before_read` is conservative: False whenever it cannot tell, so a caller zero-fills
-or asks for the array, never hands the program uninitialised memory to read.
+answers. Both questions are answered conservatively (`overwritten_before_read` False,
+`may_read_before_write` True whenever the analysis cannot tell), so a caller zero-fills or asks for the
+array, never hands the program uninitialised memory to read.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def overwritten_before_read(sdfg: dace.SDFG, name: str) -> bool:
     if name not in sdfg.arrays:
         return False
     return _region(sdfg, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.OVERWRITES
+
+
+def may_read_before_write(sdfg: dace.SDFG, name: str) -> bool:
+    """False when no run of the program reads an element of `name` it has not written first: the array
+    is overwritten before being read (as in `overwritten_before_read`) or not touched at all. What a
+    caller may leave for gradflow to allocate (zero-filled)."""
+    if name not in sdfg.arrays:
+        return True
+    return _region(sdfg, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.UNSURE
 
 
 def _reads(edge, name: str) -> bool:

@@ -196,10 +196,11 @@ def _load(folder: Path, key: str, sdfg: dace.SDFG) -> CompiledSDFG | None:
     else:
         problem = _problem(folder, key, record, sdfg)
     if problem is None:
-        private = sdfg
-        if record["name"] != sdfg.name:  # the library's entry points carry the name it was built under
-            private = copy.deepcopy(sdfg)
-            private.name = record["name"]
+        # a shallow copy (the loaded program only reads its SDFG) that says where the build lives and
+        # carries the name the library's entry points were built under
+        private = copy.copy(sdfg)
+        private.name = record["name"]
+        private.build_folder = str(folder)
         library = folder / record["library"]
         stub = folder / next(rel for rel in record["files"] if rel != record["library"])
         try:

@@ -3,10 +3,10 @@
 `Invoker` only binds: positional arguments to the SDFG's arguments in declaration order, and arrays the
 caller left out to new zero-filled ones (torch tensors when any argument is a torch tensor, else numpy
 arrays). An array may be left out only when the program certainly overwrites all of it before reading any
-of it (`gradflow.analysis.writes.overwritten_before_read`: outputs and gradient buffers, typically);
-leaving out one the program reads (an input, or an output it accumulates into) is an `ArgumentError`
-naming it, never a silent zero. Everything else, checking every argument (dtype, shape, symbols,
-strides, device), inferring the symbols and the zero-copy native call, is
+of it, or does not touch it (`gradflow.analysis.writes.may_read_before_write`: outputs and gradient
+buffers, typically); leaving out one the program may read (an input, or an output it accumulates into) is
+an `ArgumentError` naming it, never a silent zero. Everything else, checking every argument (dtype,
+shape, symbols, strides, device), inferring the symbols and the zero-copy native call, is
 `gradflow.runtime.calling.Runner`: one set of checks and one fast call path for every way of running a
 compiled SDFG in gradflow.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradflow.analysis.writes import overwritten_before_read
+from gradflow.analysis.writes import may_read_before_write
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
 from gradflow.runtime.calling import Runner
@@ -48,10 +48,10 @@ class Invoker:
 
     @property
     def allocatable(self) -> frozenset[str]:
-        """The array arguments the caller may leave out: those the program overwrites before reading."""
+        """The array arguments the caller may leave out: those the program never reads before writing."""
         if self._allocatable is None:
             self._allocatable = frozenset(a.name for a in self.runner.plan.arrays
-                                          if overwritten_before_read(self.graph.sdfg, a.name))
+                                          if not may_read_before_write(self.graph.sdfg, a.name))
         return self._allocatable
 
     @property

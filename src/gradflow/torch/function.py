@@ -101,8 +101,8 @@ def bind_inputs(owner: str, names: Sequence[str], args: tuple, kwargs: Mapping[s
 class Function:
     """A differentiable torch callable backed by a compiled forward/backward SDFG pair.
 
-    Call it with tensors (and numbers for scalar inputs) in `inputs` order; it returns one tensor for one
-    output, a tuple for several. `plan` is the one description both dispatchers are generated from.
+    Call it with tensors (and numbers for scalar inputs) in `inputs` order, or by name; it returns one
+    tensor for one output, a tuple for several. `plan` is the one description both dispatchers are generated from.
     """
 
     def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool) -> None:

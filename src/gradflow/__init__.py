@@ -7,6 +7,7 @@ the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is rea
 
 from gradflow.core import (
     ArgumentError,
+    CacheWarning,
     CompilationError,
     GradflowError,
     Graph,
@@ -33,7 +34,8 @@ __version__ = "0.1.0"
 __all__ = [
     "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline",
     "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
-    "ArgumentError", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError", "LoopBoundError",
+    "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError",
+    "LoopBoundError",
     "NoRuleError",
     "NotDifferentiableError", "Pass", "Pipeline", "UnknownArrayError", "register_pass", "registered_passes",
 ]

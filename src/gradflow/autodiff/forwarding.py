@@ -23,20 +23,38 @@ that run are then invalid, and `value_and_grad` raises `LoopBoundError`.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from typing import Mapping
 
 import attrs
+
+from gradflow.core.errors import InvalidArgumentError
 
 ALL = "all"
 
 
 def _frozen_set(value) -> frozenset[str] | str:
-    return ALL if value == ALL else frozenset(value)
+    if isinstance(value, str) and value == ALL:
+        return ALL
+    names = frozenset(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"Forwarding(recompute=...) takes array names or 'all', got {type(value).__name__}",
+                                   "e.g. gradflow.recompute('A', 'B')")
+    return names
 
 
 def _frozen_map(value) -> tuple[tuple[str, int], ...]:
     items = value.items() if isinstance(value, Mapping) else value
-    return tuple(sorted((str(k), int(v)) for k, v in items))
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                and v >= 1 for k, v in pairs):
+        raise InvalidArgumentError("Forwarding loop_bounds must map loop labels (or '*') to positive int bounds",
+                                   "e.g. gradflow.STORE_ALL.with_loop_bounds(**{'*': 100})")
+    return tuple(sorted((k, int(v)) for k, v in pairs))
 
 
 def _optional_bytes(value) -> int | None:

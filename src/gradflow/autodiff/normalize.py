@@ -95,12 +95,15 @@ def _split_state(state: SDFGState) -> None:
     chain: list[SDFGState] = []
     for k, op in enumerate(ops):
         new = cfg.add_state(f"{state.label}_op{k}")
-        members = {state.node(i) for i in op.nodes}
+        # node ids, in order: the new state's node order (and everything derived from it) is the same in
+        # every process, whatever the addresses of the node objects
+        members = [state.node(i) for i in sorted(op.nodes)]
+        inside = set(members)
         mapped: dict[nd.Node, nd.Node] = {}
         for node in members:
             new.add_node(node)
             mapped[node] = node
-        for i in set(op.reads) | set(op.writes):
+        for i in sorted(set(op.reads) | set(op.writes)):
             original = state.node(i)
             mapped[original] = nd.AccessNode(original.data)
             new.add_node(mapped[original])
@@ -108,7 +111,7 @@ def _split_state(state: SDFGState) -> None:
             if op.kind == "copy":
                 belongs = state.node_id(e.src) in op.reads and state.node_id(e.dst) in op.writes
             else:
-                belongs = e.src in members or e.dst in members
+                belongs = e.src in inside or e.dst in inside
             if belongs:
                 new.add_edge(mapped[e.src], e.src_conn, mapped[e.dst], e.dst_conn, e.data)
         for node in members:

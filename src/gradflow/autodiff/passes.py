@@ -14,6 +14,7 @@ import dace
 from returns.result import Failure, Success
 
 from gradflow.analysis.activity import is_float
+from gradflow.analysis.writes import written
 from gradflow.autodiff.engine import END_LABEL, ADInterface, ADSpec, ADTables, build_reverse
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
@@ -28,20 +29,11 @@ from gradflow.core.rule_table import RuleTable
 from gradflow.core.validation import check_graph
 
 
-def written_arrays(sdfg: dace.SDFG) -> set[str]:
-    return {
-        n.data
-        for s in sdfg.states()
-        for n in s.data_nodes()
-        if s.in_degree(n) > 0
-    }
-
-
 def infer_of(sdfg: dace.SDFG) -> str:
     """The unique non-transient one-element array the program writes."""
     candidates = sorted(
         name
-        for name in written_arrays(sdfg)
+        for name in written(sdfg)
         if not sdfg.arrays[name].transient and is_float(sdfg.arrays[name]) and sdfg.arrays[name].total_size == 1
     )
     if len(candidates) != 1:

@@ -115,6 +115,7 @@ class Reversal:
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
     recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
+    active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -221,6 +222,8 @@ class Reversal:
                 site = item.site
                 for array, stack, sub in self.pops.get(site.index, ()):
                     self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
+                if site.index not in self.active:
+                    continue
                 previous = recompute.emit_before(site, ctx)
                 rules[site.index].fn.reverse(site, ctx)
                 recompute.restore(ctx, previous)
@@ -277,9 +280,12 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     for site, rule in zip(sites, rules):
         if site.index in active:
             ctx.note_rule(rule.name)
-    needs = [frozenset(rule.fn.needs(site, ctx)) for site, rule in zip(sites, rules)]
+    # An inactive operation (it writes no array that carries a gradient) has nothing to reverse: its rule is
+    # not asked, so one the rules could not differentiate (e.g. an index read from data) does not block AD.
+    needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
+             for site, rule in zip(sites, rules)]
     recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding)
-    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg))
+    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), active=frozenset(active))
     rev.used_symbols = frozenset(str(x) for site in sites if site.index in active for x in site.state.free_symbols)
     rev.record_overwrites(needs, accesses, recompute.arrays)
     rev.record_regions(tree, (), tables, ctx)

@@ -105,6 +105,17 @@ class LoopBoundError(GradflowError, RuntimeError):
     """A while loop ran past the trip-count bound its forwarding policy gave; the gradients are invalid."""
 
 
+@attrs.frozen(eq=False)
+class IndexOutOfRangeError(GradflowError, IndexError):
+    """An index computed from data while a program ran was out of range (see `gradflow.core.checks`)."""
+
+
+@attrs.frozen(eq=False)
+class ResourceLimitError(GradflowError):
+    """A program would allocate more than a limit the user can raise (e.g. one tensor over
+    `GRADFLOW_MAX_TENSOR_BYTES`); raised before anything is allocated."""
+
+
 def render(error: GradflowError) -> str:
     """The one place that turns an error value into text."""
     return f"{type(error).__name__}: {error.render()}"

@@ -16,6 +16,7 @@ from gradflow.autodiff.engine import OVERFLOW
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
+from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
 from gradflow.core.errors import InvalidArgumentError, LoopBoundError, UnknownArrayError, describe
 from gradflow.core.graph import Graph
 from gradflow.core.names import check_identifiers, identifier_problem
@@ -203,7 +204,9 @@ def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, pref
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=False)
     forwarding = forwarding if forwarding is not None else STORE_ALL
     pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix, forwarding)) + SplitVJP()
-    result = unwrap_or_raise(pipe(graph)).meta["vjp"]
+    graph = unwrap_or_raise(pipe(graph))
+    sites = graph.meta.get(SITES)
+    result = attrs.evolve(graph.meta["vjp"], index_sites=tuple(sites)) if sites else graph.meta["vjp"]
     if optimization(optimize) is None:
         return result
     return attrs.evolve(result, forward=optimized(Graph.adopt(result.forward), optimize).to_sdfg(),
@@ -230,6 +233,7 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     def call(*args: Any, **kwargs: Any):
         arrays, as_torch = invoker(*args, **kwargs)
         check_loop_bounds(arrays, interface)
+        raise_for_flag(arrays.get(ERROR_FLAG), result.meta.get(SITES, ()))
         value = arrays[of_name].reshape(-1)[0].item()
         grads = {x: arrays["grad_" + x] for x in wrt_names}
         if as_torch:

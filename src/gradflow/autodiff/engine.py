@@ -124,6 +124,7 @@ class Reversal:
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
     recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
     tables: Any = None  # the ADTables of the build
+    active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -267,6 +268,8 @@ class Reversal:
                 site = item.site
                 for array, stack, sub in self.pops.get(site.index, ()):
                     self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
+                if site.index not in self.active:
+                    continue
                 previous = recompute.emit_before(site, ctx)
                 rules[site.index].fn.reverse(site, ctx)
                 recompute.restore(ctx, previous)
@@ -323,8 +326,11 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     for site, rule in zip(sites, rules):
         if site.index in active:
             ctx.note_rule(rule.name)
-    needs = [frozenset(rule.fn.needs(site, ctx)) for site, rule in zip(sites, rules)]
-    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables)
+    # An inactive operation (it writes no array that carries a gradient) has nothing to reverse: its rule is
+    # not asked, so one the rules could not differentiate (e.g. an index read from data) does not block AD.
+    needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
+             for site, rule in zip(sites, rules)]
+    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
     rev.used_symbols = frozenset(str(x) for site in sites if site.index in active for x in site.state.free_symbols)
     choice = None
     if spec.forwarding.max_bytes is not None:

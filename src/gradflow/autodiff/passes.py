@@ -175,6 +175,9 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         if block is not bregion and block.label != END_LABEL:
             bwd.remove_node(block)
     bwd.start_block = bwd.node_id(bregion)
+    # DaCe's dominator analysis (allocation placement) mistakes a plain region as an SDFG's start block for
+    # its own dominator: the backward SDFG starts with an empty state instead.
+    bwd.add_state_before(bregion, "gradflow_begin", is_start_block=True)
     keep_outputs = set(interface.grads.values()) | set(interface.cotangents.values())
     for name in list(bwd.arrays):
         if name not in used_backward and name not in keep_outputs:

@@ -121,6 +121,15 @@ def describe(value: object) -> str:
     if isinstance(shape, tuple) or type(shape).__name__ == "Size":
         return f"a {type(value).__name__} of shape {tuple(shape)}"
     return f"a {type(value).__name__}"
+@attrs.frozen(eq=False)
+class IndexOutOfRangeError(GradflowError, IndexError):
+    """An index computed from data while a program ran was out of range (see `gradflow.core.checks`)."""
+
+
+@attrs.frozen(eq=False)
+class ResourceLimitError(GradflowError):
+    """A program would allocate more than a limit the user can raise (e.g. one tensor over
+    `GRADFLOW_MAX_TENSOR_BYTES`); raised before anything is allocated."""
 
 
 def render(error: GradflowError) -> str:

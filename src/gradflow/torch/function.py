@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from gradflow.autodiff.interface import VJPResult
+from gradflow.core.checks import ERROR_FLAG, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, as_sdfg
 from gradflow.core.names import check_identifiers
@@ -66,6 +67,7 @@ def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] |
         return program, list(inputs) if inputs is not None else ins, outs
     sdfg = as_sdfg(program)
     check_identifiers(sdfg)
+    program = program if isinstance(program, Graph) else sdfg  # a Graph keeps its meta (e.g. index checks)
     ins, outs = default_inputs_outputs(sdfg, outputs)
     ins = list(inputs) if inputs is not None else ins
     if not outs:
@@ -77,7 +79,7 @@ def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] |
     except AttributeError:
         raise GradflowError("gradflow.vjp is not available in this build; pass a VJPResult instead") from None
     chosen = list(wrt) if wrt is not None else differentiable_inputs(sdfg, ins)
-    return vjp(sdfg, wrt=chosen, of=outs), ins, outs
+    return vjp(program, wrt=chosen, of=outs), ins, outs
 
 
 def bind_inputs(owner: str, names: Sequence[str], args: tuple, kwargs: Mapping[str, Any]) -> tuple:
@@ -105,11 +107,14 @@ class Function:
     tensor for one output, a tuple for several. `plan` is the one description both dispatchers are generated from.
     """
 
-    def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool) -> None:
+    def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool,
+                 flag_output: bool = False) -> None:
         if dispatcher not in DISPATCHERS:
             raise InvalidArgumentError(f"unknown dispatcher '{dispatcher}'", f"choose one of {DISPATCHERS}")
         self.vjp = vjp
         self.plan = plan
+        # the last output is the forward's error flag (`gradflow.core.checks`): checked, never returned
+        self._flag_output = flag_output
         self.dispatcher = dispatcher
         self.forward_compiled = compile_sdfg(vjp.forward)
         self.backward_compiled = compile_sdfg(vjp.backward)
@@ -139,7 +144,8 @@ class Function:
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.plan.outputs)
+        names = tuple(s.name for s in self.plan.outputs)
+        return names[:-1] if self._flag_output else names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # `_call`: the ctypes dispatcher's autograd.Function apply (its generated forward checks the number
@@ -152,7 +158,11 @@ class Function:
                 "call it outside the transform, or differentiate the program with gradflow.vjp")
         if kwargs:
             args = self.bind(args, kwargs)
-        return self._call(*args)
+        if not self._flag_output:
+            return self._call(*args)
+        *values, flag = self._call(*args)
+        raise_for_flag(flag, self.vjp.index_sites)
+        return values[0] if len(values) == 1 else tuple(values)
 
     def bind(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         """Inputs given by name (and the first ones by position) in `inputs` order."""
@@ -188,5 +198,8 @@ def function(
     wrt = _optional_names(wrt, "wrt")
     fixed = _check_options(dispatcher, convert, symbols)
     vjp, ins, outs = _vjp_of(program, inputs, outputs, wrt)
+    flag = ERROR_FLAG in vjp.forward.arrays and ERROR_FLAG not in outs and (inputs is None or ERROR_FLAG not in ins)
+    if flag:  # the program checks indices read from data: its error flag is an extra output, checked per call
+        ins, outs = [n for n in ins if n != ERROR_FLAG], [*outs, ERROR_FLAG]
     plan = build_plan(vjp, ins, outs, fixed)
-    return Function(vjp, plan, dispatcher, convert)
+    return Function(vjp, plan, dispatcher, convert, flag)

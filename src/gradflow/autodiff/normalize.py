@@ -2,10 +2,11 @@
 `NORMALIZE`, the one pipeline of them that `ad_pipeline` and the nested-SDFG rule both use.
 
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
-- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array;
-- `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
   (then `simplify` inlines the nested SDFGs that expansions create);
+- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array, or the
+  view becomes an array of its own (after the expansions, which make views too);
+- `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
 - `split_operations`: every state is split into a chain of states holding one operation each, so that
   "before operation k" is a place in the control flow where a value can be stored.
@@ -149,7 +150,7 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     from gradflow.autodiff.views import RemoveViews
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LowerBreaks(), RemoveViews(), expand, BoundTransientShapes(), CollapseMaps(), SplitOperations()))
+    return Pipeline((LowerBreaks(), expand, RemoveViews(), BoundTransientShapes(), CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

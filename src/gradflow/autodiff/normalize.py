@@ -2,10 +2,12 @@
 `NORMALIZE`, the one pipeline of them that `ad_pipeline` and the nested-SDFG rule both use.
 
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
-- `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
-  (then `simplify` inlines the nested SDFGs that expansions create);
 - `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array, or the
-  view becomes an array of its own (after the expansions, which make views too);
+  view becomes an array of its own;
+- `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
+  (then `simplify` inlines the nested SDFGs that expansions create, and the views those make are removed
+  as `remove_views` does; before the expansions, since an expansion bakes its operands' layouts into the
+  nested SDFG it makes);
 - `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
 - `split_operations`: every state is split into a chain of states holding one operation each, so that
@@ -25,6 +27,7 @@ from returns.result import Success
 
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.rules import LIBRARY, default_library_rules, library_rule_for
+from gradflow.autodiff.views import has_views, remove_views
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
@@ -60,6 +63,8 @@ class ExpandLibraryNodes(Pass):
             for state, node in work:
                 node.expand(state)
         sdfg.simplify()
+        if has_views(sdfg):  # made by the expansions (the program's own went before, see the module doc)
+            remove_views(sdfg)
         return Success(Graph.adopt(sdfg, graph.meta))
 
 
@@ -150,7 +155,7 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     from gradflow.autodiff.views import RemoveViews
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LowerBreaks(), expand, RemoveViews(), BoundTransientShapes(), CollapseMaps(), SplitOperations()))
+    return Pipeline((LowerBreaks(), RemoveViews(), expand, BoundTransientShapes(), CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

@@ -273,19 +273,29 @@ class RemoveViews(Pass):
     name: ClassVar[str] = "remove_views"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_views(s) or _has_unit_steps(s) for s in graph.sdfg.states()):
+        if not has_views(graph.sdfg):
             return Success(graph)
         sdfg = graph.editable()
-        names: dict[str, str] = {}  # view descriptor -> the transient its materialized nodes use
-        for state in sdfg.states():
-            # a view of a view (`np.reshape(A[1:, 1:], ...)`) is joined to an array once the inner one is gone
-            while any(_remove(state, view, names) for view in _views(state)):
-                pass
-            for view in _views(state):
-                _reject(state, view)
-            _unit_steps(state)
-        used = {n.data for s in sdfg.states() for n in s.data_nodes()}
-        for name, desc in list(sdfg.arrays.items()):
-            if isinstance(desc, dace.data.View) and name not in used:
-                sdfg.remove_data(name, validate=False)
+        remove_views(sdfg)
         return Success(Graph.adopt(sdfg, graph.meta))
+
+
+def has_views(sdfg: dace.SDFG) -> bool:
+    return any(_views(s) or _has_unit_steps(s) for s in sdfg.states())
+
+
+def remove_views(sdfg: dace.SDFG) -> None:
+    """The pass's work, in place on a private SDFG (`expand_library_nodes` also runs it on the views its
+    expansions make, e.g. upstream's `ONNXReshape`)."""
+    names: dict[str, str] = {}  # view descriptor -> the transient its materialized nodes use
+    for state in sdfg.states():
+        # a view of a view (`np.reshape(A[1:, 1:], ...)`) is joined to an array once the inner one is gone
+        while any(_remove(state, view, names) for view in _views(state)):
+            pass
+        for view in _views(state):
+            _reject(state, view)
+        _unit_steps(state)
+    used = {n.data for s in sdfg.states() for n in s.data_nodes()}
+    for name, desc in list(sdfg.arrays.items()):
+        if isinstance(desc, dace.data.View) and name not in used:
+            sdfg.remove_data(name, validate=False)

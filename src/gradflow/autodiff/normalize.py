@@ -2,9 +2,12 @@
 `NORMALIZE`, the one pipeline of them that `ad_pipeline` and the nested-SDFG rule both use.
 
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
-- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array;
+- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array, or the
+  view becomes an array of its own;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
-  (then `simplify` inlines the nested SDFGs that expansions create);
+  (then `simplify` inlines the nested SDFGs that expansions create, and the views those make are removed
+  as `remove_views` does; before the expansions, since an expansion bakes its operands' layouts into the
+  nested SDFG it makes);
 - `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
 - `fuse_maps` (`optimize/fusion.py`): element-wise chains become one map, so reverse mode sees one
   operation (and no temporaries) where the frontend wrote several;
@@ -26,6 +29,7 @@ from returns.result import Success
 
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.rules import LIBRARY, default_library_rules, library_rule_for
+from gradflow.autodiff.views import has_views, remove_views
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
@@ -61,6 +65,8 @@ class ExpandLibraryNodes(Pass):
             for state, node in work:
                 node.expand(state)
         sdfg.simplify()
+        if has_views(sdfg):  # made by the expansions (the program's own went before, see the module doc)
+            remove_views(sdfg)
         return Success(Graph.adopt(sdfg, graph.meta))
 
 

@@ -392,6 +392,13 @@ class Lowering:
             if i is None:
                 m.dynamic = True
             out_m[c] = m
+        if language == dace.Language.Python:
+            # float16 elements are computed in float32: DaCe's half type has no mixed-type overloads
+            # (max(0, x) would not compile); the result is rounded to float16 where it is stored
+            for c, (t, _) in ins.items():
+                if np.dtype(t.dtype) == np.float16 and not in_m[c].dynamic and in_m[c].subset.num_elements() == 1:
+                    in_m[f"{c}_half"] = in_m.pop(c)
+                    code = f"{c} = dace.float32({c}_half)\n{code}"
         kwargs = {}
         if sequential:
             kwargs["schedule"] = dace.ScheduleType.Sequential

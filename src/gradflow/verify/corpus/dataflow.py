@@ -16,6 +16,8 @@ from .case import BuiltProgram, Case
 N = dace.symbol("N")
 M = dace.symbol("M")
 H = dace.symbol("H")
+W = dace.symbol("W")
+CB = dace.symbol("CB")
 
 f64 = dace.float64
 
@@ -619,6 +621,105 @@ def _i_nested_call(rng):
     return {"X": rng.normal(size=n), "Y": _z(n), "W": rng.normal(size=n), "S": _z(1)}
 
 
+# ----------------------------------------------------------------------------------------------------------
+# reshapes: views that remove_views materializes (np.reshape, .flatten()), and copies that reshape
+
+
+@dace.program
+def df_flatten_matmul(X: f64[N, (H - 4) // 2, (W - 4) // 2, 2], Wt: f64[CB, M], V: f64[N, M], S: f64[1]):
+    x5 = np.reshape(np.tanh(X), (N, CB))  # lenet's flatten: CB is a symbol (= its extents' product)
+    S[0] = np.sum((x5 @ Wt) * V)
+
+
+def _t_flatten_matmul(X, Wt, V, **_):
+    return ((torch.tanh(X).reshape(X.shape[0], -1) @ Wt) * V).sum()
+
+
+_FLATTEN = {"N": 2, "H": 8, "W": 10, "M": 3, "CB": 2 * ((8 - 4) // 2) * ((10 - 4) // 2)}
+
+
+def _i_flatten_matmul(rng):
+    n, h, w, m, cb = (_FLATTEN[k] for k in ("N", "H", "W", "M", "CB"))
+    return {"X": rng.normal(size=(n, (h - 4) // 2, (w - 4) // 2, 2)), "Wt": rng.normal(size=(cb, m)),
+            "V": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+@dace.program
+def df_flatten(X: f64[N, M, H], V: f64[N * M * H], S: f64[1]):
+    S[0] = np.sum(np.sin(X.flatten()) * V)
+
+
+def _t_flatten(X, V, **_):
+    return (torch.sin(X.flatten()) * V).sum()
+
+
+def _i_flatten(rng):
+    n, m, h = _SIZES["N"], _SIZES["M"], _SIZES["H"]
+    return {"X": rng.normal(size=(n, m, h)), "V": rng.normal(size=n * m * h), "S": _z(1)}
+
+
+@dace.program
+def df_reshape_same_rank(A: f64[N, M], V: f64[M, N], S: f64[1]):
+    R = np.reshape(A, (M, N))
+    S[0] = np.sum(R * R * V)
+
+
+def _t_reshape_same_rank(A, V, **_):
+    R = A.reshape(A.shape[1], A.shape[0])
+    return (R * R * V).sum()
+
+
+def _i_reshape_same_rank(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n, m)), "V": rng.normal(size=(m, n)), "S": _z(1)}
+
+
+@dace.program
+def df_reshape_memlet_path(inp: f64[N * M], bias: f64[M], S: f64[1]):
+    reshaped = np.reshape(inp, (N, M))
+    Z = reshaped + bias  # the view sits on the memlet path into the broadcast map
+    S[0] = np.sum(np.log(Z + 10.0))
+
+
+def _t_reshape_memlet_path(inp, bias, **_):
+    return torch.log(inp.reshape(-1, bias.shape[0]) + bias + 10.0).sum()
+
+
+def _i_reshape_memlet_path(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"inp": rng.uniform(-1.0, 1.0, n * m), "bias": rng.uniform(-1.0, 1.0, m), "S": _z(1)}
+
+
+def df_reshape_copy() -> dace.SDFG:
+    """Two copies that reshape (built with the API; the frontend makes views): a strided 2-D block of A into
+    a vector B, B into an M x N matrix C."""
+    sdfg = dace.SDFG("df_reshape_copy")
+    sdfg.add_array("A", [N + 1, M + 2], f64)
+    sdfg.add_array("V", [M, N], f64)
+    sdfg.add_array("S", [1], f64)
+    sdfg.add_transient("B", [N * M], f64)
+    sdfg.add_transient("C", [M, N], f64)
+    state = sdfg.add_state("reshape", is_start_block=True)
+    b = state.add_access("B")
+    state.add_nedge(state.add_read("A"), b, dace.Memlet(data="A", subset="1:N + 1, 1:M + 1", other_subset="0:N*M"))
+    state.add_nedge(b, state.add_write("C"), dace.Memlet(data="B", subset="0:N*M", other_subset="0:M, 0:N"))
+    total = sdfg.add_state_after(state, "total")
+    total.add_mapped_tasklet("t", {"i": "0:M", "j": "0:N"}, {"c": dace.Memlet("C[i, j]"), "v": dace.Memlet("V[i, j]")},
+                             "s = c * c * v", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")},
+                             external_edges=True)
+    return sdfg
+
+
+def _t_reshape_copy(A, V, S, **_):
+    C = A[1:, 1:-1].reshape(V.shape)
+    return S[0] + (C * C * V).sum()
+
+
+def _i_reshape_copy(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n + 1, m + 2)), "V": rng.normal(size=(m, n)), "S": _z(1)}
+
+
 CASES: list[Case] = [
     Case("df_elementwise_chain", df_elementwise_chain, _t_elementwise_chain, ("X",), "S",
          _i_elementwise_chain, _N, "exp/sin/tanh/sqrt chain, map-WCR sum"),
@@ -667,6 +768,16 @@ CASES: list[Case] = [
          "np.sum along axis 0 and axis 1, then np.sum"),
     Case("df_lib_softmax", df_lib_softmax, _t_lib_softmax, ("X", "W"), "S", _i_lib_softmax, _NM,
          "row softmax with np.max / np.sum library reductions"),
+    Case("df_flatten_matmul", df_flatten_matmul, _t_flatten_matmul, ("X", "Wt"), "S", _i_flatten_matmul, _FLATTEN,
+         "lenet's flatten: np.reshape of a 4-D transient with int_floor extents to (N, CB), then a matmul"),
+    Case("df_flatten", df_flatten, _t_flatten, ("X",), "S", _i_flatten,
+         {"N": _SIZES["N"], "M": _SIZES["M"], "H": _SIZES["H"]}, "X.flatten() of a 3-D input"),
+    Case("df_reshape_same_rank", df_reshape_same_rank, _t_reshape_same_rank, ("A",), "S", _i_reshape_same_rank,
+         _NM, "np.reshape (N, M) -> (M, N): a view of equal rank that is not a slice"),
+    Case("df_reshape_memlet_path", df_reshape_memlet_path, _t_reshape_memlet_path, ("inp", "bias"), "S",
+         _i_reshape_memlet_path, _NM, "a reshaped vector read by a broadcast map (a reshape on a memlet path)"),
+    Case("df_reshape_copy", BuiltProgram(df_reshape_copy, ("A", "V", "S")), _t_reshape_copy, ("A",), "S",
+         _i_reshape_copy, _NM, "copies that reshape: a strided 2-D block into a vector, the vector into a matrix"),
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

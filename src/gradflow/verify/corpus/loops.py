@@ -11,8 +11,9 @@ from __future__ import annotations
 import dace
 import numpy as np
 import torch
+from dace.libraries.blas import Dot
 
-from .case import Case, setitem
+from .case import BuiltProgram, Case, setitem
 
 N = dace.symbol("N")
 M = dace.symbol("M")
@@ -784,6 +785,130 @@ def _t_growing_prefix(A, C, S, **_):
 # ----------------------------------------------------------------------------------------------------------
 
 
+# ----------------------------------------------------------------------------------------------------------
+# matrix and vector products on slices inside loops (the DaCe forms NPBench uses for cholesky, lu, trisolv,
+# doitgen and covariance), and the row-to-column copy of covariance
+
+
+def _dot(a: list, b: list) -> torch.Tensor:
+    """Dot product of two lists of 0-d tensors; 0 for empty lists (as np.dot of empty slices)."""
+    return sum((x * y for x, y in zip(a, b)), torch.zeros((), dtype=torch.float64))
+
+
+def _matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor:
+    return torch.stack([torch.stack(r) for r in rows])
+
+
+@dace.program
+def lp_cholesky_dot(A: f64[N, N], W: f64[N, N], S: f64[1]):
+    A[0, 0] = np.sqrt(A[0, 0])
+    for i in range(1, N):
+        for j in range(i):
+            A[i, j] -= np.dot(A[i, :j], A[j, :j])
+            A[i, j] /= A[j, j]
+        A[i, i] -= np.dot(A[i, :i], A[i, :i])
+        A[i, i] = np.sqrt(A[i, i])
+    S[0] = np.sum(A * W)
+
+
+def _t_cholesky_dot(A, W, **_):
+    n = A.shape[0]
+    a = _rows(A)
+    a[0][0] = torch.sqrt(a[0][0])
+    for i in range(1, n):
+        for j in range(i):
+            a[i][j] = (a[i][j] - _dot(a[i][:j], a[j][:j])) / a[j][j]
+        a[i][i] = torch.sqrt(a[i][i] - _dot(a[i][:i], a[i][:i]))
+    return (_matrix(a) * W).sum()
+
+
+def _i_cholesky_dot(rng):
+    n = 5
+    B = rng.normal(size=(n, n))
+    return {"A": B @ B.T / n + np.eye(n), "W": rng.normal(size=(n, n)), "S": _z(1)}
+
+
+@dace.program
+def lp_lu_slices(A: f64[N, N], W: f64[N, N], S: f64[1]):
+    for i in range(N):
+        for j in range(i):
+            A[i, j] -= A[i, :j] @ A[:j, j]
+            A[i, j] /= A[j, j]
+        for j in range(i, N):
+            A[i, j] -= A[i, :i] @ A[:i, j]
+    S[0] = np.sum(A * W)
+
+
+def _t_lu_slices(A, W, **_):
+    return _t_lu(A, W, torch.zeros(1, dtype=torch.float64))
+
+
+@dace.program
+def _trisolv_dot(L: f64[N, N], x: f64[N], b: f64[N], S: f64[1]):
+    for i in range(N):
+        x[i] = np.dot(L[i, :i], x[:i])
+        x[i] = (b[i] - x[i]) / L[i, i]
+    for i in range(N):
+        S[0] += x[i] * x[i] * (i + 1)
+
+
+def lp_trisolv_dot() -> dace.SDFG:
+    """trisolv whose Dot writes its result straight into x[i], one element of a larger array. The frontend
+    stores np.dot's result in a scalar that a tasklet assigns to x[i]; the builder drops both."""
+    sdfg = _trisolv_dot.to_sdfg(simplify=True)
+    sdfg.name = "lp_trisolv_dot"
+    for state in sdfg.states():
+        for dot in [n for n in state.nodes() if isinstance(n, Dot)]:
+            (out,) = state.out_edges(dot)
+            scalar = out.dst  # dot -> scalar -> assignment tasklet -> x[i]
+            (read,) = state.out_edges(scalar)
+            (write,) = state.out_edges(read.dst)
+            state.add_edge(dot, "_result", write.dst, None, dace.Memlet(data=write.dst.data, subset=write.data.subset))
+            state.remove_nodes_from([scalar, read.dst])
+    return sdfg
+
+
+def _t_trisolv_dot(L, b, S, **_):
+    n = L.shape[0]
+    x: list[torch.Tensor] = []
+    for i in range(n):
+        x.append((b[i] - _dot([L[i, j] for j in range(i)], x)) / L[i, i])
+    return S[0] + sum(x[i] * x[i] * (i + 1) for i in range(n))
+
+
+def _i_trisolv_dot(rng):
+    out = _i_trisolv(rng)
+    out["L"], out["b"], out["x"] = out["L"][:6, :6], out["b"][:6], out["x"][:6]
+    return out
+
+
+@dace.program
+def lp_doitgen(A: f64[N, M, K], C4: f64[K, K], W: f64[N, M, K], S: f64[1]):
+    for r in range(N):
+        A[r, :, :] = np.reshape(np.reshape(A[r], (M, K)) @ C4, (M, K))
+    S[0] = np.sum(A * W)
+
+
+def _t_doitgen(A, C4, W, **_):
+    return (torch.stack([A[r] @ C4 for r in range(A.shape[0])]) * W).sum()
+
+
+@dace.program
+def lp_covariance(data: f64[N, M], W: f64[M, M], S: f64[1]):
+    mean = np.mean(data, axis=0)
+    d = data - mean
+    cov = np.zeros((M, M), dtype=data.dtype)
+    for i in range(M):
+        cov[i, i:M] = d[:, i] @ d[:, i:M] / (np.float64(N) - 1.0)
+        cov[i:M, i] = cov[i, i:M]
+    S[0] = np.sum(cov * W)
+
+
+def _t_covariance(data, W, **_):
+    d = data - data.mean(0)
+    return (d.T @ d / (data.shape[0] - 1.0) * W).sum()
+
+
 def _inputs(**shapes):
     """Normal draws for the named arrays (a tuple shape), zero `S`."""
 
@@ -806,6 +931,17 @@ def _with_t(fn, t):
 
 
 CASES: list[Case] = [
+    Case("lp_cholesky_dot", lp_cholesky_dot, _t_cholesky_dot, ("A", "W"), "S", _i_cholesky_dot, {"N": 5},
+         "cholesky with np.dot of row slices A[i, :j], A[j, :j] (Dot on 2-D subsets), in place"),
+    Case("lp_lu_slices", lp_lu_slices, _t_lu_slices, ("A", "W"), "S", _i_lu, {"N": 6},
+         "lu with row-slice @ column-slice products A[i, :j] @ A[:j, j], in place"),
+    Case("lp_trisolv_dot", BuiltProgram(lp_trisolv_dot, ("L", "x", "b", "S")), _t_trisolv_dot, ("L", "b"), "S",
+         _i_trisolv_dot, {"N": 6}, "trisolv with a Dot writing x[i], one element of the vector it reads"),
+    Case("lp_doitgen", lp_doitgen, _t_doitgen, ("A", "C4", "W"), "S",
+         _inputs(A=(3, 4, 3), C4=(3, 3), W=(3, 4, 3)), {"N": 3, "M": 4, "K": 3},
+         "doitgen: A[r] = reshape(reshape(A[r]) @ C4), a 3-D slice as a matrix, in place"),
+    Case("lp_covariance", lp_covariance, _t_covariance, ("data", "W"), "S", _inputs(data=(6, 4), W=(4, 4)),
+         {"N": 6, "M": 4}, "covariance: column @ column block into a row, mirrored by cov[i:M, i] = cov[i, i:M]"),
     Case("lp_jacobi_1d", lp_jacobi_1d, _with_t(_t_jacobi_1d, 3), ("A", "B"), "S",
          _inputs(A=(10,), B=(10,)), {"N": 10, "T": 3}, "PolyBench jacobi_1d, slices inside a time loop"),
     Case("lp_jacobi_2d", lp_jacobi_2d, _with_t(_t_jacobi_2d, 3), ("A", "B"), "S",

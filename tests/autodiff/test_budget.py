@@ -23,9 +23,9 @@ def _sizes(name: str) -> dict:
 
 @functools.cache
 def _universe(name: str) -> tuple[str, ...]:
-    """Every array that can be rerun: what RECOMPUTE_ALL reruns, chain inputs included."""
+    """Every array that can be rerun: what RECOMPUTE_ALL reruns, chain inputs included, and what it declines."""
     plan = programs.differentiated(name, gradflow.RECOMPUTE_ALL).meta["ad"].forwarding_plan
-    return tuple(sorted({array for array, _, _ in plan.reruns}))
+    return tuple(sorted({array for array, _, _ in plan.reruns} | set(plan.declined)))
 
 
 @functools.cache

@@ -55,6 +55,19 @@ def _maps(g: Graph) -> int:
     return sum(isinstance(n, nd.MapEntry) for n, _ in g.sdfg.all_nodes_recursive())
 
 
+def _data_symbols(g: Graph) -> int:
+    """Symbols assigned from array elements on interstate edges (`idx_index = idx[i]`), in all SDFGs."""
+    return sum(any(name in str(value) for name in sdfg.arrays) and "[" in str(value)
+               for sdfg in g.sdfg.all_sdfgs_recursive() for e in sdfg.all_interstate_edges()
+               for value in e.data.assignments.values())
+
+
+def _conditional_writes(g: Graph) -> int:
+    from gradflow.autodiff.conditional_writes import _sites
+
+    return sum(len(_sites(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
 def _has_backward(g: Graph) -> bool:
     return any(b.label == "gradflow_backward" for b in g.sdfg.nodes()) and "grad_X" in g.sdfg.arrays
 
@@ -81,6 +94,9 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "remove_views": (lambda: Graph.of(dataflow.df_strided.to_sdfg()), None, _views, ("> 0", 0)),
     "expand_library_nodes": (lambda: Graph.of(dataflow.df_lib_sum.to_sdfg()),
                              ExpandLibraryNodes(RuleTable("library")), _libraries, ("> 0", 0)),
+    "lower_indirection": (lambda: Graph.of(dataflow.df_gather.to_sdfg()), None, _data_symbols, ("> 0", 0)),
+    "complete_conditional_writes": (lambda: Graph.of(dataflow.df_masked_assign.to_sdfg()), None,
+                                    _conditional_writes, ("> 0", 0)),
     "bound_transient_shapes": (lambda: Graph.of(loops.lp_growing_prefix.to_sdfg()), None, _loop_sized, ("> 0", 0)),
     "choose_schedules": (lambda: Reverse(("x",), ("S",))(_normalized(loops.lp_triangular)).unwrap(), None,
                          _small_parallel_maps, ("> 0", 0)),

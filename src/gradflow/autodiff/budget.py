@@ -188,6 +188,9 @@ class ForwardingPlan:
     kept: tuple[tuple[str, object], ...] = ()
     reruns: tuple[tuple[str, str, object], ...] = ()
     predicted: Choice | None = None
+    #: arrays stored although they could be rerun (`RECOMPUTE_ALL` declines a rerun that would keep larger
+    #: overwritten arrays for the backward sweep than the value it saves)
+    declined: tuple[str, ...] = ()
 
     def total_bytes(self, sizes: Mapping[str, int]) -> int:
         return sum(evaluate(b, sizes, f"the size of '{a}'") for a, b in self.kept)
@@ -204,6 +207,8 @@ class ForwardingPlan:
         lines += [f"    {a:40s} {shown(b, a):>12s} bytes" for a, b in self.kept] or ["    nothing"]
         lines.append("  recomputed in the backward sweep:")
         lines += [f"    {a:40s} for {p:30s} work {shown(w, a)}" for a, p, w in self.reruns] or ["    nothing"]
+        if self.declined:
+            lines.append(f"  stored although recomputable (the rerun would keep more): {', '.join(self.declined)}")
         if sizes is not None:
             lines.append(f"  total: {self.total_bytes(sizes)} bytes kept, {self.total_work(sizes)} element operations "
                          "rerun")

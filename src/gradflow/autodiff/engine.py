@@ -381,6 +381,6 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     reruns = tuple((array, sites[p].state.label,
                     rev.worst_case(op_work(q), q.loops) * rev.capacity(sites[p].loops, register=False))
                    for p, plan in sorted(recompute.before.items()) for array, q in plan)
-    plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice)
+    plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice, tuple(sorted(recompute.declined)))
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
                        rules_used=tuple(ctx.rules_used), forwarding_plan=plan)

@@ -54,6 +54,8 @@ class RecomputePlan:
     arrays: frozenset[str]
     before: dict  # site index -> tuple of (array, defining site), in the order to rerun them
     buffers: dict = attrs.field(factory=dict)  # array -> backward-local buffer
+    #: arrays `RECOMPUTE_ALL` could rerun but stores: the rerun would keep larger overwritten arrays alive
+    declined: frozenset[str] = frozenset()
 
     def allocate(self, ctx: ReverseContext) -> None:
         rerun = {array for plan in self.before.values() for array, _ in plan}
@@ -141,6 +143,32 @@ class Recomputability:
         return reruns + [(array, q)]
 
 
+#: the value symbols take when `RECOMPUTE_ALL` compares sizes (it has no sizes; budgets have exact ones)
+SIZE_PROBE = 64
+
+
+def _elements(sdfg: dace.SDFG, name: str) -> float:
+    size = sdfg.arrays[name].total_size
+    try:
+        return float(dace.symbolic.pystr_to_symbolic(str(size)).subs(
+            {s: SIZE_PROBE for s in dace.symbolic.pystr_to_symbolic(str(size)).free_symbols}))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _keeps_more(sdfg: dace.SDFG, array: str, plans, accesses: list[OpAccess]) -> bool:
+    """Whether rerunning what defines `array` reads arrays that a later operation overwrites (so the
+    backward sweep would have to keep their old values, e.g. a whole array put on the tape per iteration)
+    that are larger than `array` itself: `RECOMPUTE_ALL` then stores `array` instead of trading a small
+    value for a large one."""
+    kept = set()
+    for plan in plans:
+        for _, q in plan:
+            later = set().union(*(a.writes for a in accesses[q.index:])) if q.index < len(accesses) else set()
+            kept |= {r for r in accesses[q.index].reads if r in later and r != array}
+    return sum(_elements(sdfg, r) for r in kept) > _elements(sdfg, array)
+
+
 def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
                        accesses: list[OpAccess], policy: Forwarding,
                        chosen_set: frozenset[str] | None = None) -> RecomputePlan:
@@ -164,12 +192,16 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
     facts = Recomputability(sites, accesses)
 
     chosen: set[str] = set()
+    declined: set[str] = set()
     before: dict[int, list[tuple[str, OpSite]]] = {}
     for array in sorted(wanted):
         if array not in needed:
             continue
         readers = [p for p in sites if array in needs[p.index]]
         plans = [facts.chain(array, p, p, wanted, strict) for p in readers]
+        if not strict and all(plan is not None for plan in plans) and _keeps_more(sdfg, array, plans, accesses):
+            declined.add(array)
+            continue
         if all(plan is not None for plan in plans):
             chosen.add(array)
             for p, plan in zip(readers, plans):
@@ -192,4 +224,4 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
         final[index] = tuple(ordered)
         extra = set().union(*(accesses[q.index].reads for _, q in ordered)) - seen
         needs[index] = (needs[index] - seen) | frozenset(extra)
-    return RecomputePlan(frozenset(chosen), final)
+    return RecomputePlan(frozenset(chosen), final, declined=frozenset(declined))

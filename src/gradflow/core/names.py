@@ -65,7 +65,9 @@ def _problems(sdfg: dace.SDFG) -> Iterator[tuple[str, str, str]]:
             if isinstance(node, nd.Tasklet):
                 for name in _called(node.code.as_string, node.language):
                     called.setdefault(name, node.label)
-        names = [("array", n) for n in inner.arrays] + [("symbol", str(s)) for s in inner.symbols]
+        # a symbol of callback type is how DaCe itself names a Python callback the tasklet calls
+        names = [("array", n) for n in inner.arrays] + [("symbol", str(s)) for s, t in inner.symbols.items()
+                                                        if not isinstance(t, dace.dtypes.callback)]
         for kind, name in names:
             problem = identifier_problem(name)
             if problem is None and name in called:

@@ -302,6 +302,78 @@ def _gemm_subblocks(A, X, C, W):
     return _w(C, W)
 
 
+# --- products (zeros common: ties draw integers in -2..2) ----------------------------------------------------
+
+@dace.program
+def prod_axis1(A: f64[N, M], W: f64[N], S: f64[1]):
+    r = np.prod(A, axis=1)
+    S[0] = np.sum(r * W)
+
+
+@dace.program
+def prod_all(A: f64[N, M], W: f64[1], S: f64[1]):
+    S[0] = np.multiply.reduce(A, axis=None) * W[0]
+
+
+# --- contractions ------------------------------------------------------------------------------------------
+
+@dace.program
+def tensordot_axes2(A: f64[N, M, K], X: f64[M, K], W: f64[N], S: f64[1]):
+    C = np.tensordot(A, X, axes=([1, 2], [0, 1]))
+    S[0] = np.sum(C * W)
+
+
+@dace.program
+def tensordot_axes1(A: f64[N, K], X: f64[K, M], W: f64[N, M], S: f64[1]):
+    C = np.tensordot(A, X, axes=1)
+    S[0] = np.sum(C * C * W)
+
+
+@dace.program
+def tensordot_permuted(A: f64[N, M, K], X: f64[B, K], W: f64[B, N, M], S: f64[1]):
+    C = np.tensordot(A, X, axes=([2], [1]), out_axes=[2, 0, 1])  # out_axes: DaCe's extension
+    S[0] = np.sum(C * W)
+
+
+def _einsum_node(name: str, spec: str, operands: dict, result: tuple, alpha: float = 1.0):
+    """An SDFG computing S[0] = sum(einsum(spec, operands...) * W) with DaCe's Einsum library node."""
+    from dace.libraries.blas import Einsum
+
+    def build() -> dace.SDFG:
+        sdfg = dace.SDFG(name)
+        for array, shape in operands.items():
+            sdfg.add_array(array, list(shape), f64)
+        sdfg.add_array("W", list(result), f64)
+        sdfg.add_array("S", [1], f64)
+        sdfg.add_transient("R", list(result), f64)
+        state = sdfg.add_state("contract", is_start_block=True)
+        node = Einsum("einsum")
+        node.einsum_str = spec
+        node.alpha = alpha
+        state.add_node(node)
+        for k, (array, shape) in reversed(list(enumerate(operands.items()))):  # edges out of connector order
+            node.add_in_connector(f"in{k}")
+            state.add_edge(state.add_read(array), None, node, f"in{k}",
+                           dace.Memlet(f"{array}[{', '.join(f'0:{d}' for d in shape)}]"))
+        node.add_out_connector("out")
+        index = ", ".join(f"0:{d}" for d in result)
+        state.add_edge(node, "out", state.add_write("R"), None, dace.Memlet(f"R[{index}]"))
+        total = sdfg.add_state_after(state, "total")
+        params = {f"__i{d}": f"0:{n}" for d, n in enumerate(result)}
+        element = ", ".join(params)
+        total.add_mapped_tasklet("t", params, {"r": dace.Memlet(f"R[{element}]"), "w": dace.Memlet(f"W[{element}]")},
+                                 "s = r * w", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")},
+                                 external_edges=True)
+        return sdfg
+
+    build.__name__ = name
+    return BuiltProgram(build, (*operands, "W", "S"))
+
+
+einsum_matmul = _einsum_node("einsum_matmul", "ij,jk->ik", {"A": (N, K), "X": (K, M)}, (N, M), alpha=2.0)
+einsum_chain = _einsum_node("einsum_chain", "ij,jk,kl->il", {"A": (N, K), "X": (K, M), "Y": (M, B)}, (N, B))
+
+
 # --- transposes --------------------------------------------------------------------------------------------
 
 @dace.program
@@ -409,5 +481,22 @@ CASES = [
             {"A": ("N", "M"), "W": ("M", "N")}, ("N", "M")),
     LibCase("transpose_3d", "TensorTranspose", transpose_3d, lambda A, W: _w(A.permute(2, 0, 1), W), ("A",),
             {"A": ("N", "M", "K"), "W": ("K", "N", "M")}, ("N", "M", "K")),
+    LibCase("prod_axis1", "Reduce", prod_axis1, lambda A, W: _w(A.prod(1), W), ("A", "W"),
+            {"A": ("N", "M"), "W": ("N",)}, ("N", "M"), ties=True),
+    LibCase("prod_all", "Reduce", prod_all, lambda A, W: A.prod() * W[0], ("A", "W"),
+            {"A": ("N", "M"), "W": ("1",)}, ("N", "M"), ties=True),
+    LibCase("tensordot_axes2", "TensorDot", tensordot_axes2,
+            lambda A, X, W: _w(torch.tensordot(A, X, dims=([1, 2], [0, 1])), W), ("A", "X", "W"),
+            {"A": ("N", "M", "K"), "X": ("M", "K"), "W": ("N",)}, ("N", "M", "K")),
+    LibCase("tensordot_axes1", "TensorDot", tensordot_axes1,
+            lambda A, X, W: _w(torch.tensordot(A, X, dims=1) ** 2, W), ("A", "X"),
+            {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("tensordot_permuted", "TensorDot", tensordot_permuted,
+            lambda A, X, W: _w(torch.tensordot(A, X, dims=([2], [1])).permute(2, 0, 1), W), ("A", "X"),
+            {"A": ("N", "M", "K"), "X": ("B", "K"), "W": ("B", "N", "M")}, ("B", "N", "M", "K")),
+    LibCase("einsum_matmul", "Einsum", einsum_matmul, lambda A, X, W: _w(2.0 * torch.einsum("ij,jk->ik", A, X), W),
+            ("A", "X"), {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("einsum_chain", "Einsum", einsum_chain, lambda A, X, Y, W: _w(torch.einsum("ij,jk,kl->il", A, X, Y), W),
+            ("A", "X", "Y"), {"A": ("N", "K"), "X": ("K", "M"), "Y": ("M", "B"), "W": ("N", "B")}, ("N", "M", "K", "B")),
 ]
 CASES_BY_NAME = {c.name: c for c in CASES}

@@ -930,6 +930,67 @@ def _with_t(fn, t):
     return ref
 
 
+# ----------------------------------------------------------------------------------------------------------
+# correlation-style normalisation: a masked assignment `sd[sd <= 0.5] = 1.0` (a conditional write), then the
+# columns divided by sd in place inside a loop, and a data-dependent gather inside the loop
+
+
+@dace.program
+def lp_masked_normalise(X: f64[N, M], W: f64[N, M], idx: dace.int64[M], S: f64[1]):
+    sd = np.sqrt(np.sum(X * X, axis=0) / N)
+    sd[sd <= 0.5] = 1.0
+    for i in range(N):
+        X[i, :] = X[i, :] / sd
+    for i in range(N):
+        for j in dace.map[0:M]:
+            S[0] += X[i, idx[j]] * W[i, j]
+
+
+def _t_masked_normalise(X, W, idx, S, **_):
+    sd = torch.sqrt((X * X).mean(0))
+    sd = torch.where(sd <= 0.5, torch.ones_like(sd), sd)
+    X = X / sd
+    return S[0] + (X[:, idx.long()] * W).sum()
+
+
+def _i_masked_normalise(rng):
+    n, m = 6, 4
+    X = rng.normal(size=(n, m))
+    X[:, 1] *= 0.1  # a column with sd <= 0.5: the mask writes 1.0 there
+    X[:, 2] += 2.0 * np.sign(X[:, 2])  # sd well above 0.5
+    idx = rng.integers(0, m, m).astype(np.int64)
+    idx[0] = 1
+    return {"X": X, "W": rng.normal(size=(n, m)), "idx": idx, "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# gather and in-place scatter through an index array inside a sequential loop (duplicate indices: a later
+# iteration reads what an earlier one wrote)
+
+
+@dace.program
+def lp_indexed_updates(A: f64[N], idx: dace.int64[M], V: f64[M], S: f64[1]):
+    for i in range(M):
+        S[0] += A[idx[i]] * V[i]
+        A[idx[i]] = A[idx[i]] * 0.5 + np.sin(V[i])
+    S[0] += np.sum(A * A)
+
+
+def _t_indexed_updates(A, idx, V, S, **_):
+    total = S[0]
+    for i, k in enumerate(idx.long().tolist()):
+        total = total + A[k] * V[i]
+        A = setitem(A, k, A[k] * 0.5 + torch.sin(V[i]))
+    return total + (A * A).sum()
+
+
+def _i_indexed_updates(rng):
+    n, m = 6, 7
+    idx = rng.integers(0, n, m).astype(np.int64)
+    idx[3] = idx[1]  # a duplicate
+    return {"A": rng.normal(size=n), "idx": idx, "V": rng.normal(size=m), "S": _z(1)}
+
+
 CASES: list[Case] = [
     Case("lp_cholesky_dot", lp_cholesky_dot, _t_cholesky_dot, ("A", "W"), "S", _i_cholesky_dot, {"N": 5},
          "cholesky with np.dot of row slices A[i, :j], A[j, :j] (Dot on 2-D subsets), in place"),
@@ -993,6 +1054,10 @@ CASES: list[Case] = [
          _inputs(A=(4, 6), W=(4, 6)), {"N": 4, "M": 6}, "a dace.map body updating its row in place (in/out)"),
     Case("lp_map_of_while", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
          "a data-dependent while loop inside a dace.map body (bounded)"),
+    Case("lp_masked_normalise", lp_masked_normalise, _t_masked_normalise, ("X", "W"), "S", _i_masked_normalise,
+         {"N": 6, "M": 4}, "sd[sd <= 0.5] = 1.0, columns divided in place in a loop, a gather X[i, idx[j]] in a map"),
+    Case("lp_indexed_updates", lp_indexed_updates, _t_indexed_updates, ("A", "V"), "S", _i_indexed_updates,
+         {"N": 6, "M": 7}, "S += A[idx[i]] * V[i]; A[idx[i]] = f(A[idx[i]], V[i]) in a for loop, duplicates"),
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

@@ -148,10 +148,10 @@ SIZE_PROBE = 64
 
 
 def _elements(sdfg: dace.SDFG, name: str) -> float:
-    size = sdfg.arrays[name].total_size
+    """The element count of `name` with every symbol at `SIZE_PROBE` (0 when it cannot be evaluated)."""
+    size = dace.symbolic.pystr_to_symbolic(str(sdfg.arrays[name].total_size))
     try:
-        return float(dace.symbolic.pystr_to_symbolic(str(size)).subs(
-            {s: SIZE_PROBE for s in dace.symbolic.pystr_to_symbolic(str(size)).free_symbols}))
+        return float(size.subs({s: SIZE_PROBE for s in size.free_symbols}))
     except (TypeError, ValueError):
         return 0.0
 

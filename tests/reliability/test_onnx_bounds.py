@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 import onnx
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -180,7 +181,6 @@ def test_value_and_grad_raises_for_an_index_out_of_range():
 
 @pytest.mark.parametrize("route", ["graph", "vjp"])
 def test_torch_function_raises_for_an_index_out_of_range(route):
-    torch = pytest.importorskip("torch")
     import gradflow.torch as gt
 
     prog, x, i, w, s = picking()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from dace.libraries.blas import Dot
 
-from .case import BuiltProgram, Case, setitem
+from .case import BuiltProgram, Case, element_rows, list_dot, setitem, stack_rows
 
 N = dace.symbol("N")
 M = dace.symbol("M")
@@ -25,11 +25,6 @@ f64 = dace.float64
 
 def _z(*shape: int) -> np.ndarray:
     return np.zeros(shape, dtype=np.float64)
-
-
-def _rows(A: torch.Tensor) -> list[list[torch.Tensor]]:
-    """A matrix as a list of lists of 0-d tensors (element-wise loop references write into these)."""
-    return [[A[i, j] for j in range(A.shape[1])] for i in range(A.shape[0])]
 
 
 def _sq_sum(A: torch.Tensor) -> torch.Tensor:
@@ -266,7 +261,7 @@ def lp_lu(A: f64[N, N], W: f64[N, N], S: f64[1]):
 
 def _t_lu(A, W, S, **_):
     n = A.shape[0]
-    a = _rows(A)
+    a = element_rows(A)
     for i in range(n):
         for j in range(i):
             for k in range(j):
@@ -790,15 +785,6 @@ def _t_growing_prefix(A, C, S, **_):
 # doitgen and covariance), and the row-to-column copy of covariance
 
 
-def _dot(a: list, b: list) -> torch.Tensor:
-    """Dot product of two lists of 0-d tensors; 0 for empty lists (as np.dot of empty slices)."""
-    return sum((x * y for x, y in zip(a, b)), torch.zeros((), dtype=torch.float64))
-
-
-def _matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor:
-    return torch.stack([torch.stack(r) for r in rows])
-
-
 @dace.program
 def lp_cholesky_dot(A: f64[N, N], W: f64[N, N], S: f64[1]):
     A[0, 0] = np.sqrt(A[0, 0])
@@ -813,13 +799,13 @@ def lp_cholesky_dot(A: f64[N, N], W: f64[N, N], S: f64[1]):
 
 def _t_cholesky_dot(A, W, **_):
     n = A.shape[0]
-    a = _rows(A)
+    a = element_rows(A)
     a[0][0] = torch.sqrt(a[0][0])
     for i in range(1, n):
         for j in range(i):
-            a[i][j] = (a[i][j] - _dot(a[i][:j], a[j][:j])) / a[j][j]
-        a[i][i] = torch.sqrt(a[i][i] - _dot(a[i][:i], a[i][:i]))
-    return (_matrix(a) * W).sum()
+            a[i][j] = (a[i][j] - list_dot(a[i][:j], a[j][:j])) / a[j][j]
+        a[i][i] = torch.sqrt(a[i][i] - list_dot(a[i][:i], a[i][:i]))
+    return (stack_rows(a) * W).sum()
 
 
 def _i_cholesky_dot(rng):
@@ -872,7 +858,7 @@ def _t_trisolv_dot(L, b, S, **_):
     n = L.shape[0]
     x: list[torch.Tensor] = []
     for i in range(n):
-        x.append((b[i] - _dot([L[i, j] for j in range(i)], x)) / L[i, i])
+        x.append((b[i] - list_dot([L[i, j] for j in range(i)], x)) / L[i, i])
     return S[0] + sum(x[i] * x[i] * (i + 1) for i in range(n))
 
 

@@ -180,6 +180,23 @@ def matmul_strided_rows(A: f64[2 * N, K], X: f64[K, M], W: f64[N, M], S: f64[1])
     S[0] = np.sum(C * W)
 
 
+def _arrays(name: str, shapes: dict) -> dace.SDFG:
+    """An empty SDFG with float64 arguments of the given shapes."""
+    sdfg = dace.SDFG(name)
+    for array, shape in shapes.items():
+        sdfg.add_array(array, shape, f64)
+    return sdfg
+
+
+def _wire(state: dace.SDFGState, node, reads: dict[str, str], writes: dict[str, str]) -> None:
+    """Add library node `node` to `state`, reading and writing the memlets ("A[0:N, 1]") given per connector."""
+    state.add_node(node)
+    for conn, memlet in reads.items():
+        state.add_edge(state.add_read(memlet.split("[")[0]), None, node, conn, dace.Memlet(memlet))
+    for conn, memlet in writes.items():
+        state.add_edge(node, conn, state.add_write(memlet.split("[")[0]), None, dace.Memlet(memlet))
+
+
 def _weighted_sum(state: dace.SDFGState, array: str, ranges: dict[str, str], index: str) -> None:
     """S[0] += sum over `ranges` of array[index] * W[index], as one map."""
     state.add_mapped_tasklet("weigh", ranges, {"a": dace.Memlet(f"{array}[{index}]"), "w": dace.Memlet(f"W[{index}]")},
@@ -189,15 +206,9 @@ def _weighted_sum(state: dace.SDFGState, array: str, ranges: dict[str, str], ind
 def dot_into_element() -> dace.SDFG:
     """R[1, 2] = dot(A[:, 1], X[2, :]): a Dot whose operands are a column and a row and whose result is one
     element of a larger array (the other elements of R keep their values)."""
-    sdfg = dace.SDFG("dot_into_element")
-    for name, shape in (("A", [N, 3]), ("X", [3, N]), ("R", [3, 3]), ("W", [3, 3]), ("S", [1])):
-        sdfg.add_array(name, shape, f64)
+    sdfg = _arrays("dot_into_element", {"A": [N, 3], "X": [3, N], "R": [3, 3], "W": [3, 3], "S": [1]})
     state = sdfg.add_state("dot", is_start_block=True)
-    dot = Dot("dot")
-    state.add_node(dot)
-    state.add_edge(state.add_read("A"), None, dot, "_x", dace.Memlet("A[0:N, 1]"))
-    state.add_edge(state.add_read("X"), None, dot, "_y", dace.Memlet("X[2, 0:N]"))
-    state.add_edge(dot, "_result", state.add_write("R"), None, dace.Memlet("R[1, 2]"))
+    _wire(state, Dot("dot"), {"_x": "A[0:N, 1]", "_y": "X[2, 0:N]"}, {"_result": "R[1, 2]"})
     _weighted_sum(sdfg.add_state_after(state, "total"), "R", {"i": "0:3", "j": "0:3"}, "i, j")
     return sdfg
 
@@ -205,17 +216,12 @@ def dot_into_element() -> dace.SDFG:
 def _gemv(beta: float, name: str) -> dace.SDFG:
     """Y[0:K, 2] = 1.5 * A[1:N+1, 2:K+2]^T @ X[1:N+1, 1] (+ beta * Y[0:K, 2]): a transposed sub-block of a
     larger matrix times a column, into a column of another matrix."""
-    sdfg = dace.SDFG(name)
-    for arr, shape in (("A", [N + 1, K + 2]), ("X", [N + 1, 2]), ("Y", [K, 3]), ("W", [K, 3]), ("S", [1])):
-        sdfg.add_array(arr, shape, f64)
+    sdfg = _arrays(name, {"A": [N + 1, K + 2], "X": [N + 1, 2], "Y": [K, 3], "W": [K, 3], "S": [1]})
     state = sdfg.add_state("gemv", is_start_block=True)
-    gemv = Gemv("gemv", transA=True, alpha=1.5, beta=beta)
-    state.add_node(gemv)
-    state.add_edge(state.add_read("A"), None, gemv, "_A", dace.Memlet("A[1:N + 1, 2:K + 2]"))
-    state.add_edge(state.add_read("X"), None, gemv, "_x", dace.Memlet("X[1:N + 1, 1]"))
+    reads = {"_A": "A[1:N + 1, 2:K + 2]", "_x": "X[1:N + 1, 1]"}
     if beta:
-        state.add_edge(state.add_read("Y"), None, gemv, "_y", dace.Memlet("Y[0:K, 2]"))
-    state.add_edge(gemv, "_y", state.add_write("Y"), None, dace.Memlet("Y[0:K, 2]"))
+        reads["_y"] = "Y[0:K, 2]"
+    _wire(state, Gemv("gemv", transA=True, alpha=1.5, beta=beta), reads, {"_y": "Y[0:K, 2]"})
     _weighted_sum(sdfg.add_state_after(state, "total"), "Y", {"i": "0:K", "j": "0:3"}, "i, j")
     return sdfg
 
@@ -231,31 +237,21 @@ def gemv_beta_inplace() -> dace.SDFG:
 def matmul_outer_slices() -> dace.SDFG:
     """C = A[:, 0:1] @ X[K-1:K, :]: a MatMul of an N x 1 by a 1 x M slice, which DaCe computes as a Gemm of
     those two-dimensional subsets as they are (the frontend would read the slices as vectors and refuse)."""
-    sdfg = dace.SDFG("matmul_outer_slices")
-    for arr, shape in (("A", [N, K]), ("X", [K, M]), ("W", [N, M]), ("S", [1])):
-        sdfg.add_array(arr, shape, f64)
+    sdfg = _arrays("matmul_outer_slices", {"A": [N, K], "X": [K, M], "W": [N, M], "S": [1]})
     sdfg.add_array("C", [N, M], f64, transient=True)
     state = sdfg.add_state("outer", is_start_block=True)
-    mm = MatMul("outer")
-    state.add_node(mm)
-    state.add_edge(state.add_read("A"), None, mm, "_a", dace.Memlet("A[0:N, 0:1]"))
-    state.add_edge(state.add_read("X"), None, mm, "_b", dace.Memlet("X[K - 1:K, 0:M]"))
-    state.add_edge(mm, "_c", state.add_write("C"), None, dace.Memlet("C[0:N, 0:M]"))
+    _wire(state, MatMul("outer"), {"_a": "A[0:N, 0:1]", "_b": "X[K - 1:K, 0:M]"}, {"_c": "C[0:N, 0:M]"})
     _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N", "j": "0:M"}, "i, j")
     return sdfg
 
 
 def gemm_subblocks() -> dace.SDFG:
     """C[1:N+1, 0:M] = 2 * A[1:K+1, 0:N]^T @ X[0:M, 1:K+1]^T: transposed sub-blocks in, a sub-block out."""
-    sdfg = dace.SDFG("gemm_subblocks")
-    for arr, shape in (("A", [K + 1, N + 1]), ("X", [M, K + 2]), ("C", [N + 1, M]), ("W", [N + 1, M]), ("S", [1])):
-        sdfg.add_array(arr, shape, f64)
+    sdfg = _arrays("gemm_subblocks", {"A": [K + 1, N + 1], "X": [M, K + 2], "C": [N + 1, M], "W": [N + 1, M],
+                                      "S": [1]})
     state = sdfg.add_state("gemm", is_start_block=True)
-    gemm = Gemm("gemm", transA=True, transB=True, alpha=2.0, beta=0, cin=False)
-    state.add_node(gemm)
-    state.add_edge(state.add_read("A"), None, gemm, "_a", dace.Memlet("A[1:K + 1, 0:N]"))
-    state.add_edge(state.add_read("X"), None, gemm, "_b", dace.Memlet("X[0:M, 1:K + 1]"))
-    state.add_edge(gemm, "_c", state.add_write("C"), None, dace.Memlet("C[1:N + 1, 0:M]"))
+    _wire(state, Gemm("gemm", transA=True, transB=True, alpha=2.0, beta=0, cin=False),
+          {"_a": "A[1:K + 1, 0:N]", "_b": "X[0:M, 1:K + 1]"}, {"_c": "C[1:N + 1, 0:M]"})
     _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N + 1", "j": "0:M"}, "i, j")
     return sdfg
 
@@ -264,20 +260,15 @@ def gemm_padded_operand() -> dace.SDFG:
     """C = T @ X with T a copy of A in a transient whose rows are padded (strides (K + 3, 1)): BLAS could
     read T, but the backward reads it through gradflow's map fallback for operands whose array is not
     packed (`_contract`)."""
-    sdfg = dace.SDFG("gemm_padded_operand")
-    for arr, shape in (("A", [N, K]), ("X", [K, M]), ("W", [N, M]), ("S", [1])):
-        sdfg.add_array(arr, shape, f64)
+    sdfg = _arrays("gemm_padded_operand", {"A": [N, K], "X": [K, M], "W": [N, M], "S": [1]})
     sdfg.add_array("T", [N, K], f64, strides=[K + 3, 1], total_size=N * (K + 3), transient=True)
     sdfg.add_array("C", [N, M], f64, transient=True)
     fill = sdfg.add_state("fill", is_start_block=True)
     fill.add_mapped_tasklet("fill", {"i": "0:N", "k": "0:K"}, {"a": dace.Memlet("A[i, k]")}, "t = a",
                             {"t": dace.Memlet("T[i, k]")}, external_edges=True)
     state = sdfg.add_state_after(fill, "gemm")
-    gemm = Gemm("gemm", alpha=1, beta=0, cin=False)
-    state.add_node(gemm)
-    state.add_edge(state.add_read("T"), None, gemm, "_a", dace.Memlet("T[0:N, 0:K]"))
-    state.add_edge(state.add_read("X"), None, gemm, "_b", dace.Memlet("X[0:K, 0:M]"))
-    state.add_edge(gemm, "_c", state.add_write("C"), None, dace.Memlet("C[0:N, 0:M]"))
+    _wire(state, Gemm("gemm", alpha=1, beta=0, cin=False), {"_a": "T[0:N, 0:K]", "_b": "X[0:K, 0:M]"},
+          {"_c": "C[0:N, 0:M]"})
     _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N", "j": "0:M"}, "i, j")
     return sdfg
 
@@ -395,20 +386,11 @@ def _w(expr, W):
 # --- Gemm with beta: C = alpha * A @ B + beta * C, in place (built with the API) ----------------------------
 
 def gemm_beta_inplace() -> dace.SDFG:
-    sdfg = dace.SDFG("gemm_beta_inplace")
-    for name, shape in (("A", [N, K]), ("X", [K, M]), ("C", [N, M]), ("W", [N, M])):
-        sdfg.add_array(name, shape, f64)
-    sdfg.add_array("S", [1], f64)
+    sdfg = _arrays("gemm_beta_inplace", {"A": [N, K], "X": [K, M], "C": [N, M], "W": [N, M], "S": [1]})
     state = sdfg.add_state("gemm", is_start_block=True)
-    gemm = Gemm("gemm", alpha=1.5, beta=0.5, cin=True)
-    state.add_node(gemm)
-    state.add_edge(state.add_read("A"), None, gemm, "_a", dace.Memlet("A[0:N, 0:K]"))
-    state.add_edge(state.add_read("X"), None, gemm, "_b", dace.Memlet("X[0:K, 0:M]"))
-    state.add_edge(state.add_read("C"), None, gemm, "_c", dace.Memlet("C[0:N, 0:M]"))
-    state.add_edge(gemm, "_c", state.add_write("C"), None, dace.Memlet("C[0:N, 0:M]"))
-    total = sdfg.add_state_after(state, "total")
-    total.add_mapped_tasklet("t", {"i": "0:N", "j": "0:M"}, {"c": dace.Memlet("C[i, j]"), "w": dace.Memlet("W[i, j]")},
-                             "s = c * w", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+    _wire(state, Gemm("gemm", alpha=1.5, beta=0.5, cin=True),
+          {"_a": "A[0:N, 0:K]", "_b": "X[0:K, 0:M]", "_c": "C[0:N, 0:M]"}, {"_c": "C[0:N, 0:M]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N", "j": "0:M"}, "i, j")
     return sdfg
 
 

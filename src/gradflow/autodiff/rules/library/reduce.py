@@ -75,6 +75,18 @@ def _index_maps(site: OpSite, x: Operand, y: Operand):
     return ranges, element(x, params), element(y, oparams)
 
 
+def _reversed_operands(site: OpSite, ctx: ReverseContext):
+    """(input, output, output gradient, input gradient) of a reduction whose output carries a gradient;
+    None when it carries none (nothing to reverse)."""
+    x, y = _io(site)
+    gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
+    if gy is None:
+        return None
+    if x.array == y.array:
+        raise NotDifferentiableError(f"{where(site)}: reduces '{x.array}' into itself")
+    return x, y, gy, gx
+
+
 @library_rule("Reduce", applies=_applies)
 class ReduceReverse:
     """Sum, max and min reductions over any axes (module doc)."""
@@ -88,12 +100,10 @@ class ReduceReverse:
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
         node = node_of(site)
         kind = _kind(node)
-        x, y = _io(site)
-        gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
-        if gy is None:
+        operands = _reversed_operands(site, ctx)
+        if operands is None:
             return
-        if x.array == y.array:
-            raise NotDifferentiableError(f"{where(site)}: reduces '{x.array}' into itself")
+        x, y, gy, gx = operands
         accumulate = node.identity is None or y.wcr is not None
         if accumulate and (kind != "sum" or (y.wcr is not None and detect_reduction_type(y.wcr) != dace.dtypes.ReductionType.Sum)):
             raise NotDifferentiableError(f"{where(site)}: a {kind} reduction that combines with the old output value",
@@ -152,12 +162,10 @@ class ProductReduceReverse:
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
         node = node_of(site)
-        x, y = _io(site)
-        gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
-        if gy is None:
+        operands = _reversed_operands(site, ctx)
+        if operands is None:
             return
-        if x.array == y.array:
-            raise NotDifferentiableError(f"{where(site)}: reduces '{x.array}' into itself")
+        x, y, gy, gx = operands
         if y.wcr is not None or node.identity not in (1, 1.0):
             raise NotDifferentiableError(
                 f"{where(site)}: a product reduction with identity {node.identity} writing with {y.wcr}; only "

@@ -224,18 +224,16 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     from gradflow.runtime.invoke import Invoker
 
     result = grad_graph(program, wrt, of, "grad_", None, forwarding, optimize)
-    interface = result.meta.get("ad")
-    graph = Graph.adopt(result.to_sdfg())
-    wrt_names = _names(wrt, "wrt")
-    of_name = _names(of, "of")[0] if of is not None else infer_of(graph.sdfg)
-    invoker = Invoker(graph)
+    interface = result.meta["ad"]  # the names grad_graph checked (and inferred) and the gradients' arrays
+    (of_name,) = interface.spec.of
+    invoker = Invoker(Graph.adopt(result.to_sdfg()))
 
     def call(*args: Any, **kwargs: Any):
         arrays, as_torch = invoker(*args, **kwargs)
         check_loop_bounds(arrays, interface)
         raise_for_flag(arrays.get(ERROR_FLAG), result.meta.get(SITES, ()))
         value = arrays[of_name].reshape(-1)[0].item()
-        grads = {x: arrays["grad_" + x] for x in wrt_names}
+        grads = {x: arrays[g] for x, g in interface.grads.items()}
         if as_torch:
             import torch
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Sequence
 
 import attrs
+import dace
 
 from gradflow.analysis.activity import is_float
 from gradflow.autodiff.engine import OVERFLOW
@@ -121,7 +122,10 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     `gradflow_overflow` (see `gradflow.Forwarding`). `optimize` applies `gradflow.optimize.OPTIMIZE` to
     the result (True, the default), nothing (False) or the given pipeline.
     """
-    return grad_graph(program, wrt, of, prefix, pipeline, forwarding, optimize).to_sdfg()
+    graph = grad_graph(program, wrt, of, prefix, pipeline, forwarding, optimize)
+    # The result is a value built for this call that no one else holds: hand its SDFG out without a copy,
+    # unless (an edited pipeline that changed nothing) it is the caller's own.
+    return graph.to_sdfg() if graph.sdfg is _sdfg_of(program) else graph.sdfg
 
 
 def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | None = None,
@@ -131,7 +135,24 @@ def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | Non
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=True)
     want = Reverse(wrt_names, of_names, "grad", prefix, forwarding if forwarding is not None else STORE_ALL)
     pipe = ad_pipeline(want) if pipeline is None else bind_pipeline(pipeline, want, forwarding is not None)
-    return optimized(unwrap_or_raise(pipe(graph)), optimize)
+    # Values built for this call (the parsed or copied program, the differentiated graph) are lent to the
+    # next pipeline, which may then edit them without another deep copy (`Graph._lend`).
+    call = object()
+    if graph.sdfg is not _sdfg_of(program):
+        graph._lend(call)
+    result = unwrap_or_raise(pipe(graph))
+    if result.sdfg is not _sdfg_of(program):
+        result._lend(call)
+    final = optimized(result, optimize)
+    final._reclaim(call)
+    return final
+
+
+def _sdfg_of(program: Any) -> dace.SDFG | None:
+    """The SDFG object the caller passed (a `dace.SDFG` or a `Graph`), None for a `@dace.program`."""
+    if isinstance(program, Graph):
+        return program.sdfg
+    return program if isinstance(program, dace.SDFG) else None
 
 
 def optimization(optimize: bool | Pipeline) -> Pipeline | None:

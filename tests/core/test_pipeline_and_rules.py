@@ -95,3 +95,55 @@ def test_a_pass_returning_a_malformed_graph_fails_naming_the_pass() -> None:
     assert isinstance(result, Failure)
     message = str(result.failure())
     assert "pass 'test_make_cycle' returned an invalid graph" in message and "dataflow cycle" in message
+
+
+@attrs.frozen(eq=False)
+class RecordEdited(Pass):
+    """Adds an array and records which SDFG object it was given to edit."""
+
+    array: str
+    edited: list
+    name: ClassVar[str] = "test_record_edited"
+
+    def run(self, graph: Graph):
+        sdfg = graph.editable()
+        self.edited.append(sdfg)
+        sdfg.add_array(self.array, [2], dace.float64)
+        return Success(Graph.adopt(sdfg))
+
+
+def test_a_pipeline_hands_intermediates_on_without_copies_and_never_edits_its_input_or_output() -> None:
+    edited: list = []
+    source = empty()
+    out = Pipeline((RecordEdited("A", edited), RecordEdited("B", edited), RecordEdited("C", edited)))(source).unwrap()
+    assert not source.sdfg.arrays  # the input was copied once, by the first step
+    assert edited[0] is not source.sdfg and edited[1] is edited[0] and edited[2] is edited[0]
+    assert sorted(out.sdfg.arrays) == ["A", "B", "C"]
+    again = Pipeline((RecordEdited("D", edited),))(out).unwrap()  # the output was not lent: it is copied
+    assert sorted(out.sdfg.arrays) == ["A", "B", "C"] and sorted(again.sdfg.arrays) == ["A", "B", "C", "D"]
+
+
+def test_a_step_editing_a_lent_graph_in_place_is_still_checked() -> None:
+    result = Pipeline((RecordEdited("B", []), MakeCycle(), AddArray("C")))(empty())
+    assert isinstance(result, Failure) and "pass 'test_make_cycle' returned an invalid graph" in str(result.failure())
+
+
+def test_grad_copies_the_program_once(monkeypatch) -> None:
+    import gradflow
+    from gradflow.verify.corpus.dataflow import CASES_BY_NAME
+
+    copies = []
+    original = Graph.editable
+
+    def counting(self):
+        if not self._lender:
+            copies.append(self)
+        return original(self)
+
+    monkeypatch.setattr(Graph, "editable", counting)
+    case = CASES_BY_NAME["df_where"]
+    sdfg = case.to_sdfg()
+    before = Graph.of(sdfg).fingerprint
+    gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of)
+    assert copies == []  # Graph.of's copy is the only one; every pass edits what the previous one built
+    assert Graph.of(sdfg).fingerprint == before

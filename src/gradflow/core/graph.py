@@ -142,11 +142,16 @@ class Graph:
 
     `sdfg` is borrowed for reading only; passes that edit call `editable()` and wrap the result with
     `Graph.adopt`. The purity tests compare fingerprints before and after every registered pass.
+
+    A pipeline hands the graph one of its steps built to the next step without a copy (`_lend`): nobody
+    else holds that intermediate value, so the next step's `editable()` may take its SDFG as is. The
+    pipeline's input and output are never lent.
     """
 
     sdfg: dace.SDFG
     meta: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)))
     _fingerprint: list = attrs.field(factory=list, init=False, repr=False)  # memo cell
+    _lender: list = attrs.field(factory=list, init=False, repr=False)  # the pipeline run that lends it
 
     @classmethod
     def of(cls, program: Any) -> "Graph":
@@ -174,8 +179,22 @@ class Graph:
         return bool(self._fingerprint) and fingerprint(self.sdfg) != self._fingerprint[0]
 
     def editable(self) -> dace.SDFG:
-        """A private deep copy for a pass to edit."""
+        """A private deep copy for a pass to edit (the SDFG itself when a pipeline lent this value: it is an
+        intermediate no one else holds, and it is not used again)."""
+        if self._lender:
+            self._lender.clear()
+            self._fingerprint.clear()
+            return self.sdfg
         return copy.deepcopy(self.sdfg)
+
+    def _lend(self, run: object) -> None:
+        """Mark this intermediate graph of pipeline run `run` as handed over (see the class docstring)."""
+        self._lender[:] = [run]
+
+    def _reclaim(self, run: object) -> None:
+        """Undo `_lend` of run `run`, if it still holds (the value leaves the pipeline)."""
+        if self._lender and self._lender[0] is run:
+            self._lender.clear()
 
     def to_sdfg(self) -> dace.SDFG:
         """A copy to hand to users: what they do with it cannot reach this value."""

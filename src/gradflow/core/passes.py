@@ -61,13 +61,17 @@ class Pass:
         raise NotImplementedError
 
     def __call__(self, graph: Graph) -> PassResult:
+        was_lent = bool(graph._lender)
         try:
             result = self.run(graph)
         except GradflowError as err:
             return Failure(err)
         except Exception as exc:  # a DaCe internal error: report it as a value naming the pass, cause kept
             return Failure(PassError.wrap(self.name, exc))
-        if self.checks_output and isinstance(result, Success) and result.unwrap().sdfg is not graph.sdfg:
+        # The pass changed something when it returns another SDFG, or took the lent one to edit in place.
+        edited = isinstance(result, Success) and (result.unwrap().sdfg is not graph.sdfg
+                                                  or (was_lent and not graph._lender))
+        if self.checks_output and edited:
             error = check_graph(result.unwrap().sdfg, self.name)
             if error is not None:
                 return Failure(error)
@@ -236,14 +240,25 @@ class Pipeline(Pass):
     # ---- running -------------------------------------------------------------------------------------
 
     def run(self, graph: Graph) -> PassResult:
-        result: PassResult = Success(graph)
-        for step in self.steps:
-            result = result.bind(step)
+        run = object()  # this run's token for the intermediates it lends (Graph._lend)
+        seen = {id(graph.sdfg)}
+        current = graph
+        for k, step in enumerate(self.steps):
+            previous, was_lent = current, bool(current._lender)
+            result = step(current)
             if isinstance(result, Failure):
                 return result
+            current = result.unwrap()
+            # The step built the SDFG it returns, or took over the one lent to it: no one else holds it,
+            # so the next step may edit it in place.
+            taken = was_lent and not previous._lender and current.sdfg is previous.sdfg
             if self.hook is not None:
-                self.hook(step.name, result.unwrap())
-        return result
+                self.hook(step.name, current)
+            elif (id(current.sdfg) not in seen or taken) and k + 1 < len(self.steps):
+                current._lend(run)
+            seen.add(id(current.sdfg))
+        current._reclaim(run)
+        return Success(current)
 
 
 def _instantiate(cls: type[Pass], options: Mapping[str, Any]) -> Pass:

@@ -123,7 +123,7 @@ def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict
     source = copy.deepcopy(node.sdfg)
     _split_inout(source, regions)
     graph = unwrap_or_raise(normalize_pipeline(ctx.tables.library)(Graph.adopt(source)))
-    inner = graph.editable()
+    inner = graph.sdfg  # built here from a private copy: no one else holds it
     base = ctx.overflow_base + len(ctx.inner_bounded)
     spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding, accumulate=True, outermost=False,
                   overflow_base=base)

@@ -40,3 +40,17 @@ def test_good_table_loads_into_frozen_records(tmp_path) -> None:
     assert entry.args == ("x",) and str(entry.expr) == "x**2"
     with pytest.raises(AttributeError):
         entry.formula = "x"  # frozen
+
+
+def test_formulas_evaluate_to_what_sympys_parser_builds() -> None:
+    """The table evaluates its checked formula trees directly; the result must be SymPy's own parse."""
+    import sympy
+
+    from gradflow.core.elementwise import FORMULA_NAMESPACE, _parse_formula, elementwise_table
+
+    for entry in elementwise_table():
+        names = {**FORMULA_NAMESPACE, **{a: sympy.Symbol(a, real=True) for a in entry.args}}
+        for text in (entry.formula, *entry.kinks):
+            expected = sympy.parse_expr(text, local_dict=names, evaluate=True)
+            assert sympy.srepr(_parse_formula(text, entry.args)) == sympy.srepr(expected), (entry.name, text)
+    assert _parse_formula("x / 2 + 1 / 3", ("x",)) == sympy.Symbol("x", real=True) / 2 + sympy.Rational(1, 3)

@@ -17,7 +17,7 @@ import dace
 import networkx as nx
 import sympy
 from dace import dtypes, subsets
-from dace.frontend.operations import detect_reduction_type
+from gradflow.core.symbolic import reduction_type
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
@@ -60,7 +60,7 @@ def _wcr_kind(wcr: str | None) -> str | None:
     """"sum" for an additive write-conflict resolution, else the reduction's name (not differentiated)."""
     if wcr is None:
         return None
-    kind = detect_reduction_type(wcr)
+    kind = reduction_type(wcr)
     return "sum" if kind == dtypes.ReductionType.Sum else str(kind)
 
 

@@ -139,7 +139,10 @@ def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]
     used_backward = _arrays_used([region]) & set(sdfg.arrays)
     used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
     arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
-    return tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
+    # Constant arrays (`sdfg.add_constant`: ONNX constants, NumPy globals) stay constants of both SDFGs;
+    # made arguments, they would lose their values.
+    constants = set(sdfg.constants_prop)
+    return tuple(sorted(a for a in used_backward - gradient_arrays - constants if a in used_forward or a in arguments))
 
 
 def kept_bytes(sdfg: dace.SDFG, interface: ADInterface) -> dict[str, object]:

@@ -10,6 +10,7 @@ Python tasklet code that DaCe's code generator accepts. All are pure functions o
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Iterable, Mapping, Sequence
 
 import attrs
@@ -469,3 +470,13 @@ def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = 
     for name, expr in zip(names, exprs):
         lines.append(f"{name} = {print_code(expr)}")
     return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=512)
+def reduction_type(wcr: str | None) -> "dace.dtypes.ReductionType | None":
+    """DaCe's `detect_reduction_type` of a write-conflict lambda, memoized: it is a pure function of the
+    text, and each call builds SymPy's `Max`/`Min` of two symbols (milliseconds), which the AD asks for
+    every write-conflict edge it meets."""
+    from dace.frontend.operations import detect_reduction_type
+
+    return detect_reduction_type(wcr)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dace
 import sympy
-from dace.frontend.operations import detect_reduction_type
+from gradflow.core.symbolic import reduction_type
 from dace.sdfg import nodes as nd
 
 from gradflow.autodiff.context import OpSite, ReverseContext
@@ -34,7 +34,7 @@ def _extremum_wcr(site: OpSite) -> bool:
     for node in members:
         if isinstance(node, nd.MapExit):
             for e in state.out_edges(node):
-                if e.dst not in members and e.data.wcr is not None and detect_reduction_type(e.data.wcr) in _EXTREMA:
+                if e.dst not in members and e.data.wcr is not None and reduction_type(e.data.wcr) in _EXTREMA:
                     return True
     return False
 
@@ -44,7 +44,7 @@ def _extremum_kind(site: OpSite) -> str:
         if isinstance(node, nd.MapExit):
             for e in site.state.out_edges(node):
                 if e.data.wcr is not None:
-                    kind = _EXTREMA.get(detect_reduction_type(e.data.wcr))
+                    kind = _EXTREMA.get(reduction_type(e.data.wcr))
                     if kind:
                         return kind
     raise AssertionError("applies() guarantees a max/min write-conflict resolution")

@@ -22,7 +22,7 @@ import copy
 
 import dace
 import sympy
-from dace.frontend.operations import detect_reduction_type
+from gradflow.core.symbolic import reduction_type
 from dace.sdfg import nodes as nd
 
 from gradflow.autodiff.context import OpSite, ReverseContext
@@ -91,7 +91,7 @@ def _product_wcr(site: OpSite) -> bool:
     """The map writes an outer array with a product write-conflict resolution."""
     state, members = site.state, set(site.members())
     return any(isinstance(n, nd.MapExit) and e.dst not in members and e.data.wcr is not None
-               and detect_reduction_type(e.data.wcr) == dace.dtypes.ReductionType.Product
+               and reduction_type(e.data.wcr) == dace.dtypes.ReductionType.Product
                for n in members for e in state.out_edges(n))
 
 

@@ -94,9 +94,9 @@ def accumulates(out: Operand, site: OpSite) -> bool:
     """True when the node adds into its output (write-conflict sum) rather than overwriting it."""
     if out.wcr is None:
         return False
-    from dace.frontend.operations import detect_reduction_type
+    from gradflow.core.symbolic import reduction_type
 
-    if detect_reduction_type(out.wcr) == dace.dtypes.ReductionType.Sum:
+    if reduction_type(out.wcr) == dace.dtypes.ReductionType.Sum:
         return True
     raise NotDifferentiableError(f"{where(site)}: its output '{out.array}' is written with {out.wcr}; only sums "
                                  "are differentiated")

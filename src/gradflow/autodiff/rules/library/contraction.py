@@ -27,6 +27,7 @@ from dace import subsets
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import SUM, add_element_tasklet
 from gradflow.autodiff.rules import library_rule
+from gradflow.core.symbolic import reduction_type
 from gradflow.autodiff.rules.library._common import Operand, element, node_of, where
 from gradflow.core.errors import NotDifferentiableError
 
@@ -140,7 +141,7 @@ _READERS = {"TensorDot": _tensordot, "Einsum": _einsum}
 def _accumulates(out: Operand, site: OpSite) -> bool:
     if out.wcr is None:
         return False
-    if dace.frontend.operations.detect_reduction_type(out.wcr) == dace.dtypes.ReductionType.Sum:
+    if reduction_type(out.wcr) == dace.dtypes.ReductionType.Sum:
         return True
     raise NotDifferentiableError(f"{where(site)}: its output '{out.array}' is written with {out.wcr}")
 

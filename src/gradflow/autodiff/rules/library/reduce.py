@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dace
 import sympy
-from dace.frontend.operations import detect_reduction_type
+from gradflow.core.symbolic import reduction_type
 from dace.libraries.standard import Reduce
 
 from gradflow.autodiff.context import OpSite, ReverseContext
@@ -35,7 +35,7 @@ _KINDS = {dace.dtypes.ReductionType.Sum: "sum", dace.dtypes.ReductionType.Max: "
 
 
 def _kind(node) -> str | None:
-    return _KINDS.get(detect_reduction_type(node.wcr))
+    return _KINDS.get(reduction_type(node.wcr))
 
 
 def _applies(node) -> bool:
@@ -105,7 +105,7 @@ class ReduceReverse:
             return
         x, y, gy, gx = operands
         accumulate = node.identity is None or y.wcr is not None
-        if accumulate and (kind != "sum" or (y.wcr is not None and detect_reduction_type(y.wcr) != dace.dtypes.ReductionType.Sum)):
+        if accumulate and (kind != "sum" or (y.wcr is not None and reduction_type(y.wcr) != dace.dtypes.ReductionType.Sum)):
             raise NotDifferentiableError(f"{where(site)}: a {kind} reduction that combines with the old output value",
                                          "give the reduction an identity")
         label = f"{site.state.label}_{y.array}"
@@ -147,7 +147,7 @@ class ReduceReverse:
 
 
 def _is_product(node) -> bool:
-    return detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Product
+    return reduction_type(node.wcr) == dace.dtypes.ReductionType.Product
 
 
 @library_rule("Reduce", applies=_is_product, name="ProductReduceReverse")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dace
+import numpy as np
 import pytest
 import torch
 
@@ -256,3 +257,36 @@ def test_module_trains_like_torch():
         mod(X, X)
     with pytest.raises(InvalidArgumentError, match="'V'"):
         gt.Module(square_mul(name="ct_sq_mod"), parameters={"V": w0}, inputs=["X", "W"], outputs=["Y"])
+
+
+def _constant_array_program() -> dace.SDFG:
+    """S = sum(max(x * c, 0) * c) with `c` a constant array (`sdfg.add_constant`, as the ONNX frontend
+    makes for Constant nodes): both sweeps read it."""
+    sdfg = dace.SDFG("with_constant_array")
+    sdfg.add_array("x", [4], dace.float64)
+    sdfg.add_array("S", [1], dace.float64)
+    sdfg.add_array("c", [4], dace.float64, transient=True)
+    sdfg.add_constant("c", np.array([2.0, -3.0, 0.5, 4.0]), sdfg.arrays["c"])
+    sdfg.add_array("y", [4], dace.float64, transient=True)
+    first = sdfg.add_state()
+    first.add_mapped_tasklet("relu", {"i": "0:4"}, {"a": dace.Memlet("x[i]"), "b": dace.Memlet("c[i]")},
+                             "o = max(a * b, 0.0)", {"o": dace.Memlet("y[i]")}, external_edges=True)
+    second = sdfg.add_state_after(first)
+    second.add_mapped_tasklet("dot", {"i": "0:4"}, {"a": dace.Memlet("y[i]"), "b": dace.Memlet("c[i]")}, "o = a * b",
+                              {"o": dace.Memlet("S[0]", wcr="lambda u, v: u + v")}, external_edges=True)
+    return sdfg
+
+
+def test_constant_arrays_keep_their_values_in_both_sweeps() -> None:
+    # Was silently wrong: the constant read by the backward became an argument of the forward SDFG,
+    # which then read uninitialised memory instead of the constant (S = 0, gradient 0).
+    fn = gt.function(_constant_array_program(), inputs=["x"], outputs=["S"])
+    x = torch.tensor([1.0, 1.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    c = torch.tensor([2.0, -3.0, 0.5, 4.0], dtype=torch.float64)
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref = (torch.clamp(ref_x * c, min=0) * c).sum()
+    ref.backward()
+    out = fn(x)
+    out.sum().backward()
+    torch.testing.assert_close(out.reshape(()), ref.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-12, atol=0)

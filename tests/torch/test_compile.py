@@ -320,3 +320,31 @@ def test_batchnorm_folded_under_the_conv_weight_name_is_reported():
         model = torch.onnx.export(net, (x,), dynamo=True, verbose=False).model_proto
     with pytest.raises(LostParameterError, match=r"initializer '0\.weight' holds other values than Sequential's"):
         check_initializers(model, named_tensors(net), "Sequential")
+
+
+def test_a_pre_exported_model_that_kept_its_parameters_trains_like_torch(tmp_path):
+    ref = fresh("lenet", seed=11)
+    net = fresh("lenet", seed=11)
+    (x,) = inputs("lenet", seed=12)
+    path = tmp_path / "lenet.onnx"
+    path.write_bytes(_legacy_export(net, x, dynamo=False, do_constant_folding=False,
+                                    keep_initializers_as_inputs=True).SerializeToString())
+    model = gt.compile(net, (x,), onnx_model=str(path))
+    y, want = model(x), ref(x)
+    torch.testing.assert_close(y, want, **F64)
+    y.sum().backward()
+    want.sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **F64, msg=lambda s, n=n: f"{n}: {s}")
+    model.eval()
+    with pytest.raises(ExportError, match="the ONNX model given to gradflow.torch.compile serves the train/eval"):
+        model(x)
+
+
+def test_a_pre_exported_model_that_lost_parameters_is_refused_at_compile():
+    net, x = _bn_after_conv()
+    folded = _legacy_export(net, x, dynamo=False)  # the exporter's defaults fold the BatchNorm into the Conv
+    with pytest.raises(LostParameterError, match=r"'0\.weight' is not an ONNX initializer"):
+        gt.compile(net, (x,), onnx_model=folded)
+    with pytest.raises(InvalidArgumentError, match="option onnx_model=3: must be a path"):
+        gt.compile(net, (x,), onnx_model=3)

@@ -17,17 +17,20 @@ import contextlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import onnx
 import torch
 import torch.utils._pytree as pytree
 
 from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
-from gradflow.torch.export import BatchStats, ExportError, Exported, export_module
+from gradflow.torch.export import BatchStats, ExportError, Exported, adopt_model, export_module
 
 #: options of `compile` and their checks (value -> error text, '' when fine)
 _OPTIONS = {
     "dispatcher": lambda v: "" if v in ("ctypes", "cpp") else "must be 'ctypes' or 'cpp'",
     "optimize": lambda v: "" if isinstance(v, bool) else "must be True or False",
+    "onnx_model": lambda v: "" if isinstance(v, (str, bytes, onnx.ModelProto)) or hasattr(v, "__fspath__")
+    else "must be a path, the serialized bytes or an onnx.ModelProto",
 }
 
 
@@ -202,6 +205,11 @@ class CompiledModule(torch.nn.Module):
                 "(or tuples, lists, dicts of tensors)")
         self._gf_exports: dict[tuple, _Lowered] = {}
         self._gf_programs: dict[tuple, _Program] = {}
+        self._gf_given = None
+        if "onnx_model" in options:
+            from gradflow.frontend.onnx.model import read_model
+
+            self._gf_given = read_model(options["onnx_model"]).proto()
         self._export(self._modes(), example_inputs)  # unsupported models fail here, not at the first call
 
     @property
@@ -221,6 +229,15 @@ class CompiledModule(torch.nn.Module):
         import gradflow.onnx
 
         source = self._gf_source
+        if self._gf_given is not None:
+            if self._gf_exports:
+                raise ExportError(
+                    f"the ONNX model given to gradflow.torch.compile serves the train/eval modes and dtype "
+                    f"{type(source).__name__} had when compiled; it is now called in others",
+                    "compile without onnx_model= to let gradflow export the module once per mode")
+            exported = adopt_model(self._gf_given, source, len(args), self._gf_spec.num_leaves)
+            found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
+            return found
         for name, m in source.named_modules():
             if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
                 raise ExportError(
@@ -282,7 +299,9 @@ def compile(module: torch.nn.Module, example_inputs: Any, **options: Any) -> Com
 
     `example_inputs`: a tensor or tuple of tensors `module` is called with (the shapes every call must have).
     Options: `dispatcher` ('ctypes' or 'cpp', see `gradflow.torch.function`), `optimize` (as for
-    `gradflow.vjp`). The module is exported with `torch.onnx.export(dynamo=False)` (a trace: Python control
+    `gradflow.vjp`), `onnx_model` (a path, bytes or `onnx.ModelProto` exported from this module, used
+    instead of exporting; it serves the modes the module is in now, and must hold the module's tensors as
+    initializers: `LostParameterError` otherwise). The module is exported with `torch.onnx.export(dynamo=False)` (a trace: Python control
     flow is fixed by the example inputs) once per combination of train/eval modes and dtype, lazily; see
     docs/torch.md for what is shared, updated and rejected.
     """

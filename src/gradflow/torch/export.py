@@ -123,6 +123,23 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], n_outpu
                     matched, stats)
 
 
+def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int, n_outputs: int) -> Exported:
+    """A model the user exported (a private copy, as `read_model` gives it), checked like `export_module`'s:
+    its initializers against the module's tensors, its graph inputs (those that are no initializers, in
+    order) against the forward's `n_inputs` positional inputs and its outputs against the forward's
+    `n_outputs` tensors."""
+    owner = type(module).__name__
+    matched = check_initializers(model, named_tensors(module), owner)
+    inits = {t.name for t in model.graph.initializer}
+    inputs = tuple(vi.name for vi in model.graph.input if vi.name not in inits)
+    outputs = tuple(o.name for o in model.graph.output)
+    if len(inputs) != n_inputs or len(outputs) != n_outputs:
+        raise ExportError(f"the ONNX model given for {owner} has {len(inputs)} inputs and {len(outputs)} outputs, "
+                          f"but the module takes {n_inputs} and returns {n_outputs} tensors",
+                          "export the module itself with the example inputs, or let gradflow.torch.compile do it")
+    return Exported(model, inputs, outputs, matched, expose_batch_stats(model, module))
+
+
 def named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of `module` by its `state_dict`-style name (shared tensors under every name)."""
     out: dict[str, torch.Tensor] = {}

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import gradflow.torch as gt
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
+from gradflow.frontend.onnx.errors import UnsupportedOpError
 from gradflow.torch.export import ExportError, LostParameterError, check_initializers, named_tensors
 
 F64 = dict(rtol=1e-9, atol=1e-9)
@@ -71,7 +72,7 @@ def fresh(name: str, dtype=torch.float64, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = MODELS[name][0]().to(dtype)
     with torch.no_grad():
-        for buf_name, b in model.named_buffers():
+        for b in model.buffers():
             if b.is_floating_point():
                 b.copy_(torch.rand_like(b) + 0.5)
     return model
@@ -172,7 +173,7 @@ def test_optimizer_steps_follow_torch_trajectory(name, optimizer):
         xs = inputs(name, seed=100 + step)
         y, want = model(*xs), ref(*xs)
         cot = [torch.ones_like(o) for o in _outputs(want)]
-        for m, out, opt in ((model, y, opts[0]), (ref, want, opts[1])):
+        for out, opt in ((y, opts[0]), (want, opts[1])):
             opt.zero_grad()
             (_loss(out, cot) ** 2).backward()
             opt.step()
@@ -276,6 +277,21 @@ def test_dropout_in_training_mode_is_refused_and_leaves_the_module_as_it_was():
     assert net.training and net[1].training
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
     torch.testing.assert_close(gt.compile(net.eval(), x)(x), net(x), **F64)  # eval: Dropout is the identity
+
+
+def test_compiling_in_training_mode_leaves_the_batchnorm_statistics_alone():
+    """Exporting traces the forward, which in training mode would update the running statistics."""
+    net = fresh("conv_bn", seed=13)
+    state = copy.deepcopy(net.state_dict())
+    gt.compile(net, inputs("conv_bn"))
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, state[key]), key
+
+
+def test_an_op_without_a_rule_is_reported_at_compile():
+    lstm = torch.nn.LSTM(3, 4, batch_first=True).double()
+    with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'LSTM'"):
+        gt.compile(lstm, torch.randn(2, 5, 3, dtype=torch.float64))
 
 
 def _legacy_export(module, x, **kwargs) -> onnx.ModelProto:

@@ -247,6 +247,27 @@ def test_batchnorm_cumulative_average_when_momentum_is_none():
         model.get_submodule("1").momentum = 0.1
 
 
+class Nested(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(3, 2)
+        self.b = torch.nn.Linear(3, 4)
+
+    def forward(self, x):
+        return {"zeta": self.a(x), "alpha": [self.b(x), x.sum(1)]}
+
+
+def test_dict_and_list_outputs_keep_their_structure():
+    torch.manual_seed(0)
+    net = Nested().double()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        y, want = gt.compile(net, (x,))(x), net(x)
+    assert list(y) == list(want) and isinstance(y["alpha"], list)
+    for a, b in zip(torch.utils._pytree.tree_leaves(y), torch.utils._pytree.tree_leaves(want)):
+        torch.testing.assert_close(a, b, **F64)
+
+
 # -- errors ---------------------------------------------------------------------------------------------------
 def test_wrong_input_shape_is_an_argument_error():
     model = compiled("mlp")

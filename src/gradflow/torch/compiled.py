@@ -203,6 +203,7 @@ class CompiledModule(torch.nn.Module):
             raise InvalidArgumentError(
                 f"{type(module).__name__}'s forward returns {describe(out)}; gradflow.torch.compile needs tensors "
                 "(or tuples, lists, dicts of tensors)")
+        self._gf_shapes = tuple(tuple(t.shape) for t in leaves)
         self._gf_exports: dict[tuple, _Lowered] = {}
         self._gf_programs: dict[tuple, _Program] = {}
         self._gf_given = None
@@ -235,7 +236,7 @@ class CompiledModule(torch.nn.Module):
                     f"the ONNX model given to gradflow.torch.compile serves the train/eval modes and dtype "
                     f"{type(source).__name__} had when compiled; it is now called in others",
                     "compile without onnx_model= to let gradflow export the module once per mode")
-            exported = adopt_model(self._gf_given, source, len(args), self._gf_spec.num_leaves)
+            exported = adopt_model(self._gf_given, source, len(args), self._gf_shapes)
             found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
             return found
         for name, m in source.named_modules():
@@ -245,7 +246,7 @@ class CompiledModule(torch.nn.Module):
                     "call .eval() on the compiled module (or on that Dropout), or set its p to 0")
         with _untouched(source):
             source.training = self.training
-            exported = export_module(source, [x.detach() for x in args], self._gf_spec.num_leaves)
+            exported = export_module(source, [x.detach() for x in args], self._gf_shapes)
         found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
         return found
 

@@ -99,10 +99,24 @@ def _all_buffers_persistent(module: torch.nn.Module):
             m._non_persistent_buffers_set.update(names)
 
 
-def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], n_outputs: int) -> Exported:
-    """Export `module(*args)` (in the train/eval modes its submodules have now) and check its initializers."""
+def _check_outputs(model: onnx.ModelProto, shapes: Sequence[tuple[int, ...]], owner: str, what: str) -> None:
+    """The graph outputs must be the forward's tensors, in the order `pytree` flattens them (checked by shape)."""
+    outputs = model.graph.output
+    if len(outputs) != len(shapes):
+        raise ExportError(f"{what} of {owner} has {len(outputs)} outputs, but its forward returns {len(shapes)} "
+                          "tensors", "return tensors, or tuples/lists/dicts of tensors")
+    for k, (vi, shape) in enumerate(zip(outputs, shapes)):
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim)
+        if len(dims) != len(shape) or any(d is not None and d != n for d, n in zip(dims, shape)):
+            raise ExportError(f"output {k} ('{vi.name}') of {what} of {owner} has shape {dims}, but the forward's "
+                              f"tensor {k} has shape {shape}", "return tensors, or tuples/lists/dicts of tensors")
+
+
+def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]]) -> Exported:
+    """Export `module(*args)` (in the train/eval modes its submodules have now) and check its initializers
+    and that its outputs have the `shapes` of the forward's output tensors."""
     input_names = [f"{INPUT_PREFIX}{k}" for k in range(len(args))]
-    output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(n_outputs)]
+    output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(len(shapes))]
     try:
         with _all_buffers_persistent(module):
             data = _quiet_export(module, tuple(args), input_names, output_names)
@@ -114,29 +128,29 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], n_outpu
     tensors = named_tensors(module)
     matched = check_initializers(model, tensors, type(module).__name__)
     graph_inputs = {vi.name for vi in model.graph.input}
+    _check_outputs(model, shapes, type(module).__name__, "the ONNX export")
     outputs = tuple(o.name for o in model.graph.output)
-    if len(outputs) != n_outputs:
-        raise ExportError(f"the ONNX export of {type(module).__name__} has {len(outputs)} outputs, but its forward "
-                          f"returns {n_outputs} tensors", "return tensors, or tuples/lists/dicts of tensors")
     stats = expose_batch_stats(model, module)
     return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs,
                     matched, stats)
 
 
-def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int, n_outputs: int) -> Exported:
+def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int,
+                shapes: Sequence[tuple[int, ...]]) -> Exported:
     """A model the user exported (a private copy, as `read_model` gives it), checked like `export_module`'s:
     its initializers against the module's tensors, its graph inputs (those that are no initializers, in
     order) against the forward's `n_inputs` positional inputs and its outputs against the forward's
-    `n_outputs` tensors."""
+    output tensors (their `shapes`)."""
     owner = type(module).__name__
     matched = check_initializers(model, named_tensors(module), owner)
     inits = {t.name for t in model.graph.initializer}
     inputs = tuple(vi.name for vi in model.graph.input if vi.name not in inits)
+    if len(inputs) != n_inputs:
+        raise ExportError(f"the ONNX model given for {owner} has {len(inputs)} inputs, but the module takes "
+                          f"{n_inputs}", "export the module itself with the example inputs, or let "
+                          "gradflow.torch.compile do it")
+    _check_outputs(model, shapes, owner, "the ONNX model given")
     outputs = tuple(o.name for o in model.graph.output)
-    if len(inputs) != n_inputs or len(outputs) != n_outputs:
-        raise ExportError(f"the ONNX model given for {owner} has {len(inputs)} inputs and {len(outputs)} outputs, "
-                          f"but the module takes {n_inputs} and returns {n_outputs} tensors",
-                          "export the module itself with the example inputs, or let gradflow.torch.compile do it")
     return Exported(model, inputs, outputs, matched, expose_batch_stats(model, module))
 
 

@@ -14,6 +14,7 @@ each training-mode call exactly as torch updates them (`_update_batch_stats`).
 from __future__ import annotations
 
 import contextlib
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -26,12 +27,12 @@ from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
 from gradflow.torch.export import BatchStats, ExportError, Exported, adopt_model, export_module
 
 #: options of `compile` and their checks (value -> error text, '' when fine)
-_OPTIONS = {
+_OPTIONS = MappingProxyType({
     "dispatcher": lambda v: "" if v in ("ctypes", "cpp") else "must be 'ctypes' or 'cpp'",
     "optimize": lambda v: "" if isinstance(v, bool) else "must be True or False",
     "onnx_model": lambda v: "" if isinstance(v, (str, bytes, onnx.ModelProto)) or hasattr(v, "__fspath__")
     else "must be a path, the serialized bytes or an onnx.ModelProto",
-}
+})
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

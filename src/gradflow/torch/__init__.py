@@ -3,10 +3,15 @@
 - `function(program, inputs, outputs)`: a differentiable callable; two dispatchers generated from one
   `FunctionPlan`: `"ctypes"` (Python fast path) and `"cpp"` (generated C++ torch extension).
 - `Module(program, parameters=...)`: an `nn.Module` drop-in whose parameters are named inputs.
+- `compile(module, example_inputs)`: a torch model as a drop-in compiled `nn.Module` (same parameters,
+  buffers, state_dict; exported to ONNX, lowered and differentiated by gradflow).
 """
 
+from gradflow.torch.compiled import CompiledModule, compile
+from gradflow.torch.export import ExportError, LostParameterError
 from gradflow.torch.function import DISPATCHERS, Function, function
 from gradflow.torch.module import Module
 from gradflow.torch.plan import FunctionPlan, build_plan
 
-__all__ = ["DISPATCHERS", "Function", "FunctionPlan", "Module", "build_plan", "function"]
+__all__ = ["DISPATCHERS", "CompiledModule", "ExportError", "Function", "FunctionPlan", "LostParameterError", "Module",
+           "build_plan", "compile", "function"]

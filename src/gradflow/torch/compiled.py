@@ -1,0 +1,320 @@
+"""`gradflow.torch.compile(module, example_inputs)`: a torch model as a drop-in compiled `nn.Module`.
+
+The compiled module *is* the original's state: it registers the original's child modules, parameters and
+buffers under the same names (no prefix), so `named_parameters()`, `state_dict()`, optimizers and
+`load_state_dict` see exactly the original's tensors. Its forward runs the module's ONNX export, lowered
+and differentiated by gradflow, with those live tensors bound to the initializers of the same name.
+
+One program per (train/eval modes of the modules, dtype, which tensors need a gradient): exported, lowered
+and compiled on first use, so switching `train()`/`eval()` or freezing a parameter re-exports once, and a
+call under `torch.no_grad()` runs a forward-only program. BatchNorm running statistics are updated after
+each training-mode call exactly as torch updates them (`_update_batch_stats`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+import torch
+import torch.utils._pytree as pytree
+
+from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
+from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
+from gradflow.torch.export import BatchStats, ExportError, Exported, adopt_model, export_module
+
+#: options of `compile` and their checks (value -> error text, '' when fine)
+_OPTIONS = MappingProxyType({
+    "dispatcher": lambda v: "" if v in ("ctypes", "cpp") else "must be 'ctypes' or 'cpp'",
+    "optimize": lambda v: "" if isinstance(v, bool) else "must be True or False",
+    "onnx_model": lambda v: "" if isinstance(v, (str, bytes, onnx.ModelProto)) or hasattr(v, "__fspath__")
+    else "must be a path, the serialized bytes or an onnx.ModelProto",
+})
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+@contextlib.contextmanager
+def _untouched(module: torch.nn.Module):
+    """Run torch's tracing of `module` without it showing: buffers (BatchNorm statistics, counters), the
+    train/eval flag of the root and the random number generator are restored afterwards."""
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    training = module.training
+    rng = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+        module.training = training
+        torch.random.set_rng_state(rng)
+
+
+class _Slot:
+    """Where a module tensor lives: looked up at every call, since `.to()` replaces buffers (not parameters)."""
+
+    __slots__ = ("owner", "attr", "is_param")
+
+    def __init__(self, root: torch.nn.Module, name: str) -> None:
+        path, _, self.attr = name.rpartition(".")
+        self.owner = root.get_submodule(path)
+        self.is_param = self.attr in self.owner._parameters
+
+    def get(self) -> torch.Tensor:
+        return (self.owner._parameters if self.is_param else self.owner._buffers)[self.attr]
+
+
+class _Lowered:
+    """One export of the module, lowered: which array is which input, and where each weight's value lives."""
+
+    def __init__(self, source: torch.nn.Module, exported: Exported, program: Any) -> None:
+        sig = program.signature
+        self.exported = exported
+        self.graph = program.graph
+        self.signature = sig
+        self.inputs = [(k, p.array) for k, name in enumerate(exported.inputs) if name is not None
+                       for p in sig.inputs if p.onnx_name == name]
+        tensors = set(exported.tensors)
+        #: per weight array: the slot of a module tensor, or the value of a constant initializer
+        self.weights: list[tuple[str, _Slot | torch.Tensor]] = [
+            (w.array, _Slot(source, w.onnx_name) if w.onnx_name in tensors
+             else torch.from_numpy(np.array(sig.params[w.array]))) for w in sig.weights]
+
+    def needs_grad(self, args: Sequence[torch.Tensor]) -> tuple[bool, ...] | None:
+        """Per input array (inputs, then weights): whether torch wants its gradient; None if none is wanted."""
+        if not torch.is_grad_enabled():
+            return None
+        flags = [args[k].requires_grad for k, _ in self.inputs]
+        flags += [isinstance(s, _Slot) and s.get().requires_grad for _, s in self.weights]
+        return tuple(flags) if any(flags) else None
+
+
+class _Program:
+    """One compiled program of a `_Lowered` export: a `gradflow.torch.function` differentiated with respect
+    to what needs a gradient, or (nothing does) the lowered graph run forward only."""
+
+    def __init__(self, source: torch.nn.Module, lowered: _Lowered, needs_grad: tuple[bool, ...] | None,
+                 options: Mapping[str, Any]) -> None:
+        import gradflow
+
+        sig = lowered.signature
+        ports = {p.onnx_name: p for p in sig.outputs}
+        self.lowered = lowered
+        self.outputs = [ports[name] for name in lowered.exported.outputs]
+        self.batchnorms = [(source.get_submodule(s.module), s) for s in lowered.exported.stats]
+        stats_ports = [ports[name] for s in lowered.exported.stats for name in (s.mean_output, s.var_output)]
+        #: running statistics this call updates: passed as copies, so the update cannot touch a saved value
+        self.updated = {(id(bn), attr) for bn, _ in self.batchnorms for attr in ("running_mean", "running_var")}
+        self.in_arrays = [a for _, a in lowered.inputs] + [a for a, _ in lowered.weights]
+        out_ports = self.outputs + stats_ports
+        differentiable = [p.array for p in self.outputs if p.dtype.kind == "f"]
+        wrt = [] if needs_grad is None else [a for a, need in zip(self.in_arrays, needs_grad) if need]
+        self.function = self.runner = None
+        if wrt and differentiable:
+            from gradflow.torch.function import function
+
+            vjp = gradflow.vjp(lowered.graph, wrt=wrt, of=differentiable, optimize=options.get("optimize", True))
+            self.function = function(vjp, inputs=self.in_arrays, outputs=[p.array for p in out_ports],
+                                     dispatcher=options.get("dispatcher", "ctypes"))
+        else:
+            from gradflow.runtime.calling import Runner
+
+            self.runner = Runner(lowered.graph)
+            self.allocate = [(p.array, [int(d) for d in p.shape] or [1], _torch_dtype(p.dtype)) for p in out_ports]
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        vals = [args[k] for k, _ in self.lowered.inputs]
+        for _, slot in self.lowered.weights:
+            if not isinstance(slot, _Slot):
+                vals.append(slot)
+            elif (id(slot.owner), slot.attr) in self.updated:
+                vals.append(slot.get().detach().clone())
+            else:
+                vals.append(slot.get())
+        if self.function is not None:
+            outs = self.function(*vals)
+            outs = list(outs) if isinstance(outs, tuple) else [outs]
+        else:
+            outs = self._run(vals)
+        n = len(self.outputs)
+        for k, (bn, stats) in enumerate(self.batchnorms):
+            _update_batch_stats(bn, stats, outs[n + 2 * k].detach(), outs[n + 2 * k + 1].detach())
+        return [o.reshape(()) if not p.shape else o for o, p in zip(outs[:n], self.outputs)]
+
+    def _run(self, vals: list[torch.Tensor]) -> list[torch.Tensor]:
+        kwargs = dict(zip(self.in_arrays, vals))
+        outs = []
+        for array, shape, dtype in self.allocate:
+            outs.append(torch.zeros(shape, dtype=dtype))
+            kwargs[array] = outs[-1]
+        flag = None
+        if self.lowered.signature.error_flag:
+            flag = kwargs[ERROR_FLAG] = torch.zeros(FLAG_SIZE, dtype=torch.int64)
+        self.runner(**kwargs)
+        if flag is not None:
+            raise_for_flag(flag.numpy(), self.lowered.signature.sites)
+        return outs
+
+
+def _update_batch_stats(bn: torch.nn.modules.batchnorm._BatchNorm, stats: BatchStats, mean: torch.Tensor,
+                        var: torch.Tensor) -> None:
+    """What `torch.nn.functional.batch_norm` does to the buffers in training mode: count the batch, then
+    blend the batch mean and the *unbiased* batch variance into the running statistics with the module's
+    momentum (or the cumulative average, 1 / batches seen, when momentum is None). torch's trace has already
+    refused a batch with one value per channel, so `count` > 1."""
+    with torch.no_grad():
+        if bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.add_(1)
+        factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+        unbiased = var * (stats.count / (stats.count - 1))
+        bn.running_mean.copy_(factor * mean + (1 - factor) * bn.running_mean)
+        bn.running_var.copy_(factor * unbiased + (1 - factor) * bn.running_var)
+
+
+class CompiledModule(torch.nn.Module):
+    """A drop-in for a torch module whose forward and backward run as gradflow-compiled programs.
+
+    Made by `gradflow.torch.compile`; it shares the original's submodules, parameters and buffers."""
+
+    def __init__(self, module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
+                 options: Mapping[str, Any]) -> None:
+        super().__init__()
+        for name, child in module.named_children():
+            self.add_module(name, child)
+        for name, p in module._parameters.items():
+            self.register_parameter(name, p)
+        for name, b in module._buffers.items():
+            self.register_buffer(name, b, persistent=name not in module._non_persistent_buffers_set)
+        self.training = module.training
+        # plain attributes (not submodules): the original is traced, never registered twice
+        self.__dict__["_gf_source"] = module
+        self._gf_options = dict(options)
+        self._gf_example = tuple(tuple(x.shape) for x in example_inputs)
+        self._gf_modules = tuple(m for m in module.modules() if m is not module)
+        with _untouched(module), torch.no_grad():
+            out = module(*example_inputs)
+        leaves, self._gf_spec = pytree.tree_flatten(out)
+        if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+            raise InvalidArgumentError(
+                f"{type(module).__name__}'s forward returns {describe(out)}; gradflow.torch.compile needs tensors "
+                "(or tuples, lists, dicts of tensors)")
+        self._gf_shapes = tuple(tuple(t.shape) for t in leaves)
+        self._gf_exports: dict[tuple, _Lowered] = {}
+        self._gf_programs: dict[tuple, _Program] = {}
+        self._gf_given = None
+        if "onnx_model" in options:
+            from gradflow.frontend.onnx.model import read_model
+
+            self._gf_given = read_model(options["onnx_model"]).proto()
+        self._export(self._modes(), example_inputs)  # unsupported models fail here, not at the first call
+
+    @property
+    def original(self) -> torch.nn.Module:
+        """The module this one was compiled from (it shares all its tensors), e.g. for its other methods."""
+        return self._gf_source
+
+    # -- modes and programs --------------------------------------------------------------------------
+    def _modes(self) -> tuple[bool, ...]:
+        return (self.training, *(m.training for m in self._gf_modules))
+
+    def _export(self, modes: tuple[bool, ...], args: Sequence[torch.Tensor]) -> _Lowered:
+        key = (modes, tuple(x.dtype for x in args))
+        found = self._gf_exports.get(key)
+        if found is not None:
+            return found
+        import gradflow.onnx
+
+        source = self._gf_source
+        if self._gf_given is not None:
+            if self._gf_exports:
+                raise ExportError(
+                    f"the ONNX model given to gradflow.torch.compile serves the train/eval modes and dtype "
+                    f"{type(source).__name__} had when compiled; it is now called in others",
+                    "compile without onnx_model= to let gradflow export the module once per mode")
+            exported = adopt_model(self._gf_given, source, len(args), self._gf_shapes)
+            found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
+            return found
+        for name, m in source.named_modules():
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
+                raise ExportError(
+                    f"Dropout '{name}' is in training mode: gradflow cannot replay torch's random mask yet",
+                    "call .eval() on the compiled module (or on that Dropout), or set its p to 0")
+        with _untouched(source):
+            source.training = self.training
+            exported = export_module(source, [x.detach() for x in args], self._gf_shapes)
+        found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
+        return found
+
+    def _program(self, args: Sequence[torch.Tensor]) -> _Program:
+        modes = self._modes()
+        lowered = self._export(modes, args)
+        needs = lowered.needs_grad(args)
+        key = (modes, tuple(x.dtype for x in args), needs)
+        program = self._gf_programs.get(key)
+        if program is None:
+            program = self._gf_programs[key] = _Program(self._gf_source, lowered, needs, self._gf_options)
+        return program
+
+    # -- calling -----------------------------------------------------------------------------------------
+    def forward(self, *args: Any) -> Any:
+        self._check_inputs(args)
+        outs = self._program(args)(args)
+        return pytree.tree_unflatten(outs, self._gf_spec)
+
+    def _check_inputs(self, args: tuple) -> None:
+        name = type(self._gf_source).__name__
+        if len(args) != len(self._gf_example):
+            raise ArgumentError(f"the compiled {name} takes {len(self._gf_example)} inputs, got {len(args)}")
+        for k, (x, shape) in enumerate(zip(args, self._gf_example)):
+            if not isinstance(x, torch.Tensor):
+                raise ArgumentError(f"input {k} of the compiled {name}: expected a tensor, got {describe(x)}")
+            if tuple(x.shape) != shape:
+                raise ArgumentError(
+                    f"input {k} of the compiled {name}: expected shape {shape} (the example input's), got "
+                    f"{tuple(x.shape)}", "compile with example inputs of the shape you call it with")
+
+    def extra_repr(self) -> str:
+        return f"gradflow.torch.compile of {type(self._gf_source).__name__}"
+
+
+def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
+    if not isinstance(inputs, (tuple, list)) or not inputs:
+        raise InvalidArgumentError(f"example_inputs must be a tensor or a tuple of tensors, got "
+                                   f"{describe(example_inputs)}", "e.g. gradflow.torch.compile(model, (x,))")
+    for k, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise InvalidArgumentError(f"example_inputs[{k}] must be a tensor, got {describe(x)}")
+        if x.device.type != "cpu":
+            raise InvalidArgumentError(f"example_inputs[{k}] is on {x.device}; gradflow runs on the CPU")
+    return tuple(inputs)
+
+
+def compile(module: torch.nn.Module, example_inputs: Any, **options: Any) -> CompiledModule:  # noqa: A001
+    """A drop-in `nn.Module` for `module` whose forward and backward are gradflow-compiled.
+
+    `example_inputs`: a tensor or tuple of tensors `module` is called with (the shapes every call must have).
+    Options: `dispatcher` ('ctypes' or 'cpp', see `gradflow.torch.function`), `optimize` (as for
+    `gradflow.vjp`), `onnx_model` (a path, bytes or `onnx.ModelProto` exported from this module, used
+    instead of exporting; it serves the modes the module is in now, and must hold the module's tensors as
+    initializers: `LostParameterError` otherwise). The module is exported with `torch.onnx.export(dynamo=False)` (a trace: Python control
+    flow is fixed by the example inputs) once per combination of train/eval modes and dtype, lazily; see
+    docs/torch.md for what is shared, updated and rejected.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise InvalidArgumentError(f"module must be a torch.nn.Module, got {describe(module)}")
+    for name, value in options.items():
+        check = _OPTIONS.get(name)
+        if check is None:
+            raise InvalidArgumentError(f"unknown option '{name}' of gradflow.torch.compile",
+                                       f"options: {', '.join(_OPTIONS)}")
+        problem = check(value)
+        if problem:
+            raise InvalidArgumentError(f"option {name}={describe(value)}: {problem}")
+    return CompiledModule(module, _as_inputs(example_inputs), options)

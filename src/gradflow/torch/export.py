@@ -1,0 +1,276 @@
+"""Export a torch module to ONNX so that its parameters stay parameters, and check that they did.
+
+`gradflow.torch.compile` trains the exported graph with the module's own tensors bound to the ONNX
+initializers of the same name. That only trains the module the user wrote when every parameter and
+buffer the graph reads is an initializer named and shaped like it: an export that folds BatchNorm into
+a Conv, stores a Linear weight transposed, or merges equal initializers (a fresh BatchNorm's weight and
+running_var are both ones) yields a graph that computes the same values today and trains another model.
+So `export_module` asks the TorchScript exporter for exactly that (no constant folding, no
+de-duplication, modes as the modules have them), and `check_initializers` rejects any model that lost
+a tensor, naming it and what happened to it.
+
+Training-mode BatchNorm: ONNX's own running-statistics outputs follow ONNX's convention (momentum stored
+as a float32 attribute, population variance), not torch's, so `expose_batch_stats` adds the batch mean
+and (population) variance of each such node's input as extra graph outputs; the compiled module updates
+the buffers from them exactly as torch does (`BatchStats`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from typing import Mapping, Sequence
+
+import attrs
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from gradflow.core.errors import GradflowError
+
+#: the opset the TorchScript exporter writes (its newest); gradflow's rules cover it
+OPSET = 20
+INPUT_PREFIX, OUTPUT_PREFIX, STATS_PREFIX = "gradflow_input_", "gradflow_output_", "gradflow_stats_"
+
+
+@attrs.frozen(eq=False)
+class ExportError(GradflowError):
+    """A module could not be exported to ONNX as `gradflow.torch.compile` needs it."""
+
+
+@attrs.frozen(eq=False)
+class LostParameterError(ExportError):
+    """The ONNX model does not hold a parameter or buffer of the module as an initializer of the same name
+    and shape (folded, merged, transposed or renamed by the export): training it would train another model."""
+
+
+@attrs.frozen
+class BatchStats:
+    """One training-mode BatchNorm of the exported graph: the module whose buffers it updates, the graph
+    outputs holding its input's batch mean and population variance, and the number of values per channel."""
+
+    module: str  # qualified name of the `_BatchNorm` module ('' for the root)
+    mean_output: str
+    var_output: str
+    count: int
+
+
+@attrs.frozen(eq=False)
+class Exported:
+    """An exported module: the ONNX model, its positional inputs and outputs (graph names; an input the
+    graph does not read is None), the initializers that are module tensors, and the BatchNorm statistics."""
+
+    model: onnx.ModelProto
+    inputs: tuple[str | None, ...]
+    outputs: tuple[str, ...]
+    tensors: tuple[str, ...]
+    stats: tuple[BatchStats, ...]
+
+
+def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        # the TorchScript exporter is deprecated but is the one that keeps initializers as they are; the
+        # mutation it removes is num_batches_tracked's increment, which the compiled module does itself
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="ONNX Preprocess - Removing mutation")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"torch\.nn\.")
+        torch.onnx.export(
+            module, args, buf, dynamo=False, export_params=True, do_constant_folding=False,
+            keep_initializers_as_inputs=True,  # also turns off de-duplication of equal initializers
+            training=torch.onnx.TrainingMode.PRESERVE, opset_version=OPSET,
+            input_names=input_names, output_names=output_names)
+    return buf.getvalue()
+
+
+@contextlib.contextmanager
+def _all_buffers_persistent(module: torch.nn.Module):
+    """The exporter takes its initializers from the `state_dict`: a non-persistent buffer would be traced as
+    a constant of the graph (its value frozen), so it is made persistent while exporting."""
+    saved = [(m, set(m._non_persistent_buffers_set)) for m in module.modules()]
+    try:
+        for m, _ in saved:
+            m._non_persistent_buffers_set.clear()
+        yield
+    finally:
+        for m, names in saved:
+            m._non_persistent_buffers_set.update(names)
+
+
+def _check_outputs(model: onnx.ModelProto, shapes: Sequence[tuple[int, ...]], owner: str, what: str) -> None:
+    """The graph outputs must be the forward's tensors, in the order `pytree` flattens them (checked by shape)."""
+    outputs = model.graph.output
+    if len(outputs) != len(shapes):
+        raise ExportError(f"{what} of {owner} has {len(outputs)} outputs, but its forward returns {len(shapes)} "
+                          "tensors", "return tensors, or tuples/lists/dicts of tensors")
+    for k, (vi, shape) in enumerate(zip(outputs, shapes)):
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim)
+        if len(dims) != len(shape) or any(d is not None and d != n for d, n in zip(dims, shape)):
+            raise ExportError(f"output {k} ('{vi.name}') of {what} of {owner} has shape {dims}, but the forward's "
+                              f"tensor {k} has shape {shape}", "return tensors, or tuples/lists/dicts of tensors")
+
+
+def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]]) -> Exported:
+    """Export `module(*args)` (in the train/eval modes its submodules have now) and check its initializers
+    and that its outputs have the `shapes` of the forward's output tensors."""
+    input_names = [f"{INPUT_PREFIX}{k}" for k in range(len(args))]
+    output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(len(shapes))]
+    try:
+        with _all_buffers_persistent(module):
+            data = _quiet_export(module, tuple(args), input_names, output_names)
+    except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
+        raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
+                          "gradflow.torch.compile traces the module with torch.onnx.export(dynamo=False); "
+                          "make its forward traceable (tensors in, tensors out)") from exc
+    model = onnx.load_from_string(data)
+    tensors = named_tensors(module)
+    matched = check_initializers(model, tensors, type(module).__name__)
+    graph_inputs = {vi.name for vi in model.graph.input}
+    _check_outputs(model, shapes, type(module).__name__, "the ONNX export")
+    outputs = tuple(o.name for o in model.graph.output)
+    stats = expose_batch_stats(model, module)
+    return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs,
+                    matched, stats)
+
+
+def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int,
+                shapes: Sequence[tuple[int, ...]]) -> Exported:
+    """A model the user exported (a private copy, as `read_model` gives it), checked like `export_module`'s:
+    its initializers against the module's tensors, its graph inputs (those that are no initializers, in
+    order) against the forward's `n_inputs` positional inputs and its outputs against the forward's
+    output tensors (their `shapes`)."""
+    owner = type(module).__name__
+    matched = check_initializers(model, named_tensors(module), owner)
+    inits = {t.name for t in model.graph.initializer}
+    inputs = tuple(vi.name for vi in model.graph.input if vi.name not in inits)
+    if len(inputs) != n_inputs:
+        raise ExportError(f"the ONNX model given for {owner} has {len(inputs)} inputs, but the module takes "
+                          f"{n_inputs}", "export the module itself with the example inputs, or let "
+                          "gradflow.torch.compile do it")
+    _check_outputs(model, shapes, owner, "the ONNX model given")
+    outputs = tuple(o.name for o in model.graph.output)
+    return Exported(model, inputs, outputs, matched, expose_batch_stats(model, module))
+
+
+def named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of `module` by its `state_dict`-style name (shared tensors under every name)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in module.named_parameters(remove_duplicate=False):
+        out[name] = t
+    for name, t in module.named_buffers(remove_duplicate=False):
+        if t is not None:
+            out[name] = t
+    return out
+
+
+def _init_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def check_initializers(model: onnx.ModelProto, tensors: Mapping[str, torch.Tensor], owner: str) -> tuple[str, ...]:
+    """The initializers of `model` that are tensors of the module (same name); raises `LostParameterError`
+    when one of them has another shape, element type or value (the model is exported from the module as
+    it is now), or when a floating parameter/buffer is not an
+    initializer while an Identity node stands for it (merged into another initializer) or the model holds
+    a floating initializer of the same size that is no module tensor (a transposed, reshaped or folded
+    copy). Any other tensor that is no initializer is one the graph does not read: it gets no gradient,
+    as in torch."""
+    inits = _init_values(model)
+    hint = ("export with torch.onnx.export(..., dynamo=False, do_constant_folding=False, "
+            "keep_initializers_as_inputs=True, training=torch.onnx.TrainingMode.PRESERVE), or let "
+            "gradflow.torch.compile export the module itself")
+    matched = []
+    for name, proto in inits.items():
+        if name not in tensors:
+            continue
+        t = tensors[name]
+        shape = tuple(int(d) for d in proto.dims)
+        if shape != tuple(t.shape):
+            raise LostParameterError(
+                f"ONNX initializer '{name}' has shape {shape}, but {owner}'s '{name}' has shape {tuple(t.shape)}: "
+                "the export transposed or reshaped it", hint)
+        want = helper.tensor_dtype_to_np_dtype(proto.data_type)
+        if want != np.dtype(str(t.dtype).removeprefix("torch.")):
+            raise LostParameterError(
+                f"ONNX initializer '{name}' has element type {want}, but {owner}'s '{name}' is {t.dtype}", hint)
+        if not np.array_equal(numpy_helper.to_array(proto), t.detach().cpu().numpy(), equal_nan=True):
+            raise LostParameterError(
+                f"ONNX initializer '{name}' holds other values than {owner}'s '{name}': the export folded "
+                "another tensor into it (e.g. a BatchNorm into the Conv before it)", hint)
+        matched.append(name)
+    orphans = {n: p for n, p in inits.items() if n not in tensors
+               and helper.tensor_dtype_to_np_dtype(p.data_type).kind == "f"}
+    identities = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity" and n.input}
+    for name, t in tensors.items():
+        if name in inits or not t.is_floating_point():
+            continue
+        if name in identities and identities[name] in inits:
+            raise LostParameterError(f"{owner}'s '{name}' was merged into ONNX initializer '{identities[name]}' "
+                                     "(an Identity node stands for it)", hint)
+        same_size = sorted(o for o, p in orphans.items() if int(np.prod(p.dims, dtype=np.int64)) == t.numel())
+        if same_size:
+            raise LostParameterError(
+                f"{owner}'s '{name}' is not an ONNX initializer, and initializer(s) {', '.join(map(repr, same_size))} "
+                "of the same size are no tensor of the module (folded, transposed or renamed by the export)", hint)
+    return tuple(matched)
+
+
+def _batchnorm_module(module: torch.nn.Module, buffer: str) -> tuple[str, torch.nn.Module] | None:
+    path, _, attr = buffer.rpartition(".")
+    if attr != "running_mean":
+        return None
+    try:
+        owner = module.get_submodule(path)
+    except AttributeError:
+        return None
+    return (path, owner) if isinstance(owner, torch.nn.modules.batchnorm._BatchNorm) else None
+
+
+def _is_initializer(model: onnx.ModelProto, name: str) -> bool:
+    return any(t.name == name for t in model.graph.initializer)
+
+
+def _training_mode(node: onnx.NodeProto) -> bool:
+    return any(a.name == "training_mode" and a.i for a in node.attribute)
+
+
+def expose_batch_stats(model: onnx.ModelProto, module: torch.nn.Module) -> tuple[BatchStats, ...]:
+    """Add, for every training-mode BatchNormalization reading a BatchNorm module's running statistics, its
+    input's per-channel mean and population variance as graph outputs (edits `model`, which this module
+    created). A training-mode node whose statistics are no module's buffers is an `ExportError`."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    shapes = {vi.name: vi.type.tensor_type for vi in
+              [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    stats = []
+    for k, node in enumerate(list(model.graph.node)):
+        if node.op_type != "BatchNormalization" or not _training_mode(node):
+            continue
+        if not _is_initializer(model, node.input[3]):
+            continue  # statistics computed in the graph (track_running_stats=False): no buffers to update
+        found = _batchnorm_module(module, node.input[3])
+        if found is None:
+            raise ExportError(f"training-mode BatchNormalization node '{node.name}' reads '{node.input[3]}', "
+                              "which is not the running_mean of a torch.nn BatchNorm module",
+                              "use torch.nn.BatchNorm1d/2d/3d modules, or compile the module in eval mode")
+        path, _ = found
+        x = node.input[0]
+        tt = shapes[x]
+        dims = [d.dim_value for d in tt.shape.dim]
+        axes = [0, *range(2, len(dims))]
+        count = int(np.prod([dims[a] for a in axes]))
+        tag = f"{STATS_PREFIX}{k}"
+        axes_name = f"{tag}_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
+        mean, var = f"{tag}_mean", f"{tag}_var"
+        model.graph.node.extend([
+            helper.make_node("ReduceMean", [x, axes_name], [f"{tag}_mean_k"], keepdims=1),
+            helper.make_node("Sub", [x, f"{tag}_mean_k"], [f"{tag}_centered"]),
+            helper.make_node("Mul", [f"{tag}_centered", f"{tag}_centered"], [f"{tag}_squares"]),
+            helper.make_node("ReduceMean", [f"{tag}_squares", axes_name], [var], keepdims=0),
+            helper.make_node("ReduceMean", [x, axes_name], [mean], keepdims=0),
+        ])
+        model.graph.output.extend([helper.make_tensor_value_info(n, tt.elem_type, [dims[1]]) for n in (mean, var)])
+        stats.append(BatchStats(path, mean, var, count))
+    return tuple(stats)

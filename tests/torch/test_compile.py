@@ -1,0 +1,387 @@
+"""`gradflow.torch.compile`: a torch model as a drop-in compiled module, checked against the model itself.
+
+Each model structure is compiled once per dtype (`compiled`); every test resets the shared parameters from a
+fresh torch copy (`fresh`) and compares with that copy run by torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import warnings
+
+import onnx
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import gradflow.torch as gt
+from gradflow.core.errors import ArgumentError, InvalidArgumentError
+from gradflow.frontend.onnx.errors import UnsupportedOpError
+from gradflow.torch.export import ExportError, LostParameterError, check_initializers, named_tensors
+
+F64 = dict(rtol=1e-9, atol=1e-9)
+F32 = dict(rtol=1e-5, atol=1e-5)
+STEPS = 5
+
+
+class TwoHeads(torch.nn.Module):
+    """Two inputs, two outputs (a tuple), a root-level parameter and a non-persistent buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = torch.nn.Linear(3, 4)
+        self.right = torch.nn.Linear(2, 4)
+        self.scale = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("offset", torch.randn(4), persistent=False)
+
+    def forward(self, a, b):
+        h = torch.tanh(self.left(a) + self.right(b))
+        return h * self.scale, h.sum(dim=1) + self.offset.sum()
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def _lenet():
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                               torch.nn.Flatten(), torch.nn.Linear(2 * 3 * 3, 3))
+
+
+def _conv_bn():
+    # no Conv bias before the BatchNorm (as in ResNets): its exact gradient is 0, and Adam would turn the
+    # rounding noise of that 0 into steps of size lr
+    return torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, bias=False), torch.nn.BatchNorm2d(3), torch.nn.ReLU())
+
+
+#: name -> (constructor, input shapes)
+MODELS = {
+    "mlp": (_mlp, [(2, 4)]),
+    "lenet": (_lenet, [(2, 1, 8, 8)]),
+    "conv_bn": (_conv_bn, [(3, 2, 5, 5)]),
+    "two_heads": (TwoHeads, [(2, 3), (2, 2)]),
+}
+NAMES = sorted(MODELS)
+
+
+def fresh(name: str, dtype=torch.float64, seed: int = 0) -> torch.nn.Module:
+    """A new torch model with random weights (and, for BatchNorm, non-trivial running statistics)."""
+    torch.manual_seed(seed)
+    model = MODELS[name][0]().to(dtype)
+    with torch.no_grad():
+        for b in model.buffers():
+            if b.is_floating_point():
+                b.copy_(torch.rand_like(b) + 0.5)
+    return model
+
+
+def inputs(name: str, dtype=torch.float64, seed: int = 1) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=gen, dtype=dtype) for shape in MODELS[name][1])
+
+
+@functools.cache
+def compiled(name: str, dtype=torch.float64) -> gt.CompiledModule:
+    return gt.compile(fresh(name, dtype), inputs(name, dtype))
+
+
+def pair(name: str, mode: str, dtype=torch.float64, seed: int = 0):
+    """The compiled module with the weights of a fresh torch model, and that torch model, both in `mode`."""
+    ref = fresh(name, dtype, seed)
+    model = compiled(name, dtype)
+    model.load_state_dict(ref.state_dict())
+    with torch.no_grad():  # non-persistent buffers are not in the state_dict
+        for b, rb in zip(model.buffers(), ref.buffers()):
+            b.copy_(rb)
+    for p in model.parameters():
+        p.grad = None
+    getattr(model, mode)()
+    getattr(ref, mode)()
+    return model, ref
+
+
+def _outputs(y) -> tuple[torch.Tensor, ...]:
+    return tuple(y) if isinstance(y, tuple) else (y,)
+
+
+def _loss(y, cotangents) -> torch.Tensor:
+    return sum((o * g).sum() for o, g in zip(_outputs(y), cotangents))
+
+
+def assert_same_state(model, ref, tol) -> None:
+    for (n, a), (m, b) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert n == m
+        torch.testing.assert_close(a, b, **tol, msg=lambda s, n=n: f"{n}: {s}")
+
+
+# -- drop-in: names, shapes, shared tensors, state_dict -----------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_parameters_buffers_and_state_dict_keys_are_the_originals(name):
+    model = compiled(name)
+    original = model._gf_source
+    assert [(n, p.shape) for n, p in model.named_parameters()] == \
+        [(n, p.shape) for n, p in original.named_parameters()]
+    assert all(p is q for p, q in zip(model.parameters(), original.parameters()))
+    assert [n for n, _ in model.named_buffers()] == [n for n, _ in original.named_buffers()]
+    assert list(model.state_dict()) == list(original.state_dict())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trips_both_ways(name):
+    model = compiled(name)
+    other = fresh(name, seed=7)
+    model.load_state_dict(other.state_dict())
+    assert_same_state(model, other, dict(rtol=0, atol=0))
+    target = fresh(name, seed=8)
+    target.load_state_dict(model.state_dict())
+    assert_same_state(target, other, dict(rtol=0, atol=0))
+
+
+# -- forward and gradients ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_forward_and_every_gradient_match_torch(name, mode, seed):
+    model, ref = pair(name, mode, seed=seed % 1000)
+    xs = inputs(name, seed=seed)
+    y, want = model(*xs), ref(*xs)
+    assert type(y) is type(want)
+    for a, b in zip(_outputs(y), _outputs(want)):
+        torch.testing.assert_close(a, b, **F64)
+    gen = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in _outputs(want)]
+    _loss(y, cot).backward()
+    _loss(want, cot).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **F64, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_state(model, ref, F64)  # BatchNorm statistics after one training-mode call
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("name", NAMES)
+def test_optimizer_steps_follow_torch_trajectory(name, optimizer):
+    model, ref = pair(name, "train")
+    make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+            "adam": lambda ps: torch.optim.Adam(ps, lr=0.05)}[optimizer]
+    opts = make(model.parameters()), make(ref.parameters())
+    for step in range(STEPS):
+        xs = inputs(name, seed=100 + step)
+        y, want = model(*xs), ref(*xs)
+        cot = [torch.ones_like(o) for o in _outputs(want)]
+        for out, opt in ((y, opts[0]), (want, opts[1])):
+            opt.zero_grad()
+            (_loss(out, cot) ** 2).backward()
+            opt.step()
+        assert_same_state(model, ref, F64)
+    model.eval()
+    ref.eval()
+    xs = inputs(name, seed=200)
+    for a, b in zip(_outputs(model(*xs)), _outputs(ref(*xs))):
+        torch.testing.assert_close(a, b, **F64)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("name", ["conv_bn", "mlp"])
+def test_no_grad_forward(name, mode):
+    model, ref = pair(name, mode, seed=3)
+    xs = inputs(name, seed=4)
+    with torch.no_grad():
+        y, want = model(*xs), ref(*xs)
+    assert not any(o.requires_grad for o in _outputs(y))
+    for a, b in zip(_outputs(y), _outputs(want)):
+        torch.testing.assert_close(a, b, **F64)
+    assert_same_state(model, ref, F64)  # running statistics move under no_grad too, in training mode
+
+
+@pytest.mark.parametrize("name", ["conv_bn", "lenet", "two_heads"])
+def test_float32(name):
+    model, ref = pair(name, "train", dtype=torch.float32)
+    xs = inputs(name, torch.float32)
+    y, want = model(*xs), ref(*xs)
+    for a, b in zip(_outputs(y), _outputs(want)):
+        torch.testing.assert_close(a, b, **F32)
+    cot = [torch.ones_like(o) for o in _outputs(want)]
+    _loss(y, cot).backward()
+    _loss(want, cot).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **F32, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_state(model, ref, F32)
+
+
+def test_input_gradients_only_where_requested_and_frozen_parameters_get_none():
+    model, ref = pair("two_heads", "train")
+    a, b = inputs("two_heads")
+    a.requires_grad_(True)
+    ref_a = a.detach().clone().requires_grad_(True)
+    model.left.weight.requires_grad_(False)
+    ref.left.weight.requires_grad_(False)
+    try:
+        _loss(model(a, b), [torch.ones(2, 4), torch.ones(2)]).backward()
+        _loss(ref(ref_a, b), [torch.ones(2, 4), torch.ones(2)]).backward()
+    finally:
+        model.left.weight.requires_grad_(True)
+    torch.testing.assert_close(a.grad, ref_a.grad, **F64)
+    assert b.grad is None
+    assert model.left.weight.grad is None
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, **F64, msg=lambda s, n=n: f"{n}: {s}")
+
+
+def test_batchnorm_cumulative_average_when_momentum_is_none():
+    model, ref = pair("conv_bn", "train", seed=5)
+    model.get_submodule("1").momentum = ref[1].momentum = None
+    try:
+        for step in range(3):
+            xs = inputs("conv_bn", seed=10 + step)
+            with torch.no_grad():
+                model(*xs)
+                ref(*xs)
+        assert_same_state(model, ref, F64)
+    finally:
+        model.get_submodule("1").momentum = 0.1
+
+
+class Nested(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(3, 2)
+        self.b = torch.nn.Linear(3, 4)
+
+    def forward(self, x):
+        return {"zeta": self.a(x), "alpha": [self.b(x), x.sum(1)]}
+
+
+def test_dict_and_list_outputs_keep_their_structure():
+    torch.manual_seed(0)
+    net = Nested().double()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        y, want = gt.compile(net, (x,))(x), net(x)
+    assert list(y) == list(want) and isinstance(y["alpha"], list)
+    for a, b in zip(torch.utils._pytree.tree_leaves(y), torch.utils._pytree.tree_leaves(want)):
+        torch.testing.assert_close(a, b, **F64)
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+def test_wrong_input_shape_is_an_argument_error():
+    model = compiled("mlp")
+    with pytest.raises(ArgumentError, match=r"input 0 of the compiled Sequential: expected shape \(2, 4\)"):
+        model(torch.randn(3, 4, dtype=torch.float64))
+    with pytest.raises(ArgumentError, match="takes 1 inputs, got 2"):
+        model(*inputs("two_heads"))
+
+
+def test_bad_arguments_of_compile():
+    with pytest.raises(InvalidArgumentError, match="unknown option 'dispatch'"):
+        gt.compile(_mlp(), torch.randn(2, 4), dispatch="cpp")
+    with pytest.raises(InvalidArgumentError, match="module must be a torch.nn.Module"):
+        gt.compile(lambda x: x, torch.randn(2, 4))
+    with pytest.raises(InvalidArgumentError, match=r"example_inputs\[1\] must be a tensor"):
+        gt.compile(_mlp(), (torch.randn(2, 4), 3))
+
+
+def test_dropout_in_training_mode_is_refused_and_leaves_the_module_as_it_was():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5)).double()
+    state = copy.deepcopy(net.state_dict())
+    x = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rng = torch.random.get_rng_state()
+    with pytest.raises(ExportError, match="Dropout '1' is in training mode"):
+        gt.compile(net, x)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert net.training and net[1].training
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+    torch.testing.assert_close(gt.compile(net.eval(), x)(x), net(x), **F64)  # eval: Dropout is the identity
+
+
+def test_compiling_in_training_mode_leaves_the_batchnorm_statistics_alone():
+    """Exporting traces the forward, which in training mode would update the running statistics."""
+    net = fresh("conv_bn", seed=13)
+    state = copy.deepcopy(net.state_dict())
+    gt.compile(net, inputs("conv_bn"))
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, state[key]), key
+
+
+def test_an_op_without_a_rule_is_reported_at_compile():
+    lstm = torch.nn.LSTM(3, 4, batch_first=True).double()
+    with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'LSTM'"):
+        gt.compile(lstm, torch.randn(2, 5, 3, dtype=torch.float64))
+
+
+def _legacy_export(module, x, **kwargs) -> onnx.ModelProto:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buf, **kwargs)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def test_merged_initializers_are_reported():
+    """Without folding, the TorchScript exporter still merges equal initializers by default: a fresh
+    BatchNorm's running_mean (zeros) becomes an Identity of its bias (zeros)."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3)).double().eval()
+    model = _legacy_export(net, torch.randn(1, 2, 5, 5, dtype=torch.float64), dynamo=False,
+                           do_constant_folding=False)
+    with pytest.raises(LostParameterError, match=r"'1\.running_mean' was merged into ONNX initializer '1\.bias'"):
+        check_initializers(model, named_tensors(net), "Sequential")
+
+
+def _bn_after_conv():
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3)).double().eval()
+    with torch.no_grad():
+        net[1].running_var.fill_(2.0)
+    return net, torch.randn(1, 2, 5, 5, dtype=torch.float64)
+
+
+def test_batchnorm_folded_into_a_new_initializer_is_reported():
+    """The TorchScript exporter's defaults in eval mode fold the BatchNorm into a new Conv weight."""
+    net, x = _bn_after_conv()
+    model = _legacy_export(net, x, dynamo=False)
+    with pytest.raises(LostParameterError, match=r"'0\.weight' is not an ONNX initializer, and initializer\(s\) "
+                                                 r"'.*' of the same size are no tensor of the module"):
+        check_initializers(model, named_tensors(net), "Sequential")
+
+
+def test_batchnorm_folded_under_the_conv_weight_name_is_reported():
+    """The dynamo exporter's defaults fold the BatchNorm into the Conv weight and keep its name."""
+    net, x = _bn_after_conv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(net, (x,), dynamo=True, verbose=False).model_proto
+    with pytest.raises(LostParameterError, match=r"initializer '0\.weight' holds other values than Sequential's"):
+        check_initializers(model, named_tensors(net), "Sequential")
+
+
+def test_a_pre_exported_model_that_kept_its_parameters_trains_like_torch(tmp_path):
+    ref = fresh("lenet", seed=11)
+    net = fresh("lenet", seed=11)
+    (x,) = inputs("lenet", seed=12)
+    path = tmp_path / "lenet.onnx"
+    path.write_bytes(_legacy_export(net, x, dynamo=False, do_constant_folding=False,
+                                    keep_initializers_as_inputs=True).SerializeToString())
+    model = gt.compile(net, (x,), onnx_model=str(path))
+    y, want = model(x), ref(x)
+    torch.testing.assert_close(y, want, **F64)
+    y.sum().backward()
+    want.sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **F64, msg=lambda s, n=n: f"{n}: {s}")
+    model.eval()
+    with pytest.raises(ExportError, match="the ONNX model given to gradflow.torch.compile serves the train/eval"):
+        model(x)
+
+
+def test_a_pre_exported_model_that_lost_parameters_is_refused_at_compile():
+    net, x = _bn_after_conv()
+    folded = _legacy_export(net, x, dynamo=False)  # the exporter's defaults fold the BatchNorm into the Conv
+    with pytest.raises(LostParameterError, match=r"'0\.weight' is not an ONNX initializer"):
+        gt.compile(net, (x,), onnx_model=folded)
+    with pytest.raises(InvalidArgumentError, match="option onnx_model=3: must be a path"):
+        gt.compile(net, (x,), onnx_model=3)

@@ -1,6 +1,7 @@
 """Loop corpus: PolyBench / NPBench-style kernels with Python loops (LoopRegions), data-dependent
-conditions (ConditionalBlocks) and a data-dependent while loop, each paired with a PyTorch reference
-written with Python loops. See `case.py` for the conventions of `Case`.
+conditions (ConditionalBlocks) and data-dependent while loops, each paired with a PyTorch reference
+written with Python loops, plus the API-built cases of `unstructured.py` (conditional interstate edges,
+symbols assigned on edges). See `case.py` for the conventions of `Case`.
 
 The torch references never write into a tensor that autograd may have saved: every write goes through
 `setitem` (a functional copy) or into Python lists of 0-d tensors.
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from .case import Case, setitem
+from .unstructured import CASES as _UNSTRUCTURED
 
 N = dace.symbol("N")
 M = dace.symbol("M")
@@ -735,7 +737,8 @@ def _t_map_inplace_rows(A, W, S, **_):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# a data-dependent while loop inside a dace.map body (values stored per iteration need a loop bound)
+# a data-dependent while loop inside a dace.map body (values stored per iteration: a growable tape, or a
+# fixed one when the user bounds the loop)
 
 
 @dace.program
@@ -826,7 +829,9 @@ CASES: list[Case] = [
     Case("lp_vadv_sweeps", lp_vadv_sweeps, _t_vadv_sweeps, ("a", "b", "c", "d"), "S", _i_vadv_sweeps,
          {"N": 4, "K": 7}, "vadv-style tridiagonal solve: forward sweep, backward sweep"),
     Case("lp_newton_sqrt", lp_newton_sqrt, _t_newton_sqrt, ("A",), "S", _i_newton_sqrt, {"N": 6},
-         "Newton sqrt, while loop with a data-dependent tolerance condition"),
+         "Newton sqrt, while loop with a data-dependent tolerance condition (growable tape, no bound)"),
+    Case("lp_newton_sqrt_capped", lp_newton_sqrt, _t_newton_sqrt, ("A",), "S", _i_newton_sqrt, {"N": 6},
+         "Newton sqrt with a user bound of 64 iterations: a fixed-size tape", loop_bounds={"*": 64}),
     Case("lp_strided_step2", lp_strided_step2, _t_strided_step2, ("X", "Y"), "S", _i_strided(10),
          {"N": 10}, "for i in range(0, N, 2), N even, loop-carried S"),
     Case("lp_strided_step2_odd", lp_strided_step2_odd, _t_strided_step2, ("X", "Y"), "S", _i_strided(9),
@@ -856,7 +861,10 @@ CASES: list[Case] = [
     Case("lp_map_inplace_rows", lp_map_inplace_rows, _t_map_inplace_rows, ("A", "W"), "S",
          _inputs(A=(4, 6), W=(4, 6)), {"N": 4, "M": 6}, "a dace.map body updating its row in place (in/out)"),
     Case("lp_map_of_while", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
-         "a data-dependent while loop inside a dace.map body (bounded)"),
+         "a data-dependent while loop inside a dace.map body (growable tape in the nested SDFG)"),
+    Case("lp_map_of_while_capped", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
+         "a data-dependent while loop inside a dace.map body, bounded by the user", loop_bounds={"*": 64}),
+    *_UNSTRUCTURED,
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

@@ -5,7 +5,8 @@ control flow (see `structure.py`). Output, in place on that private copy (the ca
 
 1. the forward sweep, instrumented to record on the tape (`tape.py`) what the backward sweep needs: the
    part of an array an operation is about to overwrite when an operation reversed later reads the old value
-   (here), and whatever the control rule of each loop or conditional records (`control.py`);
+   (here), whatever the control rule of each loop, conditional or symbol assignment records (`control.py`),
+   and the final values of the symbols the assignments record;
 2. a `ControlFlowRegion` named `gradflow_backward` after the forward sweep that loads the tape pointers,
    copies the arrays the tape restores into working copies (the forward's results stay as they are),
    zeroes the gradient buffers, seeds the gradient of `of`, and reverses the program: a sequence last to

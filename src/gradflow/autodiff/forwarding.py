@@ -12,10 +12,11 @@ the operation that reads it is reversed). The policies:
   which recomputation is not valid).
 
 `loop_bounds` gives, per loop label (the key `"*"`: any other loop), an upper bound on the trip count of
-while loops, whose trip count gradflow cannot bound itself, when values inside them must be stored per
-iteration. Such a loop stops after `bound` iterations and sets the program's extra output
-`gradflow_overflow` (one int64) to its 1-based number in `ADInterface.bounded_loops`; the gradients of
-that run are then invalid, and `value_and_grad` raises `LoopBoundError`.
+while loops: a memory cap. Without one, what a while loop stores per iteration goes to growable stacks
+(`tape.py`), which need no bound. With one, those stacks have a fixed size, the loop stops after `bound`
+iterations and sets the program's extra output `gradflow_overflow` (one int64) to its 1-based number in
+`ADInterface.bounded_loops`; the gradients of that run are then invalid, and `value_and_grad` raises
+`LoopBoundError`.
 """
 
 from __future__ import annotations

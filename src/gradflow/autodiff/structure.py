@@ -47,7 +47,7 @@ class LoopItem:
     body: "Seq"
     depth: int  # number of loops around this one
     # Non-counted loops only: symbols the body assigns on its last edge (a loop variable updated at the end
-    # of each iteration; they hold one value per iteration), and a counted loop bounding the trip count.
+    # of each iteration, as `lower_breaks` leaves it), and a counted loop bounding the trip count by them.
     iteration_symbols: tuple[str, ...] = ()
     bounded_by: CountedLoop | None = None
     kind = LOOP

@@ -127,6 +127,40 @@ def _i_api_while_accumulate(rng):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# a do-while loop: the body runs before the first test; the back edge tests the data and increments k
+
+
+def lp_api_do_while() -> dace.SDFG:
+    sdfg = dace.SDFG("lp_api_do_while")
+    _arrays(sdfg, X=[N], S=[1])
+    init = sdfg.add_state("init", is_start_block=True)
+    body, after = sdfg.add_state("body"), sdfg.add_state("after")
+    sdfg.add_edge(init, body, InterstateEdge(assignments={"k": "0"}))
+    sdfg.add_edge(body, body, InterstateEdge("S[0] < 4.0", assignments={"k": "k + 1"}))
+    sdfg.add_edge(body, after, InterstateEdge("not (S[0] < 4.0)"))
+    _tasklet(body, {"s": "S[0]", "x": "X[k % N]"}, {"o": "S[0]"}, "o = s * 0.9 + x * x + 0.1 * sin(s)")
+    return sdfg
+
+
+def _t_api_do_while(X, S, **_):
+    n = X.shape[0]
+    s = S[0]
+    k = 0
+    while True:
+        x = X[k % n]
+        s = s * 0.9 + x * x + 0.1 * torch.sin(s)
+        if not s.item() < 4.0:  # the condition reads data: not differentiated
+            return s
+        k += 1
+
+
+def _i_api_do_while(rng):
+    n = 4
+    S = rng.uniform(0.0, 1.0, 1) if rng.uniform() < 0.7 else rng.uniform(4.5, 5.0, 1)  # sometimes one pass only
+    return {"X": rng.uniform(0.4, 1.2, n), "S": S}
+
+
+# ----------------------------------------------------------------------------------------------------------
 # a symbol assigned twice per iteration on interstate edges and read by maps: before its first assignment
 # in an iteration (the value of the previous iteration, or of the assignment before the loop), between the
 # two, and after the second, where it indexes an in-place update
@@ -207,6 +241,8 @@ CASES: list[Case] = [
     Case("lp_api_while_accumulate", BuiltProgram(lp_api_while_accumulate, ("X", "W", "A", "T", "S")),
          _t_api_while_accumulate, ("X", "W", "A", "T"), "S", _i_api_while_accumulate, {"N": 5},
          "API-built: a data-dependent while loop (guard and back edge) accumulating into an array, no bound"),
+    Case("lp_api_do_while", BuiltProgram(lp_api_do_while, ("X", "S")), _t_api_do_while, ("X", "S"), "S",
+         _i_api_do_while, {"N": 4}, "API-built: a do-while loop (a self-loop whose back edge tests data), no bound"),
     Case("lp_api_edge_symbols", BuiltProgram(lp_api_edge_symbols, ("A", "B", "W", "S")),
          _t_api_edge_symbols, ("A", "B", "W"), "S", _inputs(A=(6,), B=(6,), W=(6,)), {"N": 6},
          "API-built: a symbol assigned twice per iteration on interstate edges, read by maps and an in-place update"),

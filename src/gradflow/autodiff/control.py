@@ -80,7 +80,7 @@ class RecordedTrips:
 
 @control_rule("loop")
 class RecordedLoop:
-    """Any loop that is not counted: its trip count (and per-iteration symbols) recorded on the tape."""
+    """Any loop that is not counted: its trip count (and its variable per iteration) recorded on the tape."""
 
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.loop.loop_variable} if item.loop.loop_variable else ())

@@ -175,9 +175,11 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
 
     def walk(region: ControlFlowRegion, loops: tuple) -> Seq:
         items = []
-        blocks = block_chain(region)
-        isolated = {id(_isolate(region, region.out_edges(a)[0])) for a in blocks[:-1]
-                    if region.out_edges(a)[0].data.assignments}
+        isolated = set()
+        for block in block_chain(region)[:-1]:
+            edge = region.out_edges(block)[0]
+            if edge.data.assignments:
+                isolated.add(id(_isolate(region, edge)))
         for block in block_chain(region):
             if id(block) in isolated:
                 names = tuple(region.out_edges(block)[0].data.assignments)

@@ -225,6 +225,33 @@ def _i_symbol_from_data(rng):
             "S": _z(1)}
 
 
+# ----------------------------------------------------------------------------------------------------------
+# a loop bound read from data: `n = cnt[i]` (an interstate assignment) bounds the inner loop, so the tape
+# inside it cannot be sized before the run (a growable stack), and the reversed inner loop needs n restored
+
+
+@dace.program
+def lp_bound_from_data(X: f64[M, N], cnt: dace.int64[M], S: f64[1]):
+    for i in range(M):
+        n = cnt[i]
+        for j in range(n):
+            S[0] = S[0] * 0.5 + np.sin(X[i, j]) * S[0] + X[i, j]
+
+
+def _t_bound_from_data(X, cnt, S, **_):
+    s = S[0]
+    for i in range(X.shape[0]):
+        for j in range(int(cnt[i].item())):
+            s = s * 0.5 + torch.sin(X[i, j]) * s + X[i, j]
+    return s
+
+
+def _i_bound_from_data(rng):
+    m, n = 4, 6
+    return {"X": rng.normal(size=(m, n)) * 0.5, "cnt": rng.integers(0, n + 1, m).astype(np.int64),
+            "S": rng.normal(size=1)}
+
+
 def _inputs(**shapes):
     def make(rng):
         out = {k: rng.normal(size=s) for k, s in shapes.items()}
@@ -246,6 +273,8 @@ CASES: list[Case] = [
     Case("lp_api_edge_symbols", BuiltProgram(lp_api_edge_symbols, ("A", "B", "W", "S")),
          _t_api_edge_symbols, ("A", "B", "W"), "S", _inputs(A=(6,), B=(6,), W=(6,)), {"N": 6},
          "API-built: a symbol assigned twice per iteration on interstate edges, read by maps and an in-place update"),
+    Case("lp_bound_from_data", lp_bound_from_data, _t_bound_from_data, ("X", "S"), "S", _i_bound_from_data,
+         {"M": 4, "N": 6}, "n = cnt[i] bounds an inner loop: a growable tape without a while loop"),
     Case("lp_symbol_from_data", lp_symbol_from_data, _t_symbol_from_data, ("X", "W"), "S", _i_symbol_from_data,
          {"N": 5, "M": 9}, "k = idx[i] (a symbol read from data) selects the element updated in place"),
 ]

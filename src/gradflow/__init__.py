@@ -7,6 +7,7 @@ the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is rea
 
 from gradflow.core import (
     ArgumentError,
+    CacheWarning,
     CompilationError,
     GradflowError,
     Graph,
@@ -27,13 +28,15 @@ from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import ad_pipeline
 
 import gradflow.onnx  # noqa: E402,F401  - `gradflow.onnx.load`; registers the `onnx_lower` pass
+import gradflow.frontend.numpy_prod  # noqa: E402,F401  - `np.prod` in DaCe programs (a product Reduce)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline",
     "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
-    "ArgumentError", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError", "LoopBoundError",
+    "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError",
+    "LoopBoundError",
     "NoRuleError",
     "NotDifferentiableError", "Pass", "Pipeline", "UnknownArrayError", "register_pass", "registered_passes",
 ]

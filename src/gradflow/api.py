@@ -6,6 +6,7 @@ raises a typed `GradflowError` at this edge if anything failed. The argument is 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -15,18 +16,40 @@ from gradflow.autodiff.engine import OVERFLOW
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
-from gradflow.core.errors import InvalidArgumentError, LoopBoundError, UnknownArrayError
+from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
+from gradflow.core.errors import InvalidArgumentError, LoopBoundError, UnknownArrayError, describe
 from gradflow.core.graph import Graph
+from gradflow.core.names import check_identifiers, identifier_problem
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 
 
-def _names(value: str | Sequence[str], what: str) -> tuple[str, ...]:
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    """`value` (one name, or an iterable of names) as a tuple of distinct names; else an
+    `InvalidArgumentError` naming the argument `what`."""
     if isinstance(value, str):
-        return (value,)
-    names = tuple(value)
+        names: tuple = (value,)
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        names = tuple(value)
+    else:
+        names = ()
     if not names or not all(isinstance(n, str) for n in names):
-        raise InvalidArgumentError(f"{what} must be an array name or a non-empty sequence of names, got {value!r}")
+        raise InvalidArgumentError(
+            f"{what} must be an array name or a non-empty sequence of names, got {describe(value)}",
+            f"e.g. {what}='X' or {what}=['X', 'W']")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidArgumentError(f"{what} names {', '.join(repr(n) for n in twice)} more than once")
     return names
+
+
+def _check_options(prefix: Any, forwarding: Any) -> None:
+    """The keyword options every entry point shares: typed errors naming the option."""
+    if not isinstance(prefix, str):
+        raise InvalidArgumentError(f"prefix must be a string, got {describe(prefix)}", "e.g. prefix='grad_'")
+    if forwarding is not None and not isinstance(forwarding, Forwarding):
+        raise InvalidArgumentError(
+            f"forwarding must be a gradflow.Forwarding, got {describe(forwarding)}",
+            "use gradflow.STORE_ALL, gradflow.RECOMPUTE_ALL or gradflow.recompute('A', ...)")
 
 
 def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str, scalar_of: bool) -> None:
@@ -65,18 +88,28 @@ def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str,
                 f"the gradient array name '{prefix + name}' is already taken by an array of the SDFG",
                 "pass another prefix=, e.g. prefix='d_'",
             )
+        problem = identifier_problem(prefix + name)
+        if problem is not None:
+            raise InvalidArgumentError(
+                f"prefix {prefix!r} makes the gradient array name {prefix + name!r}, which {problem}",
+                "pass a prefix of letters, digits and underscores, e.g. prefix='d_'",
+            )
 
 
-def _prepare(program: Any, wrt, of, prefix: str, scalar_of: bool) -> tuple[Graph, tuple[str, ...], tuple[str, ...]]:
-    graph = Graph.of(program)
+def _prepare(program: Any, wrt, of, prefix: Any, forwarding: Any,
+             scalar_of: bool) -> tuple[Graph, tuple[str, ...], tuple[str, ...]]:
     wrt_names = _names(wrt, "wrt")
-    of_names = _names(of, "of") if of is not None else (infer_of(graph.sdfg),)
+    of_names = _names(of, "of") if of is not None else None
+    _check_options(prefix, forwarding)
+    graph = Graph.of(program)
+    check_identifiers(graph.sdfg)
+    of_names = of_names if of_names is not None else (infer_of(graph.sdfg),)
     _check(graph, wrt_names, of_names, prefix, scalar_of)
     return graph, wrt_names, of_names
 
 
 def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefix: str = "grad_",
-         pipeline: Pipeline | None = None, forwarding: Forwarding | None = None):
+         pipeline: Pipeline | None = None, forwarding: Forwarding | None = None, optimize: bool | Pipeline = True):
     """A new SDFG computing what `program` computes plus `grad_<x>` = d(of)/d(x) for each x in `wrt`.
 
     `program` is a `dace.SDFG` or `@dace.program` and is not modified. `of` names a one-element array
@@ -85,19 +118,38 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     `wrt`/`of`/`prefix`/`forwarding` from this call where it leaves them unset, and a step that says
     otherwise is an error. `forwarding` chooses how values reach the backward sweep (default `STORE_ALL`;
     `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds the SDFG has one more output,
-    `gradflow_overflow` (see `gradflow.Forwarding`).
+    `gradflow_overflow` (see `gradflow.Forwarding`). `optimize` applies `gradflow.optimize.OPTIMIZE` to
+    the result (True, the default), nothing (False) or the given pipeline.
     """
-    return grad_graph(program, wrt, of, prefix, pipeline, forwarding).to_sdfg()
+    return grad_graph(program, wrt, of, prefix, pipeline, forwarding, optimize).to_sdfg()
 
 
 def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | None = None,
-               forwarding: Forwarding | None = None) -> Graph:
+               forwarding: Forwarding | None = None, optimize: bool | Pipeline = True) -> Graph:
     """`grad` as a frozen `Graph` whose `meta["ad"]` (`ADInterface`) says what was built: gradient names,
     what the tape stores, what is recomputed, which rules were applied."""
-    graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=True)
+    graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=True)
     want = Reverse(wrt_names, of_names, "grad", prefix, forwarding if forwarding is not None else STORE_ALL)
     pipe = ad_pipeline(want) if pipeline is None else bind_pipeline(pipeline, want, forwarding is not None)
-    return unwrap_or_raise(pipe(graph))
+    return optimized(unwrap_or_raise(pipe(graph)), optimize)
+
+
+def optimization(optimize: bool | Pipeline) -> Pipeline | None:
+    """The optimization pipeline `optimize=` asks for: the default one, none, or the one given."""
+    from gradflow.optimize import OPTIMIZE
+
+    if optimize is True:
+        return OPTIMIZE
+    if optimize is False or optimize is None:
+        return None
+    if isinstance(optimize, Pipeline):
+        return optimize
+    raise InvalidArgumentError(f"optimize must be True, False or a gradflow.Pipeline, got {optimize!r}")
+
+
+def optimized(graph: Graph, optimize: bool | Pipeline) -> Graph:
+    pipe = optimization(optimize)
+    return graph if pipe is None else unwrap_or_raise(pipe(graph))
 
 
 def bind_pipeline(pipeline: Any, want: Reverse, forwarding_given: bool) -> Pipeline:
@@ -144,16 +196,25 @@ def check_loop_bounds(arrays: Any, interface: Any) -> None:
 
 
 def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str = "grad_",
-        forwarding: Forwarding = STORE_ALL) -> VJPResult:
-    """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`)."""
-    graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, scalar_of=False)
+        forwarding: Forwarding = STORE_ALL, optimize: bool | Pipeline = True) -> VJPResult:
+    """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`); `optimize`
+    as for `grad`, applied to each of them."""
+    if of is None:
+        raise InvalidArgumentError("vjp needs of= (the outputs whose cotangents it takes)", "e.g. of='Y'")
+    graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=False)
+    forwarding = forwarding if forwarding is not None else STORE_ALL
     pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix, forwarding)) + SplitVJP()
-    result = unwrap_or_raise(pipe(graph))
-    return result.meta["vjp"]
+    graph = unwrap_or_raise(pipe(graph))
+    sites = graph.meta.get(SITES)
+    result = attrs.evolve(graph.meta["vjp"], index_sites=tuple(sites)) if sites else graph.meta["vjp"]
+    if optimization(optimize) is None:
+        return result
+    return attrs.evolve(result, forward=optimized(Graph.adopt(result.forward), optimize).to_sdfg(),
+                        backward=optimized(Graph.adopt(result.backward), optimize).to_sdfg())
 
 
 def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *,
-                   forwarding: Forwarding = STORE_ALL) -> Callable[..., tuple]:
+                   forwarding: Forwarding = STORE_ALL, optimize: bool | Pipeline = True) -> Callable[..., tuple]:
     """A callable `f(*arrays, **arrays) -> (value, grads)` in the style of `jax.value_and_grad`.
 
     Arguments follow the program's argument order (or are passed by name); arrays the program writes but
@@ -162,18 +223,17 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     """
     from gradflow.runtime.invoke import Invoker
 
-    result = grad_graph(program, wrt, of, "grad_", None, forwarding)
-    interface = result.meta.get("ad")
-    graph = Graph.adopt(result.to_sdfg())
-    wrt_names = _names(wrt, "wrt")
-    of_name = of if of is not None else infer_of(graph.sdfg)
-    invoker = Invoker(graph)
+    result = grad_graph(program, wrt, of, "grad_", None, forwarding, optimize)
+    interface = result.meta["ad"]  # the names grad_graph checked (and inferred) and the gradients' arrays
+    (of_name,) = interface.spec.of
+    invoker = Invoker(Graph.adopt(result.to_sdfg()))
 
     def call(*args: Any, **kwargs: Any):
         arrays, as_torch = invoker(*args, **kwargs)
         check_loop_bounds(arrays, interface)
+        raise_for_flag(arrays.get(ERROR_FLAG), result.meta.get(SITES, ()))
         value = arrays[of_name].reshape(-1)[0].item()
-        grads = {x: arrays["grad_" + x] for x in wrt_names}
+        grads = {x: arrays[g] for x, g in interface.grads.items()}
         if as_torch:
             import torch
 

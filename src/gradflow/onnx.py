@@ -14,7 +14,10 @@ See docs/onnx.md.
 
 from gradflow.frontend.onnx import (
     DynamicShapeError,
+    ExternalDataError,
+    IndexOutOfRangeError,
     InputMismatchError,
+    InvalidNodeError,
     MalformedModelError,
     Node,
     OnnxError,
@@ -22,7 +25,9 @@ from gradflow.frontend.onnx import (
     OnnxModel,
     OnnxProgram,
     Signature,
+    TensorTooLargeError,
     UnsupportedOpError,
+    UnsupportedOpsetError,
     UnsupportedTypeError,
     default_table,
     load,
@@ -32,7 +37,8 @@ from gradflow.frontend.onnx import (
 )
 
 __all__ = [
-    "load", "OnnxProgram", "OnnxModel", "read_model", "OnnxLower", "Signature", "model_graph", "ONNX_RULES",
+    "load", "OnnxProgram", "OnnxModel", "read_model", "OnnxLower", "Signature", "model_graph",
     "Node", "default_table", "onnx_rule", "OnnxError", "MalformedModelError", "UnsupportedOpError",
-    "UnsupportedTypeError", "DynamicShapeError", "InputMismatchError",
+    "UnsupportedTypeError", "DynamicShapeError", "InputMismatchError", "InvalidNodeError", "UnsupportedOpsetError",
+    "ExternalDataError", "TensorTooLargeError", "IndexOutOfRangeError",
 ]

@@ -52,6 +52,28 @@ def _loop_sized(g: Graph) -> int:
     return len(loop_sized(g.sdfg))
 
 
+def _small_parallel_maps(g: Graph) -> int:
+    return sum(isinstance(n, nd.MapEntry) and n.map.schedule == dace.ScheduleType.Default and s.entry_node(n) is None
+               and n.map.range.num_elements() == 1 for s in g.sdfg.states() for n in s.nodes())
+
+
+def _maps(g: Graph) -> int:
+    return sum(isinstance(n, nd.MapEntry) for n, _ in g.sdfg.all_nodes_recursive())
+
+
+def _data_symbols(g: Graph) -> int:
+    """Symbols assigned from array elements on interstate edges (`idx_index = idx[i]`), in all SDFGs."""
+    return sum(any(name in str(value) for name in sdfg.arrays) and "[" in str(value)
+               for sdfg in g.sdfg.all_sdfgs_recursive() for e in sdfg.all_interstate_edges()
+               for value in e.data.assignments.values())
+
+
+def _conditional_writes(g: Graph) -> int:
+    from gradflow.autodiff.conditional_writes import _sites
+
+    return sum(len(_sites(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
 def _has_backward(g: Graph) -> bool:
     return any(b.label == "gradflow_backward" for b in g.sdfg.nodes()) and "grad_X" in g.sdfg.arrays
 
@@ -79,7 +101,13 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "remove_views": (lambda: Graph.of(dataflow.df_strided.to_sdfg()), None, _views, ("> 0", 0)),
     "expand_library_nodes": (lambda: Graph.of(dataflow.df_lib_sum.to_sdfg()),
                              ExpandLibraryNodes(RuleTable("library")), _libraries, ("> 0", 0)),
+    "lower_indirection": (lambda: Graph.of(dataflow.df_gather.to_sdfg()), None, _data_symbols, ("> 0", 0)),
+    "complete_conditional_writes": (lambda: Graph.of(dataflow.df_masked_assign.to_sdfg()), None,
+                                    _conditional_writes, ("> 0", 0)),
     "bound_transient_shapes": (lambda: Graph.of(loops.lp_growing_prefix.to_sdfg()), None, _loop_sized, ("> 0", 0)),
+    "choose_schedules": (lambda: Reverse(("x",), ("S",))(_normalized(loops.lp_triangular)).unwrap(), None,
+                         _small_parallel_maps, ("> 0", 0)),
+    "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),
     "split_operations": (lambda: Graph.of(dataflow.df_states_sequence.to_sdfg()), SplitOperations(),

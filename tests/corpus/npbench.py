@@ -23,7 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gradflow.verify.corpus.case import Case, setitem
+from gradflow.verify.corpus import loops
+from gradflow.verify.corpus.case import Case, element_rows, list_dot, setitem, stack_rows
 
 f64 = dace.float64
 
@@ -47,23 +48,6 @@ def _z(*shape: int) -> np.ndarray:
 def _wsum(x: torch.Tensor, ct: torch.Tensor) -> torch.Tensor:
     """The summary `np.sum(x * ct)`: a vector-Jacobian product with the random cotangent `ct`."""
     return (x * ct).sum()
-
-
-def _rows(A: torch.Tensor) -> list[list[torch.Tensor]]:
-    """A matrix as a list of lists of 0-d tensors (element-wise loop references write into these)."""
-    return [[A[i, j] for j in range(A.shape[1])] for i in range(A.shape[0])]
-
-
-def _matrix(rows: list[list[torch.Tensor]]) -> torch.Tensor:
-    return torch.stack([torch.stack(r) for r in rows])
-
-
-def _dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
-    """Dot product of two lists of 0-d tensors; 0 for empty lists (as `np.dot` of empty slices)."""
-    acc = torch.zeros((), dtype=torch.float64)
-    for x, y in zip(a, b):
-        acc = acc + x * y
-    return acc
 
 
 def _inputs(**shapes):
@@ -244,30 +228,8 @@ def _t_go_fast(a, ct_res, **_):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# cholesky: in place, dot products of row slices (NPBench's DaCe form)
-
-
-@dace.program
-def nb_cholesky(A: f64[N, N], ct_A: f64[N, N], S: f64[1]):
-    A[0, 0] = np.sqrt(A[0, 0])
-    for i in range(1, N):
-        for j in range(i):
-            A[i, j] -= np.dot(A[i, :j], A[j, :j])
-            A[i, j] /= A[j, j]
-        A[i, i] -= np.dot(A[i, :i], A[i, :i])
-        A[i, i] = np.sqrt(A[i, i])
-    S[0] = np.sum(A * ct_A)
-
-
-def _t_cholesky(A, ct_A, **_):
-    n = A.shape[0]
-    a = _rows(A)
-    a[0][0] = torch.sqrt(a[0][0])
-    for i in range(1, n):
-        for j in range(i):
-            a[i][j] = (a[i][j] - _dot(a[i][:j], a[j][:j])) / a[j][j]
-        a[i][i] = torch.sqrt(a[i][i] - _dot(a[i][:i], a[i][:i]))
-    return _wsum(_matrix(a), ct_A)
+# cholesky: in place, dot products of row slices (NPBench's DaCe form): the loop corpus's
+# `lp_cholesky_dot`, whose cotangent is named W (deviation from the `ct_*` names)
 
 
 def _spd(rng, n):
@@ -277,37 +239,23 @@ def _spd(rng, n):
 
 
 def _i_cholesky(rng):
-    return {"A": _spd(rng, 6), "ct_A": rng.normal(size=(6, 6)), "S": _z(1)}
+    return {"A": _spd(rng, 6), "W": rng.normal(size=(6, 6)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
-# lu: in place, row-slice times column-slice products
-
-
-@dace.program
-def nb_lu(A: f64[N, N], ct_A: f64[N, N], S: f64[1]):
-    for i in range(N):
-        for j in range(i):
-            A[i, j] -= A[i, :j] @ A[:j, j]
-            A[i, j] /= A[j, j]
-        for j in range(i, N):
-            A[i, j] -= A[i, :i] @ A[:i, j]
-    S[0] = np.sum(A * ct_A)
+# lu: in place, row-slice times column-slice products: the loop corpus's `lp_lu_slices` (cotangent W);
+# the element-wise reference below serves ludcmp
 
 
 def _t_lu_rows(A):
     n = A.shape[0]
-    a = _rows(A)
+    a = element_rows(A)
     for i in range(n):
         for j in range(i):
-            a[i][j] = (a[i][j] - _dot(a[i][:j], [a[k][j] for k in range(j)])) / a[j][j]
+            a[i][j] = (a[i][j] - list_dot(a[i][:j], [a[k][j] for k in range(j)])) / a[j][j]
         for j in range(i, n):
-            a[i][j] = a[i][j] - _dot(a[i][:i], [a[k][j] for k in range(i)])
+            a[i][j] = a[i][j] - list_dot(a[i][:i], [a[k][j] for k in range(i)])
     return a
-
-
-def _t_lu(A, ct_A, **_):
-    return _wsum(_matrix(_t_lu_rows(A)), ct_A)
 
 
 def _dominant(rng, n):
@@ -316,7 +264,7 @@ def _dominant(rng, n):
 
 
 def _i_lu(rng):
-    return {"A": _dominant(rng, 6), "ct_A": rng.normal(size=(6, 6)), "S": _z(1)}
+    return {"A": _dominant(rng, 6), "W": rng.normal(size=(6, 6)), "S": _z(1)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -345,10 +293,10 @@ def _t_ludcmp(A, b, ct_x, ct_y, **_):
     a = _t_lu_rows(A)
     y: list[torch.Tensor] = []
     for i in range(n):
-        y.append(b[i] - _dot(a[i][:i], y[:i]))
+        y.append(b[i] - list_dot(a[i][:i], y[:i]))
     x: list[torch.Tensor] = [torch.zeros((), dtype=torch.float64)] * n
     for i in range(n - 1, -1, -1):
-        x[i] = (y[i] - _dot(a[i][i + 1:], x[i + 1:])) / a[i][i]
+        x[i] = (y[i] - list_dot(a[i][i + 1:], x[i + 1:])) / a[i][i]
     return _wsum(torch.stack(x), ct_x) + _wsum(torch.stack(y), ct_y)
 
 
@@ -371,7 +319,7 @@ def nb_trisolv(L: f64[N, N], x: f64[N], b: f64[N], ct_x: f64[N], S: f64[1]):
 def _t_trisolv(L, b, ct_x, **_):
     x: list[torch.Tensor] = []
     for i in range(L.shape[0]):
-        x.append((b[i] - _dot([L[i, j] for j in range(i)], x)) / L[i, i])
+        x.append((b[i] - list_dot([L[i, j] for j in range(i)], x)) / L[i, i])
     return _wsum(torch.stack(x), ct_x)
 
 
@@ -482,7 +430,7 @@ def _t_symm(C, A, B, ct_C, **_):
         temp2 = []
         for j in range(n):
             C = setitem(C, (slice(0, i), j), C[:i, j] + ALPHA * B[i, j] * A[i, :i])
-            temp2.append(_dot(list(B[:i, j].unbind()), list(A[i, :i].unbind())))
+            temp2.append(list_dot(list(B[:i, j].unbind()), list(A[i, :i].unbind())))
         C = setitem(C, i, C[i, :] + ALPHA * B[i, :] * A[i, i] + ALPHA * torch.stack(temp2))
     return _wsum(C, ct_C)
 
@@ -544,11 +492,11 @@ def nb_trmm(A: f64[M, M], B: f64[M, N], ct_B: f64[M, N], S: f64[1]):
 
 def _t_trmm(A, B, ct_B, **_):
     m, n = B.shape
-    b = _rows(B)
+    b = element_rows(B)
     for i in range(m):
         for j in range(n):
-            b[i][j] = b[i][j] + _dot([A[k, i] for k in range(i + 1, m)], [b[k][j] for k in range(i + 1, m)])
-    return _wsum(_matrix(b) * ALPHA, ct_B)
+            b[i][j] = b[i][j] + list_dot([A[k, i] for k in range(i + 1, m)], [b[k][j] for k in range(i + 1, m)])
+    return _wsum(stack_rows(b) * ALPHA, ct_B)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1371,9 +1319,10 @@ CASES: list[Case] = [
          {"NR": 3, "NQ": 4, "NP": 5}, "PolyBench doitgen: per-slice product through reshapes, in place"),
     Case("nb_go_fast", nb_go_fast, _t_go_fast, ("a",), "S", _inputs(a=(6, 6), ct_res=(6, 6)), {"N": 6},
          "NPBench go_fast: tanh of the trace by a scalar loop"),
-    Case("nb_cholesky", nb_cholesky, _t_cholesky, ("A",), "S", _i_cholesky, {"N": 6},
+    Case("nb_cholesky", loops.lp_cholesky_dot, loops._t_cholesky_dot, ("A",), "S", _i_cholesky, {"N": 6},
          "PolyBench cholesky, np.dot of row slices, in place"),
-    Case("nb_lu", nb_lu, _t_lu, ("A",), "S", _i_lu, {"N": 6}, "PolyBench lu, slice products, in place"),
+    Case("nb_lu", loops.lp_lu_slices, loops._t_lu_slices, ("A",), "S", _i_lu, {"N": 6},
+         "PolyBench lu, slice products, in place"),
     Case("nb_ludcmp", nb_ludcmp, _t_ludcmp, ("A",), "S", _i_ludcmp, {"N": 6},
          "PolyBench ludcmp: lu then two substitutions with slice products"),
     Case("nb_trisolv", nb_trisolv, _t_trisolv, ("L",), "S", _i_trisolv, {"N": 7},

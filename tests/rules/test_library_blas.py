@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import gradflow
 from gradflow.core.graph import Graph
@@ -40,6 +41,19 @@ def test_expansion_route_has_no_blas_call() -> None:
 
 def test_matvec_backward_calls_dgemv() -> None:
     assert _calls(_compiled("matmul_mv", "rule")).count("cblas_dgemv") == 2  # y = A x; gx = A^T gy
+
+
+@pytest.mark.parametrize("name, call, count", [
+    ("matmul_slice3d", "cblas_dgemm", 3),  # C = A[b] @ X on a 3-D slice; both gradients into slices
+    ("gemm_subblocks", "cblas_dgemm", 3),  # transposed sub-blocks in and out
+    ("matmul_col_mat", "cblas_dgemv", 2),  # r = A[:, 0] @ A[:, 1:]; the column's gradient
+    ("gemv_transposed_slice", "cblas_dgemv", 2),  # forward, and gX[1:N+1, 1] += 1.5 A[...] gY[:, 2]
+    ("gemm_padded_operand", "cblas_dgemm", 2),  # forward and gT; gX reads the padded T through a map
+])
+def test_products_on_subsets_stay_on_blas(name: str, call: str, count: int) -> None:
+    """Backward products of slices, columns and sub-blocks are BLAS calls on those subsets; an operand BLAS
+    cannot address (a padded array) falls back to a map for that one product."""
+    assert _calls(_compiled(name, "rule")).count(call) == count
 
 
 def test_vjp_backward_sdfg_calls_dgemm() -> None:

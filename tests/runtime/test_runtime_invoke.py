@@ -48,11 +48,11 @@ def test_torch_in_torch_out_zero_copy(sq):
 
 def test_scalars_and_symbols(rows):
     A, b = np.random.rand(3, 2), np.random.rand(2)
-    arrays, _ = rows(A, b, 0.5)
+    arrays, _ = rows(A, b, 0.5, S=np.zeros(3))  # S is accumulated into (`+=`): the caller gives it
     np.testing.assert_allclose(arrays["Z"], 0.5 * A * b)
     np.testing.assert_allclose(arrays["S"], (A * A).sum(1))
     with pytest.raises(ArgumentError, match="symbol"):
-        rows(A, b, 0.5, N=4)  # contradicts the shape of A
+        rows(A, b, 0.5, S=np.zeros(3), N=4)  # contradicts the shape of A
 
 
 @pytest.mark.parametrize("call, needle", [

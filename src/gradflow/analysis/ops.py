@@ -53,7 +53,7 @@ def decompose(state: SDFGState) -> list[Op]:
 
     ops: list[Op] = []
     for component in nx.connected_components(groups):
-        members = list(component)
+        members = sorted(component, key=state.node_id)  # a set: order by node id, not by object address
         tops = [n for n in members if scope[n] is None and not isinstance(n, nd.ExitNode)]
         if len(tops) > 1 and all(isinstance(n, nd.Tasklet) for n in tops):
             tops = sorted(tops, key=state.node_id)[:1]  # tasklets wired directly together: one operation

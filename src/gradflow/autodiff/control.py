@@ -4,6 +4,8 @@
 A `ControlRule` says, for one kind of item of the control-flow tree (`structure.py`):
 - `restores(item)`: the loop variables its reversal sets in every reversed iteration (so operations
   inside may read them; `check_symbols` rejects reads of a loop variable elsewhere);
+- `tape_bytes(item, rev, loops)`: the bytes of the stacks `record` will create (the budget planner
+  counts them; they do not depend on what is stored or recomputed);
 - `record(item, rev, loops)`: how it instruments the forward sweep (what it pushes on the tape; `loops` are
   the loops around the item), returning whatever its `reverse` needs;
 - `reverse(item, recorded, rev, ctx, body)`: the backward blocks it appends to `ctx`, calling `body(seq)`
@@ -56,6 +58,9 @@ class CountedLoop:
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.counted.var})
 
+    def tape_bytes(self, item, rev, loops: tuple):
+        return 0
+
     def record(self, item, rev, loops: tuple) -> None:
         return None
 
@@ -84,6 +89,11 @@ class RecordedLoop:
 
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.loop.loop_variable} if item.loop.loop_variable else ())
+
+    def tape_bytes(self, item, rev, loops: tuple):
+        var = item.loop.loop_variable
+        per_iteration = rev.priced_capacity(loops + (item.loop,)) if var and var in rev.used_symbols else 0
+        return 8 * (rev.priced_capacity(loops) + per_iteration) + 8 * (2 if per_iteration else 1)
 
     def record(self, item, rev, loops: tuple) -> RecordedTrips:
         loop = item.loop
@@ -156,6 +166,9 @@ class RecordedBranch:
     def restores(self, item) -> frozenset[str]:
         return frozenset()
 
+    def tape_bytes(self, item, rev, loops: tuple):
+        return 8 * rev.priced_capacity(loops) + 8
+
     def record(self, item, rev, loops: tuple) -> RecordedChoice:
         block = item.block
         taken = rev.fresh("gf_b")
@@ -195,6 +208,10 @@ class RecordedAssignment:
 
     def restores(self, item) -> frozenset[str]:
         return frozenset()
+
+    def tape_bytes(self, item, rev, loops: tuple):
+        used = sum(1 for sym in item.symbols if sym in rev.used_symbols)
+        return used * (8 * rev.priced_capacity(loops) + 8 + 16)  # the stack, its top slot, the final value
 
     def record(self, item, rev, loops: tuple) -> RecordedSymbols:
         region = item.state.parent_graph

@@ -4,6 +4,10 @@ A top-level tasklet, or a map whose body is a DAG of tasklets and scope-local sc
 element as a function of single input elements. `element_function` composes the body into one SymPy
 expression per output port over one symbol per input port, so reversing it is one tasklet that SymPy
 differentiates, however many tasklets the forward body had.
+
+A port is *indirect* when the code chooses the element through an index it computes (`x = arr[idx]`,
+`arr[idx] = v`, a gather or scatter): its memlet covers the array, and `Port.index` is the element's index
+as an expression over other ports (the index values read from data) and constants.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.core.symbolic import parse_tasklet
+from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet
 
 
 @attrs.frozen
@@ -29,6 +33,18 @@ class Port:
     array: str
     subset: str  # in terms of the map parameters
     wcr: str | None = None  # write-conflict resolution of a write port ("sum"), None for plain writes
+    #: indirect port: the element's index in the array, over other ports' symbols and constants (`subset`
+    #: is then the part of the array the memlet covers)
+    index: tuple[sympy.Expr, ...] | None = None
+
+    @property
+    def indirect(self) -> bool:
+        return self.index is not None
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the element: array and subset, or array and index."""
+        return (self.array, self.subset if self.index is None else self.index)
 
 
 @attrs.frozen(eq=False)
@@ -135,21 +151,132 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
                 for e in state.out_edges(node):
                     sink(e, local[node])
             continue
-        env = {}
-        for e in state.in_edges(node):
-            v = source_value(e)
-            if v is not None and e.dst_conn is not None:
-                env[e.dst_conn] = v
         if node.language != dtypes.Language.Python:
             raise NotDifferentiableError(f"{where}: tasklet '{node}' is written in {node.language.name}, not Python")
-        produced = parse_tasklet(node.code.as_string, node.in_connectors, node.out_connectors, f"tasklet '{node}'",
-                                 constants=constants)
-        produced = {k: v.xreplace({sympy.Symbol(c, real=True): env[c] for c in env}) for k, v in produced.items()}
+        meaning = read_tasklet(node.code.as_string, node.in_connectors, node.out_connectors, f"tasklet '{node}'",
+                               constants=constants)
+        indexed_in = {el.conn for el in meaning.reads.values()}
+        indexed_out = {w.element.conn for w in meaning.writes}
+        array_edges = {}
+        subst = {}
+        for e in state.in_edges(node):
+            if e.data.is_empty() or e.dst_conn is None:
+                continue
+            if e.dst_conn in indexed_in:
+                array_edges[e.dst_conn] = e
+                continue
+            v = source_value(e)
+            if v is not None:
+                subst[sympy.Symbol(e.dst_conn, real=True)] = v
         for e in state.out_edges(node):
-            if e.data.is_empty():
+            if e.src_conn in indexed_out:
+                array_edges[e.src_conn] = e
+        tasklet = f"tasklet '{node}'"
+        for symbol, el in meaning.reads.items():
+            e = array_edges.get(el.conn)
+            outer = e is not None and (e.src is entry or (entry is None and isinstance(e.src, nd.AccessNode)))
+            port = _indirect_port(state, where, tasklet, e, el, subst, inputs, outer, "in")
+            inputs.append(port)
+            subst[symbol] = port.symbol
+        subst = _numeric(subst)
+        produced = {k: v.xreplace(subst) for k, v in meaning.outputs.items()}
+        _check_arrays_indexed(tasklet, indexed_in | indexed_out, [*produced.values(), *subst.values()])
+        for e in state.out_edges(node):
+            if e.data.is_empty() or e.src_conn in indexed_out:
                 continue
             if e.src_conn not in produced:
                 raise NotDifferentiableError(f"{where}: tasklet '{node}' never assigns output '{e.src_conn}'")
-            sink(e, produced[e.src_conn])
+            sink(e, _settle_unassigned(where, tasklet, e, produced[e.src_conn]))
+        for write in meaning.writes:
+            e = array_edges[write.element.conn]
+            outer = e.dst is exit_ or (exit_ is None and isinstance(e.dst, nd.AccessNode))
+            value, condition = write.value.xreplace(subst), write.condition.xreplace(subst)
+            wcr = _wcr_kind(e.data.wcr)
+            if condition != sympy.true:
+                if wcr != "sum":
+                    raise NotDifferentiableError(
+                        f"{where}: {tasklet} overwrites an element chosen by an index only when {condition}",
+                        "write unconditionally, or accumulate (a write-conflict sum)")
+                value = sympy.Piecewise((value, condition), (0, True))
+            port = _indirect_port(state, where, tasklet, e, write.element, subst, outputs, outer, "out", e.data.wcr)
+            outputs.append(port)
+            exprs.append(value)
+    _check_writes(where, outputs)
     return ElementFunction(tuple(inputs), tuple(outputs), tuple(exprs), entry, str(head))
 
+
+def _indirect_port(state: SDFGState, where: str, tasklet: str, edge, element: Element, subst: dict,
+                   ports: list[Port], outer: bool, prefix: str, wcr: str | None = None) -> Port:
+    """The port of an element that the code chooses through an index (`conn[index]`), in array coordinates.
+    `outer`: the edge connects the tasklet to the operation's boundary (not to a scope-local node)."""
+    if edge is None:
+        raise NotDifferentiableError(f"{where}: {tasklet} indexes '{element.conn}', which no memlet connects")
+    if not outer:
+        raise NotDifferentiableError(f"{where}: {tasklet} indexes '{element.conn}', a scope-local array")
+    memlet = edge.data
+    desc = state.sdfg.arrays[memlet.data]
+    subset = memlet.subset
+    if not isinstance(subset, subsets.Range) or subset.dims() != len(desc.shape) or len(element.index) != len(desc.shape):
+        raise NotDifferentiableError(
+            f"{where}: {tasklet} indexes '{element.conn}' with {len(element.index)} indices through the memlet "
+            f"{memlet}; only memlets over all {len(desc.shape)} dimensions of '{memlet.data}' are supported")
+    index = []
+    for (begin, _end, step), i in zip(subset, element.index):
+        if step != 1:
+            raise NotDifferentiableError(f"{where}: {tasklet} indexes through the strided memlet {memlet}")
+        offset = sympy.sympify(str(begin))
+        index.append(i.xreplace(subst) + offset if offset != 0 else i.xreplace(subst))
+    symbol = sympy.Symbol(f"__{prefix}{len(ports)}", real=True)
+    return Port(symbol, memlet.data, str(subsets.Range.from_array(desc)), _wcr_kind(wcr), tuple(index))
+
+
+_TRUTH = (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
+
+
+def _numeric(subst: dict) -> dict:
+    """`subst` with truth values (a comparison another tasklet of the scope computed, e.g. a mask) as the
+    numbers 1 and 0 a tasklet reads: SymPy would otherwise decide `Ne(x > y, 0)` structurally (always true)."""
+    return {k: sympy.Piecewise((1, v), (0, True)) if isinstance(v, _TRUTH) else v
+            for k, v in subst.items()}
+
+
+def _check_writes(where: str, outputs: list[Port]) -> None:
+    """An element overwritten through an index may be any element of its array: no other write to that array
+    may share the operation (which one lands last would depend on the data)."""
+    for port in outputs:
+        if port.indirect and port.wcr is None:
+            others = [p for p in outputs if p is not port and p.array == port.array]
+            if others:
+                raise NotDifferentiableError(
+                    f"{where}: overwrites an element of '{port.array}' chosen by an index and writes '{port.array}' "
+                    "again in the same operation; which write lands last depends on the data",
+                    "write the elements in separate operations, or accumulate (a write-conflict sum)")
+
+
+def _check_arrays_indexed(tasklet: str, conns: set[str], exprs) -> None:
+    """An array connector may only be read through an index."""
+    for expr in exprs:
+        bare = sorted(s.name for s in expr.free_symbols if s.name in conns)
+        if bare:
+            raise NotDifferentiableError(f"{tasklet} uses the array connector '{bare[0]}' without an index")
+
+
+def _settle_unassigned(where: str, tasklet: str, edge, value: sympy.Expr) -> sympy.Expr:
+    """An output the code leaves unassigned on some path. Through a dynamic memlet DaCe writes only where the
+    code assigns: a write-conflict sum then adds nothing there, a plain write leaves the element's old value
+    (which `complete_conditional_writes` makes an explicit input). Through any other memlet DaCe writes the
+    connector's uninitialized value: undefined."""
+    marks = [s for s in value.free_symbols if s.name.startswith(UNASSIGNED)]
+    if not marks:
+        return value
+    if edge.data.dynamic and _wcr_kind(edge.data.wcr) == "sum":
+        return value.xreplace({m: sympy.Integer(0) for m in marks})
+    if edge.data.dynamic and edge.data.wcr is None:
+        raise NotDifferentiableError(
+            f"{where}: {tasklet} leaves output '{edge.src_conn}' unassigned on some path (the element then keeps "
+            "its old value)",
+            "normalize the program first (NORMALIZE's complete_conditional_writes reads the old value explicitly)")
+    raise NotDifferentiableError(
+        f"{where}: {tasklet} leaves output '{edge.src_conn}' unassigned on some path, and its memlet is not "
+        "dynamic (or resolves conflicts other than by a sum): the element gets an undefined value there",
+        "assign the output on every path, or make its memlet dynamic")

@@ -30,7 +30,9 @@ from dace import subsets, symbolic
 from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.activity import OpAccess, activity, is_float
+from gradflow.analysis.cost import op_work
 from gradflow.analysis.loops import upper_bound
+from gradflow.autodiff import budget
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -86,6 +88,7 @@ class ADInterface:
     bounded_loops: tuple[tuple[str, int], ...] = ()  # (label, user bound) of guarded while loops
     backward_label: str = BACKWARD_LABEL
     rules_used: tuple[str, ...] = ()  # names of the reverse, library and control rules applied
+    forwarding_plan: budget.ForwardingPlan | None = None  # what is kept and what is rerun (see budget.py)
     #: heap records of the growable stacks (tape.py): their buffers live within one call of the SDFG
     heaps: tuple[str, ...] = ()
 
@@ -128,6 +131,8 @@ class Reversal:
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
     recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
+    tables: Any = None  # the ADTables of the build
+    active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -138,21 +143,44 @@ class Reversal:
         self._names[stem] = n + 1
         return f"{stem}{n}"
 
-    def capacity(self, loops: Sequence[LoopRegion]):
+    def capacity(self, loops: Sequence[LoopRegion], register: bool = True):
         """Slots needed by a site that runs once per iteration of `loops` (outermost first); None when a
-        trip count has no bound before the program runs (the site then gets a growable stack)."""
+        trip count has no bound before the program runs (the site then gets a growable stack).
+        `register=False` only asks (a model pricing storage): a while loop's user bound is then not put into
+        force."""
         cap = sympy.Integer(1)
         for k, loop in enumerate(loops):
-            bound = self.trip_bound(loop, loops[:k])
+            bound = self.trip_bound(loop, loops[:k], register)
             if bound is None:
                 return None
             cap = cap * bound
         return cap
 
-    def trip_bound(self, loop: LoopRegion, outer: Sequence[LoopRegion]):
+    def priced_capacity(self, loops: Sequence[LoopRegion]):
+        """`capacity` for a model that prices storage: a loop without a bound (its stacks would grow at run
+        time) is a `NotDifferentiableError` naming it, since no byte count covers it."""
+        cap = self.capacity(loops, register=False)
+        if cap is None:
+            loop = next(l for k, l in enumerate(loops) if self.trip_bound(l, loops[:k], False) is None)
+            raise NotDifferentiableError(
+                f"loop '{loop.label}' has no trip-count bound before the program runs, so the bytes stored "
+                "inside it cannot be priced",
+                f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': <max iterations>}})")
+        return cap
+
+    def trips(self, loops: Sequence[LoopRegion]):
+        """How often a site inside `loops` runs, for reports: `capacity`, with a symbol `trips_<label>` for
+        each loop without a bound."""
+        count = sympy.Integer(1)
+        for k, loop in enumerate(loops):
+            bound = self.trip_bound(loop, loops[:k], register=False)
+            count = count * (bound if bound is not None else sympy.Symbol(f"trips_{loop.label}", positive=True))
+        return count
+
+    def trip_bound(self, loop: LoopRegion, outer: Sequence[LoopRegion], register: bool = True):
         """An upper bound of `loop`'s trip count valid for every iteration of `outer`, in the program's
         arguments; a while loop takes the user's bound if there is one (and is then stopped there, see
-        `user_bound`); None when there is none."""
+        `user_bound`, unless `register=False`); None when there is none."""
         item = self.loops[id(loop)]
         counted = item.counted or item.bounded_by
         if counted is not None:
@@ -162,7 +190,8 @@ class Reversal:
                 return bound if divisor == 1 else symbolic.int_floor(bound, divisor)
         user = self.spec.forwarding.bound_of(loop.label)
         if user is not None and item.counted is None and not loop.loop_variable:
-            self.bounded[id(loop)] = (loop, user)
+            if register:
+                self.bounded[id(loop)] = (loop, user)
             return user
         return None
 
@@ -171,6 +200,12 @@ class Reversal:
         if symbol not in self.finals:
             self.finals[symbol] = self.tape.new_stack(f"{symbol}_final", 1, (), dtype)
             self.stores[self.finals[symbol].array] = f"<symbol {symbol}>"
+
+    def worst_case(self, expr, loops: Sequence[LoopRegion]):
+        """`expr` at its largest over the values the variables of `loops` take (e.g. the work of a map whose
+        range depends on the loop variable); `expr` itself where that cannot be bounded."""
+        bound = upper_bound(symbolic.pystr_to_symbolic(str(expr)), self._intervals(loops))
+        return expr if bound is None else bound
 
     def user_bound(self, loop: LoopRegion) -> int | None:
         """The user's bound when storage inside `loop` needed one (the loop must then stop there)."""
@@ -200,26 +235,43 @@ class Reversal:
 
     # ---- forward instrumentation ---------------------------------------------------------------------
 
-    def record_overwrites(self, needs: list[frozenset[str]], accesses: list[OpAccess],
-                          recomputed: frozenset[str]) -> None:
-        """Push what an operation overwrites when an operation reversed after it reads the old value."""
+    def overwrite_sites(self, accesses: list[OpAccess]) -> list[tuple[OpSite, str]]:
+        """(operation, array) where the operation overwrites part of the array and its old value may be
+        needed later: all but the first definition of a temporary outside loops (garbage nobody reads)."""
+        found = []
         for p in self.sites:
             for array in sorted(accesses[p.index].writes):
-                if array in recomputed:
-                    continue
-                if not any(array in needs[q.index] and _may_precede(q, p) for q in self.sites):
-                    continue
                 desc = self.sdfg.arrays[array]
                 if desc.transient and not p.loops and array not in accesses[p.index].reads and not any(
                     array in accesses[q.index].reads | accesses[q.index].writes
                     for q in self.sites if q.index < p.index
                 ):
-                    continue  # first definition of a temporary: its old value is garbage nobody reads
-                sub = p.written_subset(array)
-                stack = self.tape.new_stack(array, self.capacity(p.loops), self.item_shape(p, array, sub), desc.dtype)
-                self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
-                self.pops.setdefault(p.index, []).append((array, stack, sub))
-                self.stores[stack.array] = array
+                    continue
+                found.append((p, array))
+        return found
+
+    def stack_bytes(self, site: OpSite, array: str, register: bool = True):
+        """Bytes of the stack that saves what `site` overwrites of `array` (symbolic)."""
+        item = self.item_shape(site, array, site.written_subset(array))
+        elements = self.capacity(site.loops, register) if register else self.priced_capacity(site.loops)
+        for extent in item:
+            elements = elements * extent
+        return elements * self.sdfg.arrays[array].dtype.bytes
+
+    def record_overwrites(self, needs: list[frozenset[str]], accesses: list[OpAccess],
+                          recomputed: frozenset[str]) -> None:
+        """Push what an operation overwrites when an operation reversed after it reads the old value."""
+        for p, array in self.overwrite_sites(accesses):
+            if array in recomputed:
+                continue
+            if not any(array in needs[q.index] and may_precede(q, p) for q in self.sites):
+                continue
+            desc = self.sdfg.arrays[array]
+            sub = p.written_subset(array)
+            stack = self.tape.new_stack(array, self.capacity(p.loops), self.item_shape(p, array, sub), desc.dtype)
+            self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
+            self.pops.setdefault(p.index, []).append((array, stack, sub))
+            self.stores[stack.array] = array
 
     def record_regions(self, seq: Seq, loops: tuple, tables: ADTables, ctx: ReverseContext) -> None:
         """Let each region's control rule instrument the forward sweep, inner regions first."""
@@ -232,6 +284,17 @@ class Reversal:
             ctx.note_rule(rule.name)
             self.recorded[id(item)] = rule.fn.record(item, self, loops)
 
+    def control_tape_bytes(self, seq: Seq | None = None, loops: tuple = ()):
+        """Bytes of the stacks the control rules will create (known before anything is recorded)."""
+        total = 0
+        for item in (seq or self.tree).items:
+            if item.kind == OPERATION:
+                continue
+            total += _control_rule_for(self.tables, item).fn.tape_bytes(item, self, loops)
+            for child in item.children:
+                total += self.control_tape_bytes(child, loops + item.encloses)
+        return total
+
     # ---- backward sweep ------------------------------------------------------------------------------
 
     def reverse(self, seq: Seq, ctx: ReverseContext, rules: list, recompute: RecomputePlan) -> None:
@@ -243,6 +306,8 @@ class Reversal:
                 site = item.site
                 for array, stack, sub in self.pops.get(site.index, ()):
                     self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
+                if site.index not in self.active:
+                    continue
                 previous = recompute.emit_before(site, ctx)
                 rules[site.index].fn.reverse(site, ctx)
                 recompute.restore(ctx, previous)
@@ -257,7 +322,7 @@ def set_flag(state, array: str, value: str) -> None:
     state.add_edge(tasklet, "__o", state.add_write(array), None, dace.Memlet(f"{array}[0]"))
 
 
-def _may_precede(q: OpSite, p: OpSite) -> bool:
+def may_precede(q: OpSite, p: OpSite) -> bool:
     """Can operation q run before (or be) operation p in some execution?"""
     return q.index <= p.index or bool(set(map(id, q.loops)) & set(map(id, p.loops)))
 
@@ -299,11 +364,21 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     for site, rule in zip(sites, rules):
         if site.index in active:
             ctx.note_rule(rule.name)
-    needs = [frozenset(rule.fn.needs(site, ctx)) for site, rule in zip(sites, rules)]
-    recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding)
-    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg))
+    # An inactive operation (it writes no array that carries a gradient) has nothing to reverse: its rule is
+    # not asked, so one the rules could not differentiate (e.g. an index read from data) does not block AD.
+    needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
+             for site, rule in zip(sites, rules)]
+    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
     rev.arguments = frozenset(map(str, sdfg.free_symbols))
     rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
+    choice = None
+    if spec.forwarding.max_bytes is not None:
+        # The budget prices the control tape before the plan exists: every symbol of every operation is
+        # taken as read by the backward sweep (a superset of what it reads, so the price is an upper bound).
+        rev.used_symbols = backward_symbols(sites, {s.index for s in sites}, {}, None, regions)
+        choice = budget.choose(rev, needs, accesses, spec.forwarding.max_bytes, dict(spec.forwarding.sizes))
+    recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding,
+                                   choice.recompute if choice is not None else None)
     rev.record_overwrites(needs, accesses, recompute.arrays)
     rev.used_symbols = backward_symbols(sites, active, rev.pops, recompute, regions)
     rev.record_regions(tree, (), tables, ctx)
@@ -353,15 +428,18 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
             set_flag(sdfg.add_state_before(sdfg.start_block, "gradflow_overflow_clear", is_start_block=True),
                      OVERFLOW, "0")
     sdfg.reset_cfg_list()
+    reruns = tuple((array, sites[p].state.label, rev.worst_case(op_work(q), q.loops) * rev.trips(sites[p].loops))
+                   for p, plan in sorted(recompute.before.items()) for array, q in plan)
+    plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice, tuple(sorted(recompute.declined)))
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
-                       rules_used=tuple(ctx.rules_used), heaps=rev.tape.records())
+                       rules_used=tuple(ctx.rules_used), forwarding_plan=plan, heaps=rev.tape.records())
 
 
-def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan,
+def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,
                      regions: list) -> frozenset[str]:
     """Symbols the backward sweep reads: those of the operations it reverses (active ones), restores from
     the tape (their subsets) or reruns, and the bounds of the counted loops it reverses in closed form."""
-    rerun = {q.index for plan in recompute.before.values() for _, q in plan}
+    rerun = {q.index for plan in recompute.before.values() for _, q in plan} if recompute is not None else set()
     names = set()
     for site in sites:
         if site.index in active or site.index in pops or site.index in rerun:

@@ -7,9 +7,13 @@ the operation that reads it is reversed). The policies:
 
 - `STORE_ALL` (default): store everything;
 - `RECOMPUTE_ALL`: recompute every array for which recomputation is valid (see `recomputable`), store
-  the rest;
+  the rest; a rerun that reads arrays a later operation overwrites, larger than the value it saves (sizes
+  compared with every symbol at 64), is declined (`ForwardingPlan.declined`): the value is stored;
 - `Forwarding(recompute={"a", "b"})`: recompute exactly those arrays (an error names any of them for
-  which recomputation is not valid).
+  which recomputation is not valid);
+- `Forwarding.budget(max_bytes, sizes={...})`: the least rerun work that keeps at most `max_bytes` for
+  the backward sweep, chosen exactly by a mixed-integer program (`budget.py`) at the given sizes; a budget
+  below what any plan needs is a `BudgetError` stating that minimum.
 
 `loop_bounds` gives, per loop label (the key `"*"`: any other loop), an upper bound on the trip count of
 while loops: a memory cap. Without one, what a while loop stores per iteration goes to growable stacks
@@ -21,29 +25,68 @@ iterations and sets the program's extra output `gradflow_overflow` (one int64) t
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from typing import Mapping
 
 import attrs
+
+from gradflow.core.errors import InvalidArgumentError
 
 ALL = "all"
 
 
 def _frozen_set(value) -> frozenset[str] | str:
-    return ALL if value == ALL else frozenset(value)
+    if isinstance(value, str) and value == ALL:
+        return ALL
+    names = frozenset(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"Forwarding(recompute=...) takes array names or 'all', got {type(value).__name__}",
+                                   "e.g. gradflow.recompute('A', 'B')")
+    return names
 
 
 def _frozen_map(value) -> tuple[tuple[str, int], ...]:
     items = value.items() if isinstance(value, Mapping) else value
-    return tuple(sorted((str(k), int(v)) for k, v in items))
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                and v >= 1 for k, v in pairs):
+        raise InvalidArgumentError("Forwarding loop_bounds must map loop labels (or '*') to positive int bounds",
+                                   "e.g. gradflow.STORE_ALL.with_loop_bounds(**{'*': 100})")
+    return tuple(sorted((k, int(v)) for k, v in pairs))
+
+
+def _optional_bytes(value) -> int | None:
+    if value is None:
+        return None
+    from gradflow.core.errors import InvalidArgumentError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        raise InvalidArgumentError(f"a byte budget must be a non-negative whole number, got {value!r}")
+    return int(value)
 
 
 @attrs.frozen
 class Forwarding:
     recompute: frozenset[str] | str = attrs.field(default=frozenset(), converter=_frozen_set)
     loop_bounds: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
+    max_bytes: int | None = attrs.field(default=None, converter=_optional_bytes)
+    sizes: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
+
+    @staticmethod
+    def budget(max_bytes: int, sizes: Mapping[str, int] | None = None,
+               loop_bounds: Mapping[str, int] | None = None) -> "Forwarding":
+        """Keep at most `max_bytes` for the backward sweep at these sizes (symbol -> value), rerunning
+        the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`)."""
+        return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {})
 
     @property
     def name(self) -> str:
+        if self.max_bytes is not None:
+            return f"budget({self.max_bytes})"
         if self.recompute == ALL:
             return "recompute_all"
         return "store_all" if not self.recompute else f"recompute({', '.join(sorted(self.recompute))})"

@@ -33,6 +33,8 @@ class VJPResult:
     saved: tuple[str, ...]
     forwarded_bytes: int = 0  # bytes of `saved` when their sizes are constants (see `saved_bytes`)
     saved_sizes: Mapping[str, object] = attrs.field(factory=dict)  # saved array -> size in bytes (symbolic)
+    #: the index checks the forward reports in `gradflow.core.checks.ERROR_FLAG` (when it has that array)
+    index_sites: tuple = ()
 
     def saved_bytes(self, symbols: Mapping[str, int] | None = None) -> int:
         """Bytes the forward keeps for the backward beyond the program's own arguments (its transients

@@ -4,10 +4,19 @@
 - `lift_control_flow` (`lifting.py`): branches and loops written as conditional interstate edges become
   `ConditionalBlock`s and `LoopRegion`s;
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
-- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array;
+- `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array, or the
+  view becomes an array of its own;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
-  (then `simplify` inlines the nested SDFGs that expansions create);
+  (then `simplify` inlines the nested SDFGs that expansions create, and the views those make are removed
+  as `remove_views` does; before the expansions, since an expansion bakes its operands' layouts into the
+  nested SDFG it makes);
+- `lower_indirection` (`indirection.py`): accesses through index arrays become tasklets that index
+  whole-array memlets;
+- `complete_conditional_writes` (`conditional_writes.py`): a tasklet output assigned on some paths only
+  reads the old value of its element explicitly;
 - `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
+- `fuse_maps` (`optimize/fusion.py`): element-wise chains become one map, so reverse mode sees one
+  operation (and no temporaries) where the frontend wrote several;
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
 - `split_operations`: every state is split into a chain of states holding one operation each, so that
   "before operation k" is a place in the control flow where a value can be stored.
@@ -26,15 +35,34 @@ from returns.result import Success
 
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.rules import LIBRARY, default_library_rules, library_rule_for
+from gradflow.autodiff.views import has_views, remove_views
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
 
 
+def _unresolvable(node: nd.LibraryNode) -> bool:
+    """DaCe would pick an implementation the node does not have. Its choice: the node's own, the class's
+    default, the library's, then the config's `library.<lib>.default_implementation`, which for DaCe 2.0.0b1's
+    `linalg` library is "OpenBLAS", an implementation `TensorDot` lacks."""
+    name = getattr(type(node), "_dace_library_name", "")
+    impl = node.implementation or type(node).default_implementation
+    if impl is None and name:
+        impl = dace.library._DACE_REGISTERED_LIBRARIES[name].default_implementation
+    if impl is None and name:
+        try:
+            impl = dace.Config.get("library", name, "default_implementation")
+        except KeyError:
+            return False
+    return impl is not None and impl not in node.implementations and impl != nd.AI_IMPLEMENTATION_NAME
+
+
 @register_pass
 @attrs.frozen
 class ExpandLibraryNodes(Pass):
-    """Expand every library node that has no op-level rule in `library_rules`, then simplify."""
+    """Expand every library node that has no op-level rule in `library_rules`, then simplify. A node whose
+    default implementation does not exist (`_unresolvable`) is given its `pure` one, for the expansion here
+    and, when it is kept whole, for compilation."""
 
     library_rules: RuleTable = table_field(LIBRARY, default_library_rules)
     name: ClassVar[str] = "expand_library_nodes"
@@ -51,16 +79,27 @@ class ExpandLibraryNodes(Pass):
                 if isinstance(node, nd.LibraryNode) and not self.keep(node)
             ]
 
-        if not any(pending(s) for s in graph.sdfg.all_sdfgs_recursive()):
+        def unresolvable(sdfg: dace.SDFG) -> list[nd.LibraryNode]:
+            return [n for n, _ in sdfg.all_nodes_recursive()
+                    if isinstance(n, nd.LibraryNode) and _unresolvable(n) and "pure" in n.implementations]
+
+        if not any(pending(s) for s in graph.sdfg.all_sdfgs_recursive()) and not unresolvable(graph.sdfg):
             return Success(graph)
         sdfg = graph.editable()
+        expanded = False
         for _ in range(32):  # expansions may produce further library nodes
+            for node in unresolvable(sdfg):
+                node.implementation = "pure"
             work = [(s, n) for sub in sdfg.all_sdfgs_recursive() for s, n in pending(sub)]
             if not work:
                 break
             for state, node in work:
                 node.expand(state)
-        sdfg.simplify()
+            expanded = True
+        if expanded:
+            sdfg.simplify()
+            if has_views(sdfg):  # made by the expansions (the program's own went before, see the module doc)
+                remove_views(sdfg)
         return Success(Graph.adopt(sdfg, graph.meta))
 
 
@@ -95,12 +134,15 @@ def _split_state(state: SDFGState) -> None:
     chain: list[SDFGState] = []
     for k, op in enumerate(ops):
         new = cfg.add_state(f"{state.label}_op{k}")
-        members = {state.node(i) for i in op.nodes}
+        # node ids, in order: the new state's node order (and everything derived from it) is the same in
+        # every process, whatever the addresses of the node objects
+        members = [state.node(i) for i in sorted(op.nodes)]
+        inside = set(members)
         mapped: dict[nd.Node, nd.Node] = {}
         for node in members:
             new.add_node(node)
             mapped[node] = node
-        for i in set(op.reads) | set(op.writes):
+        for i in sorted(set(op.reads) | set(op.writes)):
             original = state.node(i)
             mapped[original] = nd.AccessNode(original.data)
             new.add_node(mapped[original])
@@ -108,7 +150,7 @@ def _split_state(state: SDFGState) -> None:
             if op.kind == "copy":
                 belongs = state.node_id(e.src) in op.reads and state.node_id(e.dst) in op.writes
             else:
-                belongs = e.src in members or e.dst in members
+                belongs = e.src in inside or e.dst in inside
             if belongs:
                 new.add_edge(mapped[e.src], e.src_conn, mapped[e.dst], e.dst_conn, e.data)
         for node in members:
@@ -147,14 +189,17 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     """The normalization pipeline; `library_rules` decides which library nodes stay whole (default: the
     built-in table). Reverse mode needs its output: structured control flow, one operation per state, no
     views, no breaks."""
+    from gradflow.autodiff.conditional_writes import CompleteConditionalWrites
+    from gradflow.autodiff.indirection import LowerIndirection
     from gradflow.autodiff.jumps import LowerBreaks
     from gradflow.autodiff.lifting import LiftControlFlow
     from gradflow.autodiff.shapes import BoundTransientShapes
     from gradflow.autodiff.views import RemoveViews
+    from gradflow.optimize.fusion import FuseMaps
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LiftControlFlow(), LowerBreaks(), RemoveViews(), expand, BoundTransientShapes(), CollapseMaps(),
-                     SplitOperations()))
+    return Pipeline((LiftControlFlow(), LowerBreaks(), RemoveViews(), expand, LowerIndirection(),
+                     CompleteConditionalWrites(), BoundTransientShapes(), FuseMaps(), CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

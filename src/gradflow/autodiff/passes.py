@@ -14,6 +14,7 @@ import dace
 from returns.result import Failure, Success
 
 from gradflow.analysis.activity import is_float
+from gradflow.analysis.writes import written
 from gradflow.autodiff.engine import END_LABEL, ADInterface, ADSpec, ADTables, build_reverse
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
@@ -28,20 +29,11 @@ from gradflow.core.rule_table import RuleTable
 from gradflow.core.validation import check_graph
 
 
-def written_arrays(sdfg: dace.SDFG) -> set[str]:
-    return {
-        n.data
-        for s in sdfg.states()
-        for n in s.data_nodes()
-        if s.in_degree(n) > 0
-    }
-
-
 def infer_of(sdfg: dace.SDFG) -> str:
     """The unique non-transient one-element array the program writes."""
     candidates = sorted(
         name
-        for name in written_arrays(sdfg)
+        for name in written(sdfg)
         if not sdfg.arrays[name].transient and is_float(sdfg.arrays[name]) and sdfg.arrays[name].total_size == 1
     )
     if len(candidates) != 1:
@@ -104,6 +96,8 @@ class Reverse(Pass):
         # (inspecting the stack each time): slow, and it would tie the fingerprint to gradflow's source.
         with dace.config.set_temporary("compiler", "lineinfo", value="none"):
             interface = build_reverse(sdfg, spec, self.tables)
+        plan = attrs.evolve(interface.forwarding_plan, kept=tuple(sorted(kept_bytes(sdfg, interface).items())))
+        interface = attrs.evolve(interface, forwarding_plan=plan)
         error = check_graph(sdfg, self.name, thorough=True)
         if error is not None:
             return Failure(error)
@@ -136,6 +130,24 @@ def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
         sdfg.arrays[name] = dace.data.Array(desc.dtype, [1], transient=desc.transient)
 
 
+def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]:
+    """Arrays the backward sweep reads from the forward sweep: arguments it reads, and the forward's
+    transients (temporaries, the tape) it reads; backward-local ones (working copies, recomputed values,
+    gradient buffers) are not forwarded."""
+    region = _backward_region(sdfg, interface)
+    gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
+    used_backward = _arrays_used([region]) & set(sdfg.arrays)
+    used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
+    arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
+    return tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
+
+
+def kept_bytes(sdfg: dace.SDFG, interface: ADInterface) -> dict[str, object]:
+    """What the forward keeps for the backward beyond the program's arguments: transient -> bytes."""
+    return {a: sdfg.arrays[a].total_size * sdfg.arrays[a].dtype.bytes for a in forwarded_arrays(sdfg, interface)
+            if sdfg.arrays[a].transient}
+
+
 def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     """Forward and backward SDFGs from a combined one (both built from private copies).
 
@@ -149,10 +161,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     region = _backward_region(sdfg, interface)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
     used_backward = _arrays_used([region]) & set(sdfg.arrays)
-    used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
-    arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
-    # Backward-local transients (working copies, recomputed values) are not forwarded.
-    forwarded = tuple(sorted(a for a in used_backward - gradient_arrays if a in used_forward or a in arguments))
+    forwarded = forwarded_arrays(sdfg, interface)
 
     fwd = copy.deepcopy(sdfg)
     for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:
@@ -172,6 +181,9 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         if block is not bregion and block.label != END_LABEL:
             bwd.remove_node(block)
     bwd.start_block = bwd.node_id(bregion)
+    # DaCe's dominator analysis (allocation placement) mistakes a plain region as an SDFG's start block for
+    # its own dominator: the backward SDFG starts with an empty state instead.
+    bwd.add_state_before(bregion, "gradflow_begin", is_start_block=True)
     keep_outputs = set(interface.grads.values()) | set(interface.cotangents.values())
     for name in list(bwd.arrays):
         if name not in used_backward and name not in keep_outputs:

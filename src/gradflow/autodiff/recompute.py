@@ -55,6 +55,8 @@ class RecomputePlan:
     arrays: frozenset[str]
     before: dict  # site index -> tuple of (array, defining site), in the order to rerun them
     buffers: dict = attrs.field(factory=dict)  # array -> backward-local buffer
+    #: arrays `RECOMPUTE_ALL` could rerun but stores: the rerun would keep larger overwritten arrays alive
+    declined: frozenset[str] = frozenset()
 
     def allocate(self, ctx: ReverseContext) -> None:
         rerun = {array for plan in self.before.values() for array, _ in plan}
@@ -108,11 +110,93 @@ def _assigned_between(first: SDFGState, last: SDFGState) -> set[str]:
     return names
 
 
+@attrs.frozen(eq=False)
+class Recomputability:
+    """Where each array is defined, and whether rerunning that definition rebuilds it for an operation:
+    the structural facts both the planner here and the budget model (`budget.py`) use."""
+
+    sites: list
+    accesses: list
+
+    def definition(self, array: str, reader: OpSite) -> OpSite | None:
+        """The last operation before `reader` that writes `array`."""
+        for q in reversed(self.sites[: reader.index]):
+            if array in self.accesses[q.index].writes:
+                return q
+        return None
+
+    def rerunnable(self, array: str, reader: OpSite, target: OpSite) -> OpSite | None:
+        """The definition of `array` as `reader` read it when rerunning it at the reverse of `target`
+        rebuilds that value (chains aside), else None."""
+        q = self.definition(array, reader)
+        if q is None or q.op.kind not in ("map", "tasklet", "library", "copy"):
+            return None
+        if q.loops != target.loops or q.state.parent_graph is not target.state.parent_graph:
+            return None
+        if self.accesses[q.index].writes != {array} or array in self.accesses[q.index].reads:
+            return None
+        if not (_covers_all(q, array) and _no_wcr(q, array)):
+            return None
+        between = set().union(set(), *(self.accesses[s.index].writes for s in self.sites[q.index + 1: target.index]))
+        if self.accesses[q.index].reads & between:
+            return None
+        if {str(x) for x in q.state.free_symbols} & _assigned_between(q.state, target.state):
+            return None  # a symbol it reads may have another value by then
+        return q
+
+    def chain(self, array: str, reader: OpSite, target: OpSite, wanted: set, strict: bool,
+              depth: int = 0) -> list[tuple[str, OpSite]] | None:
+        """The reruns (prerequisites first) that rebuild `array` as `reader` read it, at the reverse of
+        `target`, recomputing the inputs in `wanted` too (strict: all of them, or None)."""
+        q = self.rerunnable(array, reader, target) if depth <= MAX_CHAIN else None
+        if q is None:
+            return None
+        reruns: list[tuple[str, OpSite]] = []
+        for inp in sorted(self.accesses[q.index].reads & wanted):
+            sub = self.chain(inp, q, target, wanted, strict, depth + 1)
+            if sub is None:
+                if strict:
+                    return None
+                continue  # not recomputable here: the input is restored from the tape instead
+            reruns.extend(sub)
+        return reruns + [(array, q)]
+
+
+#: the value symbols take when `RECOMPUTE_ALL` compares sizes (it has no sizes; budgets have exact ones)
+SIZE_PROBE = 64
+
+
+def _elements(sdfg: dace.SDFG, name: str) -> float:
+    """The element count of `name` with every symbol at `SIZE_PROBE` (0 when it cannot be evaluated)."""
+    size = dace.symbolic.pystr_to_symbolic(str(sdfg.arrays[name].total_size))
+    try:
+        return float(size.subs({s: SIZE_PROBE for s in size.free_symbols}))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _keeps_more(sdfg: dace.SDFG, array: str, plans, accesses: list[OpAccess]) -> bool:
+    """Whether rerunning what defines `array` reads arrays that a later operation overwrites (so the
+    backward sweep would have to keep their old values, e.g. a whole array put on the tape per iteration)
+    that are larger than `array` itself: `RECOMPUTE_ALL` then stores `array` instead of trading a small
+    value for a large one."""
+    kept = set()
+    for plan in plans:
+        for _, q in plan:
+            later = set().union(*(a.writes for a in accesses[q.index:])) if q.index < len(accesses) else set()
+            kept |= {r for r in accesses[q.index].reads if r in later and r != array}
+    return sum(_elements(sdfg, r) for r in kept) > _elements(sdfg, array)
+
+
 def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
-                       accesses: list[OpAccess], policy: Forwarding) -> RecomputePlan:
-    """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place."""
+                       accesses: list[OpAccess], policy: Forwarding,
+                       chosen_set: frozenset[str] | None = None) -> RecomputePlan:
+    """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place.
+    `chosen_set`, when given, replaces the policy's set (the budget planner's choice)."""
     needed = set().union(*needs) if needs else set()
-    if policy.recompute == ALL:
+    if chosen_set is not None:
+        wanted, strict = set(chosen_set), True
+    elif policy.recompute == ALL:
         wanted, strict = set(sdfg.arrays), False
     else:
         wanted, strict = set(policy.recompute), True
@@ -124,47 +208,19 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
             )
     if not wanted:
         return RecomputePlan(frozenset(), {})
-
-    def definition(array: str, p: OpSite) -> OpSite | None:
-        for q in reversed(sites[: p.index]):
-            if array in accesses[q.index].writes:
-                return q
-        return None
-
-    def valid(array: str, reader: OpSite, target: OpSite, depth: int) -> list[tuple[str, OpSite]] | None:
-        """The reruns (prerequisites first) that rebuild `array` as `reader` read it, at the reverse of
-        `target`, or None."""
-        q = definition(array, reader)
-        if q is None or depth > MAX_CHAIN or q.op.kind not in ("map", "tasklet", "library", "copy"):
-            return None
-        if q.loops != target.loops or q.state.parent_graph is not target.state.parent_graph:
-            return None
-        if accesses[q.index].writes != {array} or array in accesses[q.index].reads:
-            return None
-        if not (_covers_all(q, array) and _no_wcr(q, array)):
-            return None
-        between = set().union(set(), *(accesses[s.index].writes for s in sites[q.index + 1: target.index]))
-        if accesses[q.index].reads & between:
-            return None
-        if {str(x) for x in q.state.free_symbols} & _assigned_between(q.state, target.state):
-            return None
-        chain: list[tuple[str, OpSite]] = []
-        for inp in sorted(accesses[q.index].reads & wanted):
-            sub = valid(inp, q, target, depth + 1)
-            if sub is None:
-                if strict:
-                    return None
-                continue  # not recomputable here: the input is restored from the tape instead
-            chain.extend(sub)
-        return chain + [(array, q)]
+    facts = Recomputability(sites, accesses)
 
     chosen: set[str] = set()
+    declined: set[str] = set()
     before: dict[int, list[tuple[str, OpSite]]] = {}
     for array in sorted(wanted):
         if array not in needed:
             continue
         readers = [p for p in sites if array in needs[p.index]]
-        plans = [valid(array, p, p, 0) for p in readers]
+        plans = [facts.chain(array, p, p, wanted, strict) for p in readers]
+        if not strict and all(plan is not None for plan in plans) and _keeps_more(sdfg, array, plans, accesses):
+            declined.add(array)
+            continue
         if all(plan is not None for plan in plans):
             chosen.add(array)
             for p, plan in zip(readers, plans):
@@ -187,4 +243,4 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
         final[index] = tuple(ordered)
         extra = set().union(*(accesses[q.index].reads for _, q in ordered)) - seen
         needs[index] = (needs[index] - seen) | frozenset(extra)
-    return RecomputePlan(frozenset(chosen), final)
+    return RecomputePlan(frozenset(chosen), final, declined=frozenset(declined))

@@ -1,16 +1,27 @@
-"""Normalization pass `remove_views`: View access nodes are replaced by the array they view.
+"""Normalization pass `remove_views`: View access nodes are replaced by the array they view, or by an array
+of their own.
 
-Strided slices (`X[1::2]`), `keepdims` results and some reshapes reach the SDFG as `View` access nodes: a
-node of a `View` descriptor joined to the viewed array by one edge whose subset says which part of the
-array the view is (e.g. `X[1:2*H:2]`). Reverse mode has no notion of aliasing, so this pass composes
-every memlet that addresses the view onto the viewed array (view index j -> begin + step * j in the viewed
-dimension) and connects the view's other edges to the viewed array's access node. The result computes the
-same thing with no views left. One-element ranges with a stride (`Y[3*i:3*i:3]`, which strided slices leave
-behind) are given step 1, so that they read as the single element they are.
+Strided slices (`X[1::2]`), `keepdims` results and reshapes (`np.reshape`, `.flatten()`, `x.reshape(...)`)
+reach the SDFG as `View` access nodes: a node of a `View` descriptor joined to the viewed array by one edge
+whose subset says which part of the array the view is (e.g. `X[1:2*H:2]`). Reverse mode has no notion of
+aliasing, so each view goes one of two ways:
 
-Only views whose non-unit dimensions correspond one-to-one, in order, to the non-unit dimensions of the
-viewed subset are removed (slices, strides, added or dropped unit dimensions). Real reshapes (a 2-D view of
-a 1-D array) are left in place, and reverse mode then reports them.
+- *composed*: when the view's non-unit dimensions correspond one-to-one, in order, to the non-unit
+  dimensions of the viewed subset (equal extents, and view strides that are the array's times the step:
+  slices, strides, added or dropped unit dimensions), every memlet that addresses the view is rewritten
+  onto the viewed array (view index j -> begin + step * j) and the view's other edges are connected to the
+  viewed array's access node;
+- *materialized*: the view becomes a transient array of its shape. A strided view read or written by a
+  library node is filled by a copy from the viewed subset (or copied back to it): DaCe's library
+  expansions address an operand by its first element and the array's strides, ignoring a subset's step,
+  so composing would change what they compute. A real reshape (the view's elements in row-major order
+  are the viewed subset's in row-major order: both packed C layouts, the subset one contiguous block) is
+  filled by a map that copies element by element at equal row-major positions (`_reshape_map`).
+
+The result computes the same values. Any other view (a reshape of a strided or partial slice, which DaCe
+reads as consecutive memory, unlike numpy) is rejected with a `NotDifferentiableError` naming it.
+One-element ranges with a stride (`Y[3*i:3*i:3]`, which strided slices leave behind) are given step 1, so
+that they read as the single element they are.
 """
 
 from __future__ import annotations
@@ -21,11 +32,12 @@ from typing import ClassVar
 import attrs
 import dace
 import sympy
-from dace import subsets
+from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 from returns.result import Success
 
+from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -46,13 +58,25 @@ def _view_edge(state: SDFGState, view: nd.AccessNode):
     return None, None
 
 
-def _composer(viewed: subsets.Range, view_shape):
-    """A function taking a subset of the view to the same elements as a subset of the viewed array."""
-    vdims = [j for j, s in enumerate(view_shape) if not _unit(s)]
-    adims = [d for d, s in enumerate(viewed.size()) if not _unit(s)]
+def _same(a, b) -> bool:
+    """Symbolic equality, with fresh symbols (the frontend gives one symbol different assumptions)."""
+    return sympy.simplify(symbolic.pystr_to_symbolic(str(a)) - symbolic.pystr_to_symbolic(str(b))) == 0
+
+
+def _nonunit(sizes) -> list[int]:
+    return [d for d, s in enumerate(sizes) if not _unit(s)]
+
+
+def _composer(viewed: subsets.Range, view: dace.data.Data, array: dace.data.Data):
+    """A function taking a subset of the view to the same elements as a subset of the viewed array, or
+    None when the view does not address the viewed subset dimension by dimension."""
+    vdims, adims = _nonunit(view.shape), _nonunit(viewed.size())
     if len(vdims) != len(adims):
         return None
     pairing = dict(zip(adims, vdims))
+    for d, j in pairing.items():
+        if not (_same(viewed.size()[d], view.shape[j]) and _same(view.strides[j], array.strides[d] * viewed[d][2])):
+            return None
 
     def compose(sub: subsets.Range) -> subsets.Range:
         out = []
@@ -69,18 +93,47 @@ def _composer(viewed: subsets.Range, view_shape):
     return compose
 
 
-def _remove(state: SDFGState, view: nd.AccessNode) -> bool:
-    sdfg = state.sdfg
-    vedge, target = _view_edge(state, view)
-    if vedge is None:
+def _other_edges(state: SDFGState, view: nd.AccessNode, vedge) -> list:
+    return [e for e in state.all_edges(view) if e is not vedge]
+
+
+def _library_operand(state: SDFGState, view: nd.AccessNode, vedge) -> bool:
+    """Does a library node read or write the view (directly or through scopes)?"""
+    return any(isinstance(t.src, nd.LibraryNode) or isinstance(t.dst, nd.LibraryNode)
+               for e in _other_edges(state, view, vedge) for t in state.memlet_tree(e))
+
+
+def _strided(viewed: subsets.Range) -> bool:
+    return any(not _unit(size) and not _unit(step) for size, (_, _, step) in zip(viewed.size(), viewed))
+
+
+def _packed_c(desc: dace.data.Data) -> bool:
+    """Row-major strides with no padding (compared symbolically: frontends spell strides expanded)."""
+    expected = 1
+    for size, stride in reversed(list(zip(desc.shape, desc.strides))):
+        if not _same(stride, expected):
+            return False
+        expected = expected * size
+    return True
+
+
+def _contiguous(viewed: subsets.Range, array: dace.data.Data) -> bool:
+    """One uninterrupted block of a row-major array: step 1, and every dimension before the last partial
+    one has extent 1."""
+    if any(not _unit(step) for _, _, step in viewed):
         return False
-    viewed = vedge.data.subset
-    compose = _composer(viewed, sdfg.arrays[view.data].shape)
-    if compose is None or not isinstance(viewed, subsets.Range):
-        return False
-    others = [e for e in state.all_edges(view) if e is not vedge]
+    partial = [d for d, (size, extent) in enumerate(zip(viewed.size(), array.shape)) if not _same(size, extent)]
+    return not partial or all(_unit(viewed.size()[d]) for d in range(partial[-1]))
+
+
+def _row_major(viewed: subsets.Range, view: dace.data.Data, array: dace.data.Data) -> bool:
+    """Are the view's elements in row-major order the viewed subset's in row-major order?"""
+    return type(array) is dace.data.Array and _packed_c(view) and _packed_c(array) and _contiguous(viewed, array)
+
+
+def _compose(state: SDFGState, view: nd.AccessNode, vedge, target: nd.AccessNode, compose) -> None:
     # Rewrite every memlet that addresses the view, inside scopes too.
-    for e in others:
+    for e in _other_edges(state, view, vedge):
         for tree_edge in state.memlet_tree(e):
             m = tree_edge.data
             if m.data == view.data:
@@ -95,7 +148,100 @@ def _remove(state: SDFGState, view: nd.AccessNode) -> bool:
         state.remove_edge(e)
     state.remove_edge(vedge)
     state.remove_node(view)
-    return True
+
+
+def _materialize(state: SDFGState, view: nd.AccessNode, vedge, names: dict[str, str], reshape: bool) -> None:
+    """The view becomes a transient array (one per view descriptor, shared by its access nodes), filled
+    from (or, for a view that is written, written back to) the viewed subset by a copy, or by a map for a
+    reshape (`_reshape_map`)."""
+    sdfg = state.sdfg
+    desc = sdfg.arrays[view.data]
+    if view.data not in names:
+        names[view.data], _ = sdfg.add_array(f"{view.data}_copy", desc.shape, desc.dtype, transient=True,
+                                             find_new_name=True)
+    name = names[view.data]
+    for e in _other_edges(state, view, vedge):
+        for tree_edge in state.memlet_tree(e):
+            if tree_edge.data.data == view.data:
+                tree_edge.data.data = name
+    view.data = name
+    # an access node of a plain array has no `views` connector: rejoin the edge without it
+    state.remove_edge(vedge)
+    view.remove_in_connector("views")
+    view.remove_out_connector("views")
+    if vedge.dst is view:
+        vedge = state.add_edge(vedge.src, vedge.src_conn, view, None, vedge.data)
+    else:
+        vedge = state.add_edge(view, None, vedge.dst, vedge.dst_conn, vedge.data)
+    if reshape:
+        _reshape_map(state, view, vedge)
+
+
+def _reshape_map(state: SDFGState, view: nd.AccessNode, vedge) -> None:
+    """Replace the copy on `vedge` (viewed subset <-> materialized view of another shape) by a map over the
+    view's elements: view element p is the element of the viewed subset at the same row-major position
+    (what the view's memory means, see `_row_major`). DaCe's own copy would do the same walk, but its
+    expansion of a reshaping copy declares a map over the product of the extents, which its type
+    inference fails on for lenet's `int_floor` extents, and it refuses copies between equal ranks."""
+    sdfg = state.sdfg
+    shape = sdfg.arrays[view.data].shape
+    params = [symbolic.symbol(f"__v{j}") for j in range(len(shape))]
+    flat, cum = 0, 1
+    for p, size in zip(reversed(params), reversed(shape)):
+        flat, cum = flat + p * cum, cum * size
+    viewed = vedge.data.subset
+    dims = _nonunit(viewed.size())
+    sizes = [viewed.size()[d] for d in dims]
+    position, cum = {}, 1
+    for d, size in zip(reversed(dims), reversed(sizes)):
+        position[d] = symbolic.int_floor(flat, cum) % size
+        cum = cum * size
+    element = subsets.Range([(b + s * position[d], b + s * position[d], 1) if d in position else (b, b, 1)
+                             for d, (b, _e, s) in enumerate(viewed)])
+    array = vedge.data.data
+    on_array = dace.Memlet(data=array, subset=element)
+    on_view = dace.Memlet(data=view.data, subset=subsets.Range([(p, p, 1) for p in params]))
+    ranges = {str(p): f"0:{n}" for p, n in zip(params, shape)}
+    if vedge.dst is view:  # read: view[p] = array[...]
+        state.add_mapped_tasklet(f"reshape_{view.data}", ranges, {"__i": on_array}, "__o = __i", {"__o": on_view},
+                                 external_edges=True, input_nodes={array: vedge.src}, output_nodes={view.data: view})
+    else:  # written: array[...] = view[p]
+        state.add_mapped_tasklet(f"reshape_{view.data}", ranges, {"__i": on_view}, "__o = __i", {"__o": on_array},
+                                 external_edges=True, input_nodes={view.data: view}, output_nodes={array: vedge.dst})
+    state.remove_edge(vedge)
+
+
+def _remove(state: SDFGState, view: nd.AccessNode, names: dict[str, str]) -> bool:
+    """Compose or materialize `view` (module docstring); False when it cannot (yet: a view of a view)."""
+    sdfg = state.sdfg
+    vedge, target = _view_edge(state, view)
+    if vedge is None or not isinstance(vedge.data.subset, subsets.Range):
+        return False
+    viewed = vedge.data.subset
+    vdesc, adesc = sdfg.arrays[view.data], sdfg.arrays[target.data]
+    compose = _composer(viewed, vdesc, adesc)
+    if compose is not None and not (_strided(viewed) and _library_operand(state, view, vedge)):
+        _compose(state, view, vedge, target, compose)
+        return True
+    if compose is not None:
+        _materialize(state, view, vedge, names, reshape=False)
+        return True
+    whole_view = vedge.data.other_subset is None or vedge.data.other_subset == subsets.Range.from_array(vdesc)
+    if whole_view and _row_major(viewed, vdesc, adesc):
+        _materialize(state, view, vedge, names, reshape=True)
+        return True
+    return False
+
+
+def _reject(state: SDFGState, view: nd.AccessNode) -> None:
+    vedge, target = _view_edge(state, view)
+    viewed = f"{target.data}[{vedge.data.subset}]" if vedge is not None else "another view"
+    shape = tuple(state.sdfg.arrays[view.data].shape)
+    raise NotDifferentiableError(
+        f"view '{view.data}' in state '{state.label}' gives {viewed} the shape {shape}; it is neither a slice of "
+        "it nor a reshape of one contiguous row-major block (DaCe reads such a view as consecutive memory, "
+        "which is not what numpy's reshape of that slice holds)",
+        "copy the slice into an array of its own (np.copy) and reshape the copy")
 
 
 def _unit_steps(state: SDFGState) -> None:
@@ -127,15 +273,29 @@ class RemoveViews(Pass):
     name: ClassVar[str] = "remove_views"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_views(s) or _has_unit_steps(s) for s in graph.sdfg.states()):
+        if not has_views(graph.sdfg):
             return Success(graph)
         sdfg = graph.editable()
-        for state in sdfg.states():
-            for view in _views(state):
-                _remove(state, view)
-            _unit_steps(state)
-        used = {n.data for s in sdfg.states() for n in s.data_nodes()}
-        for name, desc in list(sdfg.arrays.items()):
-            if isinstance(desc, dace.data.View) and name not in used:
-                sdfg.remove_data(name, validate=False)
+        remove_views(sdfg)
         return Success(Graph.adopt(sdfg, graph.meta))
+
+
+def has_views(sdfg: dace.SDFG) -> bool:
+    return any(_views(s) or _has_unit_steps(s) for s in sdfg.states())
+
+
+def remove_views(sdfg: dace.SDFG) -> None:
+    """The pass's work, in place on a private SDFG (`expand_library_nodes` also runs it on the views its
+    expansions make, e.g. upstream's `ONNXReshape`)."""
+    names: dict[str, str] = {}  # view descriptor -> the transient its materialized nodes use
+    for state in sdfg.states():
+        # a view of a view (`np.reshape(A[1:, 1:], ...)`) is joined to an array once the inner one is gone
+        while any(_remove(state, view, names) for view in _views(state)):
+            pass
+        for view in _views(state):
+            _reject(state, view)
+        _unit_steps(state)
+    used = {n.data for s in sdfg.states() for n in s.data_nodes()}
+    for name, desc in list(sdfg.arrays.items()):
+        if isinstance(desc, dace.data.View) and name not in used:
+            sdfg.remove_data(name, validate=False)

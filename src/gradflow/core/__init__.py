@@ -2,6 +2,7 @@
 
 from gradflow.core.errors import (
     ArgumentError,
+    CacheWarning,
     CompilationError,
     GradflowError,
     InvalidArgumentError,
@@ -19,7 +20,8 @@ from gradflow.core.passes import PASS_REGISTRY, Pass, Pipeline, register_pass, r
 from gradflow.core.rule_table import Rule, RuleTable, collect, rule_verb
 
 __all__ = [
-    "ArgumentError", "CompilationError", "GradflowError", "InvalidArgumentError", "LoopBoundError", "NoRuleError",
+    "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "InvalidArgumentError", "LoopBoundError",
+    "NoRuleError",
     "NotDifferentiableError", "PassError", "PurityError", "RuleTableError", "UnknownArrayError", "render",
     "Graph", "fingerprint", "PASS_REGISTRY", "Pass", "Pipeline", "register_pass", "registered_passes",
     "unwrap_or_raise", "Rule", "RuleTable", "collect", "rule_verb",

@@ -105,6 +105,33 @@ class LoopBoundError(GradflowError, RuntimeError):
     """A while loop ran past the trip-count bound its forwarding policy gave; the gradients are invalid."""
 
 
+class CacheWarning(UserWarning):
+    """The compile cache could not be used as it was: an entry failed its integrity check and is rebuilt,
+    or the cache root is unusable and a private temporary cache is used instead. Results are unaffected."""
+
+
+def describe(value: object) -> str:
+    """A short description of a user's value for a message: numbers, None and short strings as they are,
+    arrays by type and shape, anything else by type (never the repr of a big or hostile object)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57] + "...")
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) or type(shape).__name__ == "Size":
+        return f"a {type(value).__name__} of shape {tuple(shape)}"
+    return f"a {type(value).__name__}"
+@attrs.frozen(eq=False)
+class IndexOutOfRangeError(GradflowError, IndexError):
+    """An index computed from data while a program ran was out of range (see `gradflow.core.checks`)."""
+
+
+@attrs.frozen(eq=False)
+class ResourceLimitError(GradflowError):
+    """A program would allocate more than a limit the user can raise (e.g. one tensor over
+    `GRADFLOW_MAX_TENSOR_BYTES`); raised before anything is allocated."""
+
+
 def render(error: GradflowError) -> str:
     """The one place that turns an error value into text."""
     return f"{type(error).__name__}: {error.render()}"

@@ -3,8 +3,10 @@
 A `Graph` owns a private `dace.SDFG`. Nobody outside gets that object to mutate: `Graph.of` copies what it is
 given, `editable()` hands out a fresh deep copy, and `Graph.adopt` takes ownership of an SDFG its caller
 built and promises not to touch again. The canonical fingerprint is a SHA-256 over the SDFG's JSON with the
-volatile fields removed (memlet `guid`s are renewed by `copy.deepcopy`), so equal programs hash equal,
-"unchanged" is checkable, and builds can be cached by content.
+volatile fields removed (memlet `guid`s are renewed by `copy.deepcopy`) and every graph (a state's dataflow,
+a control-flow region's blocks) put in a canonical order, so equal programs hash equal however they were
+built and in whichever process: "unchanged" is checkable, and builds can be cached by content across
+processes.
 """
 
 from __future__ import annotations
@@ -20,22 +22,96 @@ import dace
 
 from gradflow.core.errors import InvalidArgumentError
 
-#: JSON keys that vary between equal programs and are left out of the fingerprint.
-VOLATILE_KEYS = frozenset({"guid"})
+#: JSON keys that vary between equal programs, or only say where they came from, left out of the fingerprint:
+#: memlet `guid`s (renewed by `copy.deepcopy`), source positions (the same program in another checkout is
+#: the same program), and `cfg_list_id`s (a numbering that follows the order of the blocks).
+VOLATILE_KEYS = frozenset({"guid", "debuginfo", "source_files", "cfg_list_id"})
+
+#: Rounds of neighbourhood refinement when ordering the nodes of a graph (two tell apart the access nodes
+#: of one array by what they connect, and the tasklets of one label by their data).
+_REFINE_ROUNDS = 2
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _canonical_graph(graph: dict) -> dict:
+    """`graph` (a state or a control-flow region, already canonical inside) with its nodes sorted by a
+    structural key and every id that refers to them renumbered.
+
+    The key of a node is its content without ids, refined by the keys of its neighbours (through which
+    edges, in which direction) and of its scope; nodes alike in all of that are left in their order, which
+    at worst makes two equal programs hash apart (a cache miss), never two different ones alike. Dataflow
+    edges are sorted completely; interstate edges keep their relative order per source block, since the
+    order of conditional out-edges may matter to code generation."""
+    nodes, edges = graph["nodes"], graph["edges"]
+    if not all(isinstance(n, dict) and isinstance(n.get("id"), int) for n in nodes):
+        return graph
+    position = {str(n["id"]): k for k, n in enumerate(nodes)}
+    refs = ("id", "scope_entry", "scope_exit")
+    keys = [_digest({k: v for k, v in n.items() if k not in refs}) for n in nodes]
+    links: list[list[tuple[str, str, int]]] = [[] for _ in nodes]
+    for e in edges:
+        src, dst = position.get(str(e.get("src"))), position.get(str(e.get("dst")))
+        if src is None or dst is None:
+            return graph  # not an id-linked graph after all: leave it as it is
+        body = _digest({k: v for k, v in e.items() if k not in ("src", "dst")})
+        links[src].append(("out", body, dst))
+        links[dst].append(("in", body, src))
+    scopes = [[position.get(str(n.get(r))) for r in ("scope_entry", "scope_exit")] for n in nodes]
+    for _ in range(_REFINE_ROUNDS):
+        keys = [_digest([keys[k], sorted((d, b, keys[o]) for d, b, o in links[k]),
+                         [keys[s] if s is not None else None for s in scopes[k]]])
+                for k in range(len(nodes))]
+    order = sorted(range(len(nodes)), key=lambda k: (keys[k], k))
+    new_id = {str(nodes[old]["id"]): new for new, old in enumerate(order)}
+
+    def renumber(ref: Any) -> Any:
+        return str(new_id[str(ref)]) if ref is not None and str(ref) in new_id else ref
+
+    out_nodes = []
+    for old in order:
+        node = dict(nodes[old], id=new_id[str(nodes[old]["id"])])
+        for r in ("scope_entry", "scope_exit"):
+            if r in node:
+                node[r] = renumber(node[r])
+        out_nodes.append(node)
+    out_edges = [dict(e, src=renumber(e["src"]), dst=renumber(e["dst"])) for e in edges]
+    if graph.get("type") == "SDFGState":
+        out_edges.sort(key=lambda e: (int(e["src"]), int(e["dst"]), _digest(e)))
+    else:
+        out_edges.sort(key=lambda e: int(e["src"]))  # stable: out-edges of a block keep their order
+    out = dict(graph, nodes=out_nodes, edges=out_edges)
+    if isinstance(graph.get("scope_dict"), dict):
+        out["scope_dict"] = {str(renumber(k)): sorted(new_id.get(str(c), c) for c in v)
+                             for k, v in graph["scope_dict"].items()}
+    if isinstance(graph.get("start_block"), int):
+        out["start_block"] = new_id[str(graph["start_block"])]
+    return out
 
 
 def _canonical(obj: Any) -> Any:
     if isinstance(obj, dict):
-        return {k: _canonical(v) for k, v in obj.items() if k not in VOLATILE_KEYS}
-    if isinstance(obj, list):
+        out = {k: _canonical(v) for k, v in obj.items() if k not in VOLATILE_KEYS}
+        if isinstance(out.get("nodes"), list) and isinstance(out.get("edges"), list):
+            out = _canonical_graph(out)
+        return out
+    if isinstance(obj, (list, tuple)):  # a conditional block's branches are (condition, region) tuples
         return [_canonical(v) for v in obj]
     return obj
 
 
+def canonical_json(sdfg: dace.SDFG) -> str:
+    """The SDFG's JSON in canonical form: what `fingerprint` hashes (and what to diff when two programs
+    that should be equal hash apart)."""
+    return json.dumps(_canonical(sdfg.to_json()), sort_keys=True, default=str)
+
+
 def fingerprint(sdfg: dace.SDFG) -> str:
-    """Canonical content hash of an SDFG (stable under `copy.deepcopy`)."""
-    text = json.dumps(_canonical(sdfg.to_json()), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """Canonical content hash of an SDFG: stable under `copy.deepcopy`, across processes and hash seeds,
+    and under reordering of the nodes of a state or the blocks of a region."""
+    return hashlib.sha256(canonical_json(sdfg).encode()).hexdigest()
 
 
 def as_sdfg(program: Any) -> dace.SDFG:
@@ -46,7 +122,14 @@ def as_sdfg(program: Any) -> dace.SDFG:
         return program.sdfg
     to_sdfg = getattr(program, "to_sdfg", None)
     if callable(to_sdfg):
-        return to_sdfg(simplify=True)
+        try:
+            sdfg = to_sdfg(simplify=True)
+        except Exception as exc:  # DaCe's frontend raises many types; the cause stays chained
+            name = getattr(program, "name", type(program).__name__)
+            raise InvalidArgumentError(f"DaCe could not parse program '{name}': {type(exc).__name__}: {exc}",
+                                       "the chained exception shows where") from exc
+        if isinstance(sdfg, dace.SDFG):
+            return sdfg
     raise InvalidArgumentError(
         f"expected a dace.SDFG or a @dace.program, got {type(program).__name__}",
         "wrap a Python function with @dace.program, or build a dace.SDFG",

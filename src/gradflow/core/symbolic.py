@@ -1,9 +1,10 @@
 """The bridge between tasklet code and SymPy.
 
-`parse_tasklet` reads the Python code of a DaCe tasklet into one SymPy expression per output connector,
-resolving function calls through the elementwise table (so `exp`, `math.exp` and `np.exp` all mean the
-table's `exp` formula). `print_code` writes a SymPy expression back as Python tasklet code that DaCe's
-code generator accepts. Both are pure functions of their inputs.
+`read_tasklet` runs the Python code of a DaCe tasklet symbolically: one SymPy expression per output
+connector (branches become `Piecewise`), plus the elements it reads and writes through indices, resolving
+function calls through the elementwise table (so `exp`, `math.exp` and `np.exp` all mean the table's `exp`
+formula); `parse_tasklet` is its plain form (outputs only). `print_code` writes a SymPy expression back as
+Python tasklet code that DaCe's code generator accepts. All are pure functions of their inputs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable, Mapping, Sequence
 
+import attrs
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
@@ -37,6 +39,11 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
+def _first_line(node: ast.AST) -> str:
+    lines = ast.unparse(node).splitlines()
+    return lines[0] + (" ..." if len(lines) > 1 else "")
+
+
 _BINOPS = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
@@ -54,11 +61,17 @@ class _ExprReader:
         self.env = env
         self.table = table
         self.where = where
+        self.element = None  # reads `conn[index]`; set by the statement interpreter
+        self.statement: ast.stmt | None = None  # the statement being read (named in errors)
 
-    def fail(self, node: ast.AST, why: str) -> UnsupportedCode:
+    def fail(self, node: ast.AST, why: str, hint: str | None = None) -> UnsupportedCode:
+        what = f"'{_first_line(node)}'"
+        if self.statement is not None and self.statement is not node:
+            what += f" in the statement '{_first_line(self.statement)}'"
         return UnsupportedCode(
-            f"{self.where}: cannot differentiate '{ast.unparse(node)}': {why}",
-            "rewrite the tasklet with arithmetic and functions of rules/elementwise.toml, or add the function there",
+            f"{self.where}: cannot differentiate {what}: {why}",
+            hint or "rewrite the tasklet with arithmetic and functions of rules/elementwise.toml, or add the "
+                    "function there",
         )
 
     def read(self, node: ast.AST) -> sympy.Expr:
@@ -70,7 +83,10 @@ class _ExprReader:
             raise self.fail(node, "non-numeric constant")
         if isinstance(node, ast.Name):
             if node.id in self.env:
-                return self.env[node.id]
+                value = self.env[node.id]
+                if _has_unassigned(value):
+                    raise self.fail(node, f"'{node.id}' is read on a path where it is not assigned")
+                return value
             if node.id in ("True", "False"):
                 return sympy.true if node.id == "True" else sympy.false
             raise self.fail(node, f"unknown name '{node.id}'")
@@ -109,7 +125,9 @@ class _ExprReader:
             values = [self.read(v) for v in node.values]
             return sympy.And(*values) if isinstance(node.op, ast.And) else sympy.Or(*values)
         if isinstance(node, ast.IfExp):
-            return sympy.Piecewise((self.read(node.body), self.read(node.test)), (self.read(node.orelse), True))
+            return sympy.Piecewise((self.read(node.body), _truth(self.read(node.test))), (self.read(node.orelse), True))
+        if isinstance(node, ast.Subscript) and self.element is not None:
+            return self.element(node)
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
             args = [self.read(a) for a in node.args]
@@ -129,6 +147,198 @@ class _ExprReader:
         raise self.fail(node, f"unsupported syntax {type(node).__name__}")
 
 
+#: Prefix of the symbol that stands for "not assigned here" (see `unassigned`).
+UNASSIGNED = "__unassigned_"
+
+
+def unassigned(name: str) -> sympy.Symbol:
+    """The value of `name` on paths of the code that do not assign it. In an output's expression it means:
+    the memory the output connector writes keeps what it held (a dynamic memlet), or receives nothing (a
+    write-conflict sum); any other use of it is an error the reader reports."""
+    return sympy.Symbol(UNASSIGNED + name, real=True)
+
+
+def _has_unassigned(expr: sympy.Basic) -> bool:
+    return any(s.name.startswith(UNASSIGNED) for s in expr.free_symbols)
+
+
+@attrs.frozen
+class Element:
+    """An element of an array connector that the code indexes, `conn[index]` (index in the connector's
+    coordinates, over connector symbols and constants)."""
+
+    conn: str
+    index: tuple[sympy.Expr, ...]
+
+
+@attrs.frozen
+class IndexedWrite:
+    """`conn[index] = value`, executed when `condition` holds (`sympy.true` outside any `if`)."""
+
+    element: Element
+    value: sympy.Expr
+    condition: sympy.Basic
+
+
+@attrs.frozen
+class TaskletMeaning:
+    """What a tasklet computes, as SymPy over one real symbol per input connector.
+
+    `outputs`: the value of every output connector the code assigns as a whole; where some path leaves it
+    unassigned the value holds `unassigned(conn)` (as a branch of a `Piecewise`). `reads`: the symbol
+    standing for each element read through an index (`x = arr[j]`), deduplicated. `writes`: the writes
+    through an index (`arr[j] = v`), in program order.
+    """
+
+    outputs: dict[str, sympy.Expr]
+    reads: dict[sympy.Symbol, Element]
+    writes: tuple[IndexedWrite, ...]
+
+
+def _truth(value: sympy.Basic) -> sympy.Basic:
+    """Python's truth value of `value` (`if x:` means `x != 0` for a number)."""
+    if isinstance(value, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
+                          sympy.logic.boolalg.BooleanAtom)):
+        return value
+    return sympy.Ne(value, 0)
+
+
+class _Interpreter:
+    """Runs tasklet statements symbolically: an environment of SymPy values, branches merged as Piecewise."""
+
+    def __init__(self, reader: "_ExprReader", inputs: set[str], outputs: set[str]) -> None:
+        self.reader = reader
+        self.inputs = inputs
+        self.outputs = outputs
+        self.reads: dict[sympy.Symbol, Element] = {}
+        self.writes: list[IndexedWrite] = []
+        reader.element = self._element
+
+    def fail(self, node: ast.AST, why: str, hint: str | None = None) -> UnsupportedCode:
+        return self.reader.fail(node, why, hint)
+
+    def _element(self, node: ast.Subscript) -> sympy.Symbol:
+        """The symbol of an element read through an index, `conn[index]`."""
+        if not (isinstance(node.value, ast.Name) and node.value.id in self.inputs):
+            raise self.fail(node, "only input connectors can be indexed")
+        element = Element(node.value.id, self._index(node))
+        for symbol, known in self.reads.items():
+            if known == element:
+                return symbol
+        symbol = sympy.Symbol(f"__elem{len(self.reads)}_{node.value.id}", real=True)
+        self.reads[symbol] = element
+        return symbol
+
+    def _index(self, node: ast.Subscript) -> tuple[sympy.Expr, ...]:
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if any(isinstance(p, ast.Slice) for p in parts):
+            raise self.fail(node, "a slice inside a tasklet")
+        return tuple(self.reader.read(p) for p in parts)
+
+    def run(self, body: list[ast.stmt], env: dict[str, sympy.Expr], condition: sympy.Basic) -> dict:
+        for stmt in body:
+            env = self.statement(stmt, env, condition)
+        return env
+
+    def statement(self, stmt: ast.stmt, env: dict, condition: sympy.Basic) -> dict:
+        self.reader.env = env
+        self.reader.statement = stmt
+        if isinstance(stmt, ast.Pass):
+            return env
+        if isinstance(stmt, ast.Expr):
+            self.bare(stmt)
+            return env
+        if isinstance(stmt, ast.If):
+            return self.branch(stmt, env, condition)
+        if isinstance(stmt, ast.AugAssign):
+            if not isinstance(stmt.target, ast.Name):
+                raise self.fail(stmt, "augmented assignment through an index (write `a[j] = a[j] + v`, or use a "
+                                      "write-conflict sum)")
+            value = ast.BinOp(ast.Name(stmt.target.id, ast.Load()), stmt.op, stmt.value)
+            return self.assign([stmt.target], value, env, condition, stmt)
+        if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            return self.assign([stmt.target], stmt.value, env, condition, stmt)
+        if isinstance(stmt, ast.Assign):
+            return self.assign(stmt.targets, stmt.value, env, condition, stmt)
+        raise self.fail(stmt, f"{type(stmt).__name__} statements are not supported in a tasklet")
+
+    def bare(self, stmt: ast.Expr) -> None:
+        """A bare expression: dead code when it only computes (its value is discarded)."""
+        if isinstance(stmt.value, ast.Constant):
+            return  # docstring / comment literal
+        for call in (n for n in ast.walk(stmt.value) if isinstance(n, ast.Call)):
+            name = _dotted(call.func) or ""
+            if name not in CASTS and name not in self.reader.table.by_spelling:
+                raise self.fail(stmt, f"the statement calls '{name}' for its effect, which gradflow cannot see into "
+                                      "(DaCe turns numpy functions it has no native version of into Python callbacks)",
+                                "use a numpy function DaCe implements natively (for a product: np.prod or "
+                                "np.multiply.reduce once gradflow is imported), or compute the value in the program")
+        self.reader.read(stmt.value)  # checks that it is well formed; the value is dead
+
+    def branch(self, stmt: ast.If, env: dict, condition: sympy.Basic) -> dict:
+        test = _truth(self.reader.read(stmt.test))
+        taken = self.run(stmt.body, dict(env), sympy.And(condition, test))
+        other = self.run(stmt.orelse, dict(env), sympy.And(condition, sympy.Not(test)))
+        merged = {}
+        for name in {**taken, **other}:
+            a, b = taken.get(name), other.get(name)
+            if a is not None and b is not None and (a is b or a == b):
+                merged[name] = a
+                continue
+            a = unassigned(name) if a is None else a
+            b = unassigned(name) if b is None else b
+            merged[name] = sympy.Piecewise((a, test), (b, True))
+        return merged
+
+    def assign(self, targets: list[ast.expr], value_node: ast.expr, env: dict, condition: sympy.Basic,
+               stmt: ast.stmt) -> dict:
+        if len(targets) != 1:
+            raise self.fail(stmt, "chained assignment (DaCe's code generator does not compile it either)")
+        target, value = targets[0], self.reader.read(value_node)
+        if isinstance(target, ast.Name):
+            if target.id in self.inputs:
+                raise self.fail(stmt, f"assigns the input connector '{target.id}'")
+            env[target.id] = value
+            return env
+        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id in self.outputs:
+            self.writes.append(IndexedWrite(Element(target.value.id, self._index(target)), value, condition))
+            return env
+        raise self.fail(stmt, "only assignments to names and to indexed output connectors are supported")
+
+
+def read_tasklet(
+    code: str,
+    inputs: Iterable[str],
+    outputs: Iterable[str],
+    where: str = "tasklet",
+    table: ElementwiseTable | None = None,
+    constants: Iterable[str] = (),
+) -> TaskletMeaning:
+    """The meaning of tasklet code (see `TaskletMeaning`); `UnsupportedCode` names the statement it cannot read.
+
+    Statements: assignments (plain, augmented, annotated), `if`/`elif`/`else` (values merged as `Piecewise`;
+    Python's truth value for a non-boolean test), ternaries, `pass`,
+    bare expressions (dead code, unless they call something other than an elementwise function), reads
+    `conn[j]` of an indexed input connector and writes `conn[j] = v` of an output connector. A name may be
+    assigned many times; reading a name on a path where it is not assigned is an error. `constants` are names
+    the code may read that are not connectors (SDFG symbols, map parameters): they become symbols too, but no
+    gradient flows to them.
+    """
+    table = table or elementwise_table()
+    ins, outs = set(inputs), set(outputs)
+    env: dict[str, sympy.Expr] = {name: sympy.Symbol(name) for name in constants}
+    env.update({name: sympy.Symbol(name, real=True) for name in ins})
+    try:
+        tree = ast.parse(code.strip())
+    except SyntaxError as exc:
+        raise UnsupportedCode(f"{where}: tasklet code does not parse as Python: {exc}") from None
+    reader = _ExprReader(env, table, where)
+    interpreter = _Interpreter(reader, ins, outs)
+    env = interpreter.run(tree.body, env, sympy.true)
+    result = {name: value for name, value in env.items() if name in outs}
+    return TaskletMeaning(result, dict(interpreter.reads), tuple(interpreter.writes))
+
+
 def parse_tasklet(
     code: str,
     inputs: Iterable[str],
@@ -137,34 +347,16 @@ def parse_tasklet(
     table: ElementwiseTable | None = None,
     constants: Iterable[str] = (),
 ) -> dict[str, sympy.Expr]:
-    """One SymPy expression (over real symbols named like the input connectors) per assigned output.
-
-    `constants` are names the code may read that are not connectors (SDFG symbols, map parameters): they
-    become symbols too, but no gradient flows to them.
-    """
-    table = table or elementwise_table()
-    env: dict[str, sympy.Expr] = {name: sympy.Symbol(name) for name in constants}
-    env.update({name: sympy.Symbol(name, real=True) for name in inputs})
-    outs = set(outputs)
-    try:
-        tree = ast.parse(code.strip())
-    except SyntaxError as exc:
-        raise UnsupportedCode(f"{where}: tasklet code does not parse as Python: {exc}") from None
-    reader = _ExprReader(env, table, where)
-    result: dict[str, sympy.Expr] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-            continue  # docstring / comment literal
-        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
-            stmt = ast.Assign(targets=[ast.Name(stmt.target.id)], value=ast.BinOp(ast.Name(stmt.target.id), stmt.op, stmt.value))
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
-            raise reader.fail(stmt, "only assignments to names are supported")
-        value = reader.read(stmt.value)
-        target = stmt.targets[0].id
-        env[target] = value
-        if target in outs:
-            result[target] = value
-    return result
+    """One SymPy expression (over real symbols named like the input connectors) per assigned output, for
+    code that neither indexes connectors nor leaves an output unassigned on some path (`read_tasklet`
+    handles those)."""
+    meaning = read_tasklet(code, inputs, outputs, where, table, constants)
+    if meaning.reads or meaning.writes:
+        raise UnsupportedCode(f"{where}: the code indexes array connectors")
+    for name, value in meaning.outputs.items():
+        if _has_unassigned(value):
+            raise UnsupportedCode(f"{where}: output '{name}' is not assigned on every path of the code")
+    return meaning.outputs
 
 
 def derivative(expr: sympy.Expr, wrt: sympy.Symbol) -> sympy.Expr:

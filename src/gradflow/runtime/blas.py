@@ -158,9 +158,10 @@ def _register() -> bool:
     }
     import dace.libraries.blas as blas_lib
 
-    # DaCe's CBLAS expansion of a Gemm that reads C through its `_c` input declares `_c` twice and does not
-    # compile; such nodes (beta * C_in terms) get the pure expansion.
-    fallbacks = {blas_nodes.Gemm: lambda node: "_c" in node.in_connectors}
+    # DaCe's CBLAS expansion of a Gemm that reads C through its `_c` input (a Gemv: y through `_y`) declares
+    # it twice and does not compile; such nodes (beta * C_in terms) get the pure expansion.
+    fallbacks = {blas_nodes.Gemm: lambda node: "_c" in node.in_connectors,
+                 blas_nodes.Gemv: lambda node: "_y" in node.in_connectors}
     for node_cls in blas_lib._dace_library_nodes:
         if IMPLEMENTATION in node_cls.implementations:
             continue

@@ -31,7 +31,14 @@ from gradflow.core.errors import ArgumentError, GradflowError
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL, CallPlan, plan_for
-from gradflow.runtime.validate import check_array, check_symbol_range, data_pointer, infer_symbols
+from gradflow.runtime.validate import (
+    check_array,
+    check_symbol_range,
+    data_pointer,
+    infer_symbols,
+    scalar_value,
+    symbol_value,
+)
 
 
 _STATEFUL = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
@@ -117,7 +124,7 @@ def _layout_key(value: Any) -> tuple:
         return (value.dtype, value.shape, value.stride(), value.layout, value.device, value.is_neg(),
                 value.is_conj())
     if isinstance(value, np.ndarray):
-        return (value.dtype, value.shape, value.strides)
+        return (value.dtype, value.shape, value.strides, value.flags.writeable)  # dtype: byte order too
     return (type(value),)
 
 
@@ -150,7 +157,10 @@ class Runner:
                                 f"'{plan.sdfg_name}' takes {', '.join(plan.names)}")
         key = tuple(_layout_key(kwargs[a.name]) if a.name in kwargs else None for a in self._arrays) \
             + tuple((n, kwargs[n]) for n in plan.symbols if n in kwargs)
-        entry = self._signatures.get(key)
+        try:
+            entry = self._signatures.get(key)
+        except TypeError:  # an unhashable symbol value: `_signature` names it
+            entry = None
         if entry is None:
             entry = self._signature(kwargs)
             if len(self._signatures) >= 256:
@@ -162,8 +172,7 @@ class Runner:
             if a.kind == ARRAY:
                 args.append(data_pointer(kwargs[a.name]))
             elif a.kind == SCALAR:
-                value = kwargs[a.name]
-                args.append(value.item() if hasattr(value, "item") else value)
+                args.append(scalar_value(a, kwargs[a.name]))
             else:
                 args.append(symbols[a.name])
         self.kernel(handle, *args)
@@ -173,16 +182,20 @@ class Runner:
         plan = self.plan
         for a in self._arrays:
             value = kwargs.get(a.name)
-            if value is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
+            if a.name in kwargs and not isinstance(value, (torch.Tensor, np.ndarray)):
                 check_array(a, value, {})  # raises: names the argument and what it got
         missing = [a.name for a in plan.args if a.kind != SYMBOL and a.name not in kwargs]
         if missing:
             raise ArgumentError(f"missing argument(s) {', '.join(missing)} of '{plan.sdfg_name}'")
-        fixed = {n: int(kwargs[n]) for n in plan.symbols if n in kwargs}
+        for a in plan.args:
+            if a.kind == SCALAR:
+                scalar_value(a, kwargs[a.name])
+        fixed = {n: symbol_value(n, kwargs[n]) for n in plan.symbols if n in kwargs}
         symbols = infer_symbols([(a, tuple(kwargs[a.name].shape)) for a in self._arrays], plan.symbols, fixed)
         check_symbol_range(symbols, (plan,))
+        writes = set(plan.writes)
         for a in self._arrays:
-            check_array(a, kwargs[a.name], symbols)
+            check_array(a, kwargs[a.name], symbols, written=a.name in writes)
         return symbols, self.kernel.handle_for(symbols)
 
     def symbols_for(self, arrays: Mapping[str, Any], fixed: Mapping[str, int] | None = None) -> dict[str, int]:

@@ -1,41 +1,99 @@
 """Content-addressed compilation of SDFGs.
 
-A build lives in `<cache root>/<fingerprint prefix>/`, keyed by the SDFG's canonical fingerprint and the
-DaCe version and the BLAS in use (`runtime.blas`: BLAS library nodes become OpenBLAS calls while a build
-runs), so a second build of an identical graph is a cache hit in this process (a dict) or in any
-other (a folder with a `BUILT` marker). Parallel processes serialise on a per-key file lock; a build is
-marked complete only after the library exists, so a crash never leaves a half-written cache entry behind.
+A build lives in `<cache root>/<key>/`, keyed by the SDFG's canonical fingerprint, the DaCe version and
+the BLAS in use (`runtime.blas`: BLAS library nodes become OpenBLAS calls while a build runs), so a second
+build of an identical graph is a cache hit in this process (a dict) or in any other (a folder).
+
+How an entry stays trustworthy:
+- Parallel processes serialise on a per-key file lock (`<key>.lock`, released by the kernel if the holder
+  dies). A build runs in a private folder `.build-<key>-*` and is published by renaming it to `<key>` only
+  once it is complete, so a build killed half-way never leaves anything at `<key>` (its folder is removed
+  by the next build of that key).
+- The `BUILT` marker of an entry records the SHA-256 of the compiled library and of DaCe's stub library
+  and the C signature of the program. An entry is loaded only when all of them match; a truncated,
+  overwritten, emptied or deleted library (or a marker that does not parse) is rebuilt, with a
+  `CacheWarning`, and replaced atomically: a process that has the old library loaded keeps its mapping.
+- A cache root that cannot be used (not a folder, not writable) is replaced, for this process, by a
+  private temporary cache, with one `CacheWarning`.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import fcntl
 import hashlib
+import json
+import logging
 import os
+import shutil
+import tempfile
 import threading
+import time
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import dace
 from dace.codegen import compiler as dace_compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 
 from gradflow.core import progress
-from gradflow.core.errors import CompilationError
+from gradflow.core.errors import CacheWarning, CompilationError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, fingerprint
+from gradflow.core.names import check_identifiers
 from gradflow.runtime import blas
 
-_LOADED: dict[str, CompiledSDFG] = {}
+log = logging.getLogger(__name__)
+
+MARKER = "BUILT"
+#: version of the marker's record; a marker of another version is treated as a mismatch
+MARKER_FORMAT = 1
+
+_LOADED: dict[str, CompiledSDFG] = {}  # memo: entry folder -> loaded program
 _LOCK = threading.Lock()
+_ROOTS: dict[str, Path] = {}  # memo: configured root -> the root this process uses (itself or a fallback)
 
 
 def cache_root() -> Path:
-    """`GRADFLOW_CACHE`, else `$XDG_CACHE_HOME/gradflow`, else `~/.cache/gradflow`."""
+    """The configured root: `GRADFLOW_CACHE`, else `$XDG_CACHE_HOME/gradflow`, else `~/.cache/gradflow`."""
     env = os.environ.get("GRADFLOW_CACHE")
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gradflow"
+
+
+def _unusable(root: Path) -> str | None:
+    """Why this process cannot keep a cache in `root` (None when it can): creates it, then a file in it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
+def usable_cache_root() -> Path:
+    """`cache_root()` when this process can write there; otherwise a private temporary cache (removed at
+    exit), announced by one `CacheWarning` per configured root."""
+    configured = cache_root()
+    with _LOCK:
+        chosen = _ROOTS.get(str(configured))
+        if chosen is None:
+            problem = _unusable(configured)
+            chosen = configured
+            if problem is not None:
+                chosen = Path(tempfile.mkdtemp(prefix="gradflow-cache-"))
+                atexit.register(shutil.rmtree, chosen, True)
+                warnings.warn(CacheWarning(
+                    f"the gradflow cache root {configured} cannot be used ({problem}); this process compiles "
+                    f"into a private temporary cache, {chosen}, which nothing else shares; point GRADFLOW_CACHE "
+                    "at a writable folder to share builds"), stacklevel=3)
+            _ROOTS[str(configured)] = chosen
+        return chosen
 
 
 def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
@@ -45,37 +103,158 @@ def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
 
 def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
     """Compile (or fetch from the cache) the SDFG. The argument is never modified."""
+    if not isinstance(program, (Graph, dace.SDFG)):
+        raise InvalidArgumentError(f"compile_sdfg takes a dace.SDFG or a gradflow.Graph, got {describe(program)}",
+                                   "parse a @dace.program first: gradflow.Graph.of(program)")
     graph = program if isinstance(program, Graph) else None
     sdfg = graph.sdfg if graph is not None else program
     key = build_key(sdfg, graph.fingerprint if graph is not None else None)
+    root = usable_cache_root()
+    folder = root / key
     with _LOCK:
-        hit = _LOADED.get(key)
+        hit = _LOADED.get(str(folder))
         if hit is not None:
             return hit
-        folder = cache_root() / key
-        folder.mkdir(parents=True, exist_ok=True)
-        private = copy.deepcopy(sdfg)
-        private.build_folder = str(folder)
-        with open(folder.parent / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                marker = folder / "BUILT"
-                if marker.is_file():
-                    compiled = dace_compiler.load_precompiled_sdfg(folder, sdfg=private)
-                else:
-                    compiled = _build(private, folder)
-                    marker.write_text(key)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-        _LOADED[key] = compiled
+        check_identifiers(sdfg)  # a name the C++ cannot carry fails here, not in the compiler
+        # the loaded program keeps a reference to its SDFG: an immutable Graph's may be shared, a plain
+        # SDFG the caller could still edit is copied
+        mine = sdfg if graph is not None else copy.deepcopy(sdfg)
+        with _key_lock(root, key):
+            compiled = _load(folder, key, mine)
+            if compiled is None:
+                compiled = _build_and_publish(mine, root, key)
+        _LOADED[str(folder)] = compiled
         return compiled
 
 
-def _build(sdfg: dace.SDFG, folder: Path) -> CompiledSDFG:
+@contextmanager
+def _key_lock(root: Path, key: str) -> Iterator[None]:
+    path = root / f"{key}.lock"
+    try:  # read-only suffices for flock, so users sharing a cache can all take a lock another one created
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise CompilationError(f"cannot create the lock file {path} of the gradflow cache: {exc}",
+                               "point GRADFLOW_CACHE at a writable folder") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _signature(sdfg: dace.SDFG) -> str:
+    """The C signature of the program's entry points: a cached library is called with this SDFG's."""
+    return f"({', '.join(sdfg.signature_arglist(with_types=True))}) init({sdfg.init_signature()})"
+
+
+def _libraries(folder: Path) -> tuple[Path, Path]:
+    """The compiled library of a finished build and DaCe's stub library beside it."""
+    found = [p for p in (folder / "build").glob(f"lib*.{dace.Config.get('compiler', 'library_extension')}")
+             if not p.name.startswith("libdacestub_")]
+    if len(found) != 1:
+        raise CompilationError(f"the build in {folder} produced {len(found)} libraries, expected one")
+    return found[0], dace_compiler._get_stub_library_path(found[0])  # noqa: SLF001 - DaCe's naming rule
+
+
+def _problem(folder: Path, key: str, record: object, sdfg: dace.SDFG) -> str | None:
+    """What is wrong with a cache entry (None: it can be loaded)."""
+    if not isinstance(record, dict) or record.get("format") != MARKER_FORMAT or record.get("key") != key:
+        return f"has a {MARKER} marker of another format or key"
+    files = record.get("files")
+    if not isinstance(files, dict) or len(files) != 2 or record.get("library") not in files \
+            or not isinstance(record.get("name"), str):
+        return f"has an incomplete {MARKER} marker"
+    for rel, expected in files.items():
+        path = folder / rel
+        if not path.is_file():
+            return f"lacks {rel}"
+        if _sha256(path) != expected:
+            return f"holds a {rel} that differs from the one built (truncated or overwritten)"
+    if record.get("signature") != _signature(sdfg):
+        return "was built for another calling convention"
+    return None
+
+
+def _load(folder: Path, key: str, sdfg: dace.SDFG) -> CompiledSDFG | None:
+    """The verified entry at `folder`, loaded; None (after a warning when something was there) when it
+    must be built."""
+    if not folder.exists():
+        return None
+    try:
+        record = json.loads((folder / MARKER).read_text())
+    except FileNotFoundError:
+        record, problem = None, f"has no {MARKER} marker (an unfinished build)"
+    except (OSError, ValueError) as exc:
+        record, problem = None, f"has an unreadable {MARKER} marker ({exc})"
+    else:
+        problem = _problem(folder, key, record, sdfg)
+    if problem is None:
+        # a shallow copy (the loaded program only reads its SDFG) that says where the build lives and
+        # carries the name the library's entry points were built under
+        private = copy.copy(sdfg)
+        private.name = record["name"]
+        private.build_folder = str(folder)
+        library = folder / record["library"]
+        stub = folder / next(rel for rel in record["files"] if rel != record["library"])
+        try:
+            return dace_compiler.get_program_handle(library, private, stub)
+        except (OSError, RuntimeError, KeyError) as exc:  # what DaCe raises for a library it cannot load
+            problem = f"cannot be loaded ({type(exc).__name__}: {exc})"
+    warnings.warn(CacheWarning(f"the gradflow cache entry {folder} {problem}; rebuilding it"), stacklevel=4)
+    return None
+
+
+def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
+    """Build in a private folder, record checksums, and rename it to `<root>/<key>` (replacing whatever
+    was there). Called under the key's lock."""
+    for leftover in root.glob(f".build-{key}-*"):  # builds killed half-way; nobody else holds the lock
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from other users of a shared cache
+    private = copy.deepcopy(sdfg)
+    private.build_folder = str(staging)
+    start = time.perf_counter()
+    _build(private, staging)
+    library, stub = _libraries(staging)
+    record = {
+        "format": MARKER_FORMAT, "key": key, "name": library.name[3:].rsplit(".", 1)[0],
+        "library": str(library.relative_to(staging)), "signature": _signature(private),
+        "files": {str(p.relative_to(staging)): _sha256(p) for p in (library, stub)},
+    }
+    (staging / f"{MARKER}.tmp").write_text(json.dumps(record, indent=1))
+    os.replace(staging / f"{MARKER}.tmp", staging / MARKER)
+    folder = root / key
+    stale = None
+    try:
+        if folder.exists():  # a damaged entry: moved aside whole, so no reader ever sees a mixture
+            stale = Path(tempfile.mkdtemp(prefix=f".stale-{key}-", dir=root))
+            os.replace(folder, stale / key)
+        os.replace(staging, folder)
+    except OSError as exc:
+        raise CompilationError(f"cannot publish the build of SDFG '{sdfg.name}' as {folder}: {exc}",
+                               "point GRADFLOW_CACHE at a folder this user owns") from exc
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
+    log.info("built %s (%s) in %.2f s", folder, sdfg.name, time.perf_counter() - start)
+    compiled = _load(folder, key, sdfg)
+    if compiled is None:
+        raise CompilationError(f"the library built in {folder} for SDFG '{sdfg.name}' cannot be loaded")
+    return compiled
+
+
+def _build(sdfg: dace.SDFG, folder: Path) -> None:
     try:
         with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context(), \
                 progress.step(f"compiling SDFG '{sdfg.name}'"):
-            return sdfg.compile()
+            sdfg.compile(return_program_handle=False)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)
         tail = text[-2000:] if len(text) > 2000 else text

@@ -58,7 +58,7 @@ def call(compiled: CompiledSDFG, **arrays: Any) -> Any:
     for name, value in arrays.items():
         spec = plan.arg(name) if name in plan.names else None
         if spec is not None and spec.kind == ARRAY:
-            check_array(spec, value, symbols)
+            check_array(spec, value, symbols, written=name in plan.writes)
             converted[name] = to_numpy(value) if isinstance(value, torch.Tensor) else value
         elif spec is not None and spec.kind == SYMBOL:
             continue

@@ -2,9 +2,13 @@
 
 `Invoker` only binds: positional arguments to the SDFG's arguments in declaration order, and arrays the
 caller left out to new zero-filled ones (torch tensors when any argument is a torch tensor, else numpy
-arrays). Everything else, checking every argument (dtype, shape, symbols, strides, device), inferring the
-symbols and the zero-copy native call, is `gradflow.runtime.calling.Runner`: one set of checks and one
-fast call path for every way of running a compiled SDFG in gradflow.
+arrays). An array may be left out only when the program certainly overwrites all of it before reading any
+of it, or does not touch it (`gradflow.analysis.writes.may_read_before_write`: outputs and gradient
+buffers, typically); leaving out one the program may read (an input, or an output it accumulates into) is
+an `ArgumentError` naming it, never a silent zero. Everything else, checking every argument (dtype,
+shape, symbols, strides, device), inferring the symbols and the zero-copy native call, is
+`gradflow.runtime.calling.Runner`: one set of checks and one fast call path for every way of running a
+compiled SDFG in gradflow.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from gradflow.analysis.writes import may_read_before_write
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
 from gradflow.runtime.calling import Runner
 from gradflow.runtime.plan import ARRAY, SYMBOL
-from gradflow.runtime.validate import torch_dtype
+from gradflow.runtime.validate import check_symbol_range, symbol_value, torch_dtype
 
 
 def _one_element(value: Any, shape: tuple[int, ...]) -> Any:
@@ -39,6 +44,15 @@ class Invoker:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._runner: Runner | None = None
+        self._allocatable: frozenset[str] | None = None
+
+    @property
+    def allocatable(self) -> frozenset[str]:
+        """The array arguments the caller may leave out: those the program never reads before writing."""
+        if self._allocatable is None:
+            self._allocatable = frozenset(a.name for a in self.runner.plan.arrays
+                                          if not may_read_before_write(self.graph.sdfg, a.name))
+        return self._allocatable
 
     @property
     def runner(self) -> Runner:
@@ -61,7 +75,11 @@ class Invoker:
             if k not in plan.names:
                 raise ArgumentError(f"unknown argument '{k}'; the program takes {order + list(plan.symbols)}")
             given[k] = v
-        symbols = {s: given.pop(s) for s in plan.symbols if s in given}
+        for name, value in given.items():
+            if value is None:
+                raise ArgumentError(f"argument '{name}' is None",
+                                    "pass an array (or leave out an array the program only writes)")
+        symbols = {s: symbol_value(s, given.pop(s)) for s in plan.symbols if s in given}
         as_torch = any(isinstance(v, torch.Tensor) for v in given.values())
         for spec in plan.arrays:
             if spec.name in given and all(d.const == 1 for d in spec.shape):
@@ -75,8 +93,15 @@ class Invoker:
         given, symbols, as_torch = self.bind(args, kwargs)
         omitted = [a for a in runner.plan.arrays if a.name not in given]
         if omitted:
-            values = runner.symbols_for({n: v for n, v in given.items() if hasattr(v, "shape")},
-                                        {k: int(v) for k, v in symbols.items()})
+            reads = [a.name for a in omitted if a.name not in self.allocatable]
+            if reads:
+                raise ArgumentError(
+                    f"argument(s) {', '.join(repr(n) for n in reads)} missing: the program may read them before "
+                    "writing all of them, so gradflow does not allocate them",
+                    "pass them (e.g. np.zeros(...) where zeros are meant); only arrays the program certainly "
+                    "overwrites before reading (outputs, gradients) may be left out")
+            values = runner.symbols_for({n: v for n, v in given.items() if hasattr(v, "shape")}, symbols)
+            check_symbol_range(values, (runner.plan,))
             for spec in omitted:
                 shape = tuple(d.evaluate(values) for d in spec.shape)
                 given[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch

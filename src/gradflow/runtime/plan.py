@@ -22,6 +22,7 @@ import sympy
 from dace import data as dt
 from dace import symbolic
 
+from gradflow.analysis.writes import written
 from gradflow.core.errors import InvalidArgumentError
 
 ARRAY = "array"
@@ -46,6 +47,8 @@ class Dim:
     symbol: str | None = None
     #: the value when the dimension is a constant, else None.
     const: int | None = None
+    #: the symbols the expression reads (sorted)
+    free: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, expr: Any) -> "Dim":
@@ -55,7 +58,8 @@ class Dim:
             expr = expr.replace(lambda e: type(e).__name__ == "ipow", lambda e: sympy.Pow(*e.args))
         if symbolic.issymbolic(expr):
             sym = str(expr) if isinstance(expr, symbolic.symbol) or getattr(expr, "is_Symbol", False) else None
-            return cls(py=str(expr), cpp=symbolic.symstr(expr, cpp_mode=True), symbol=sym)
+            free = tuple(sorted(str(f) for f in expr.free_symbols))
+            return cls(py=str(expr), cpp=symbolic.symstr(expr, cpp_mode=True), symbol=sym, free=free)
         value = int(expr)
         return cls(py=str(value), cpp=str(value), const=value)
 
@@ -116,6 +120,8 @@ class CallPlan:
     args: tuple[ArgSpec, ...]
     #: names of the arguments passed (in this order) to `__dace_init_<name>`: the free symbols.
     init_args: tuple[str, ...]
+    #: the array arguments the program writes (sorted): what it is given for them must be writable
+    writes: tuple[str, ...] = ()
 
     @property
     def program_symbol(self) -> str:
@@ -188,4 +194,5 @@ def plan_for(sdfg: dace.SDFG) -> CallPlan:
                 f"{where} is a {type(desc).__name__}; gradflow calls SDFGs with arrays, scalars and symbols only"
             )
     init_args = tuple(a.name for a in args if a.name in free)
-    return CallPlan(sdfg.name, tuple(args), init_args)
+    writes = tuple(sorted(written(sdfg) & {a.name for a in args if a.kind == ARRAY}))
+    return CallPlan(sdfg.name, tuple(args), init_args, writes)

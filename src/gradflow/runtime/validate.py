@@ -5,20 +5,24 @@ float64 tensor given for a float32 array is silently reinterpreted. Everything t
 gradflow has gone through `check_array` (or the code the C++ generator emits from the same `ArgSpec`), which
 raises an `ArgumentError` that names the argument and what is wrong with it.
 
-Checked: kind (array vs. number), dtype, rank, every extent (constant, symbol, or expression of symbols,
-with each symbol consistent across all arguments), device (CPU), layout (strided), strides (element strides
-equal to the SDFG descriptor's, so a transposed or sliced tensor is caught), and torch's lazy negation /
-conjugation views (whose memory does not hold the logical values).
+Checked: kind (array vs. number), dtype and byte order (a big-endian `>f8` array has dtype name
+`float64` but its bytes would be misread), rank, every extent (constant, symbol, or expression of
+symbols, with each symbol consistent across all arguments), device (CPU), layout (strided), strides
+(element strides equal to the SDFG descriptor's, so a transposed or sliced tensor is caught), torch's lazy
+negation / conjugation views (whose memory does not hold the logical values), and writability of the
+numpy arrays the program writes (a read-only array or memmap would be written, or crash the process).
+Scalars must be numbers and symbols integers.
 """
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from gradflow.core.errors import ArgumentError
+from gradflow.core.errors import ArgumentError, describe
 from gradflow.runtime.plan import ARRAY, ArgSpec
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -100,8 +104,9 @@ def infer_symbols(
     return symbols
 
 
-def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, what: str = "argument") -> None:
-    """Raise `ArgumentError` unless `array` can be passed as `spec` without copy and without misreading."""
+def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, written: bool = False) -> None:
+    """Raise `ArgumentError` unless `array` can be passed as `spec` without copy and without misreading
+    (and, when the program writes it, be written)."""
     name = spec.name
     if spec.kind != ARRAY:
         raise _fail(name, f"is a {spec.kind}, not an array")
@@ -117,6 +122,13 @@ def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, what: 
                         "call .resolve_neg() / .resolve_conj() first")
     elif not isinstance(array, np.ndarray):
         raise _fail(name, f"expected a torch.Tensor or numpy.ndarray, got {type(array).__name__}")
+    else:
+        if not array.dtype.isnative:
+            raise _fail(name, f"has non-native byte order (dtype '{array.dtype.str}'); its bytes would be misread",
+                        f"convert it first: .astype(np.{spec.dtype})")
+        if written and not array.flags.writeable:
+            raise _fail(name, "is read-only (e.g. np.frombuffer of bytes, a read-only memmap), but the program "
+                              "writes it", "pass a writable array (np.array(x) copies it)")
     got = dtype_name(array)
     if got != spec.dtype:
         raise _fail(name, f"expected dtype {spec.dtype}, got {got}",
@@ -132,6 +144,41 @@ def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, what: 
         raise _fail(name, f"has strides {strides} (in elements), the compiled SDFG expects {expected}",
                     "pass a contiguous copy (torch: .contiguous(), numpy: np.ascontiguousarray); "
                     "gradflow.torch.function(..., convert=True) copies inputs itself")
+
+
+_INT_RANGES = {"int64": (-2**63, 2**63 - 1), "int32": (-2**31, 2**31 - 1), "int16": (-2**15, 2**15 - 1),
+               "int8": (-2**7, 2**7 - 1), "uint8": (0, 2**8 - 1), "bool": (0, 1)}
+
+
+def scalar_value(spec: ArgSpec, value: Any) -> Any:
+    """The Python number to pass for a scalar argument: a number (numpy numbers, one-element numpy arrays
+    and CPU tensors included) of a kind the scalar's dtype takes, and for an integer scalar within its
+    range (ctypes would wrap it silently); else `ArgumentError`."""
+    if type(value) in (float, int, bool):
+        number = value
+    elif isinstance(value, (np.generic, np.ndarray)) and np.size(value) == 1:
+        number = value.item()
+    elif isinstance(value, torch.Tensor) and value.numel() == 1 and value.layout is torch.strided \
+            and value.device.type == "cpu":
+        number = value.item()
+    elif isinstance(value, numbers.Number):
+        number = value
+    else:
+        raise _fail(spec.name, f"expected a number for the {spec.dtype} scalar, got {describe(value)}")
+    kinds = (bool, int, float) if spec.dtype.startswith("float") else (bool, int)
+    if not isinstance(number, kinds):
+        raise _fail(spec.name, f"expected a number for the {spec.dtype} scalar, got {describe(value)}")
+    low, high = _INT_RANGES.get(spec.dtype, (None, None))
+    if low is not None and not low <= number <= high:
+        raise _fail(spec.name, f"{number} does not fit the {spec.dtype} scalar")
+    return number
+
+
+def symbol_value(name: str, value: Any) -> int:
+    """A symbol's value given by the caller: an integer (Python or numpy), else `ArgumentError`."""
+    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise ArgumentError(f"symbol '{name}' must be an int, got {describe(value)}")
 
 
 _LIMITS = {"int32": 2**31 - 1, "int64": 2**63 - 1, "int16": 2**15 - 1, "int8": 2**7 - 1}

@@ -19,6 +19,7 @@
 `<gradflow cache>/torch_ext/<key>/`, where the key hashes the graph fingerprints of both SDFGs, the plan
 and the torch version: a second build of the same pair is a cache hit, in this process and across them.
 
+Symbols live in C++ locals named `gf_sym_<symbol>` (a symbol may be named like a generated local, `a0`).
 A validation failure inside the Function is a `c10::Error` whose text starts with `gradflow.ArgumentError:`;
 the Python entry (and `CppOp.op` callers via `raise_argument_errors`) turn it into `gradflow.ArgumentError`.
 """
@@ -27,19 +28,22 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from dace.codegen.compiled_sdfg import CompiledSDFG
 
 from gradflow.core.errors import ArgumentError, CompilationError
 from gradflow.core.graph import fingerprint
 from gradflow.runtime.calling import library_path
-from gradflow.runtime.compile import cache_root
-from gradflow.runtime.plan import ARRAY, SYMBOL, ArgSpec, CallPlan
+from gradflow.runtime.compile import usable_cache_root
+from gradflow.runtime.plan import ARRAY, SYMBOL, ArgSpec, CallPlan, Dim
 from gradflow.torch.plan import EXTRA, INPUT, OUTPUT, FunctionPlan
 
 MARKER = "gradflow.ArgumentError: "
@@ -54,6 +58,23 @@ _SCALAR_VALUE = {
     "float64": "double", "float32": "double", "int64": "int64_t", "int32": "int64_t", "int16": "int64_t",
     "int8": "int64_t", "uint8": "int64_t", "bool": "bool",
 }
+
+
+#: prefix of the C++ locals that hold symbol values: a symbol may be named like a generated local (`a0`,
+#: `ctx`, `h`, ...), so symbols never appear in the generated code under their own names
+SYMBOL_PREFIX = "gf_sym_"
+
+
+def _sym(name: str) -> str:
+    return SYMBOL_PREFIX + name
+
+
+def _cx(dim: Dim) -> str:
+    """The C++ text of an extent or stride over the renamed symbol locals."""
+    if dim.const is not None:
+        return dim.cpp
+    return re.sub(r"(?<![\w:.])([A-Za-z_]\w*)(?![\w(:])",
+                  lambda m: _sym(m.group(1)) if m.group(1) in dim.free else m.group(1), dim.cpp)
 
 
 def _c_param(a: ArgSpec) -> str:
@@ -76,8 +97,8 @@ def _entry_decls(tag: str, plan: CallPlan) -> list[str]:
         f"typedef void (*{tag}_program_t)(void*{''.join(', ' + _c_param(a) for a in plan.args)});",
         f"typedef void* (*{tag}_init_t)({init});",
         f"Entry<{k}> g_{tag};",
-        f"void* {tag}_handle({', '.join(f'int64_t {n}' for n in plan.init_args)}) {{",
-        f"  const std::array<int64_t, {k}> key{{{', '.join(plan.init_args)}}};",
+        f"void* {tag}_handle({', '.join(f'int64_t {_sym(n)}' for n in plan.init_args)}) {{",
+        f"  const std::array<int64_t, {k}> key{{{', '.join(_sym(n) for n in plan.init_args)}}};",
         f"  if (g_{tag}.last != nullptr && g_{tag}.last_key == key) return g_{tag}.last;",
         f"  auto it = g_{tag}.handles.find(key);",
         f"  void* h = nullptr;",
@@ -86,7 +107,7 @@ def _entry_decls(tag: str, plan: CallPlan) -> list[str]:
         "  } else {",
         f"    TORCH_CHECK(g_{tag}.init != nullptr, \"gradflow: the extension is not bound to its SDFG libraries\");",
         f"    h = reinterpret_cast<{tag}_init_t>(g_{tag}.init)("
-        + ", ".join(f"static_cast<{_c_param(by_name[n])}>({n})" for n in plan.init_args) + ");",
+        + ", ".join(f"static_cast<{_c_param(by_name[n])}>({_sym(n)})" for n in plan.init_args) + ");",
         f"    TORCH_CHECK(h != nullptr, \"gradflow: initialising SDFG '{plan.sdfg_name}' failed\");",
         f"    g_{tag}.handles.emplace(key, h);",
         "  }",
@@ -140,9 +161,9 @@ def _check_extents(var: str, spec: ArgSpec) -> list[str]:
     lines = []
     for axis, d in enumerate(spec.shape):
         lines.append(
-            f"    TORCH_CHECK({var}.size({axis}) == (int64_t)({d.cpp}), "
+            f"    TORCH_CHECK({var}.size({axis}) == (int64_t)({_cx(d)}), "
             + _fail(spec.name, f'"dimension {axis} has extent "', f"{var}.size({axis})",
-                    f'", expected {d.py} = "', f"(int64_t)({d.cpp})") + ");")
+                    f'", expected {d.py} = "', f"(int64_t)({_cx(d)})") + ");")
     if spec.default_strides():
         lines.append(f"    TORCH_CHECK({var}.is_contiguous(), "
                      + _fail(spec.name, '"has strides "', f"{var}.strides()",
@@ -150,14 +171,14 @@ def _check_extents(var: str, spec: ArgSpec) -> list[str]:
     else:
         for axis, d in enumerate(spec.strides):
             lines.append(
-                f"    TORCH_CHECK({var}.size({axis}) <= 1 || {var}.stride({axis}) == (int64_t)({d.cpp}), "
+                f"    TORCH_CHECK({var}.size({axis}) <= 1 || {var}.stride({axis}) == (int64_t)({_cx(d)}), "
                 + _fail(spec.name, '"has strides "', f"{var}.strides()",
                         f'", the compiled SDFG expects stride {d.py} in dimension {axis}"') + ");")
     return lines
 
 
 def _shape(spec: ArgSpec) -> str:
-    return "{" + ", ".join(f"(int64_t)({d.cpp})" for d in spec.shape) + "}"
+    return "{" + ", ".join(f"(int64_t)({_cx(d)})" for d in spec.shape) + "}"
 
 
 def _options(spec: ArgSpec) -> str:
@@ -168,15 +189,16 @@ def _copy(var: str, spec: ArgSpec) -> str:
     """A private copy of a validated tensor with the descriptor's layout."""
     if spec.default_strides():
         return f"{var}.clone(at::MemoryFormat::Contiguous)"
-    strides = "{" + ", ".join(f"(int64_t)({d.cpp})" for d in spec.strides) + "}"
+    strides = "{" + ", ".join(f"(int64_t)({_cx(d)})" for d in spec.strides) + "}"
     return f"at::empty_strided({_shape(spec)}, {strides}, {_options(spec)}).copy_({var})"
 
 
 def _call(tag: str, plan: CallPlan, local: dict[str, str], stateful: bool) -> list[str]:
     """The native call; under the entry's mutex when the SDFG keeps memory in its state (and always for
     the handle lookup, which may create a handle)."""
-    args = ", ".join(local[a.name] if a.kind != SYMBOL else f"static_cast<{a.ctype}>({a.name})" for a in plan.args)
-    init = ", ".join(plan.init_args)
+    args = ", ".join(local[a.name] if a.kind != SYMBOL else f"static_cast<{a.ctype}>({_sym(a.name)})"
+                     for a in plan.args)
+    init = ", ".join(_sym(n) for n in plan.init_args)
     call = f"reinterpret_cast<{tag}_program_t>(g_{tag}.program)(h{', ' if args else ''}{args});"
     if stateful:
         return [
@@ -278,15 +300,16 @@ def generate_source(plan: FunctionPlan, namespace: str, stateful: tuple[bool, bo
     for i, s in enumerate(plan.inputs):
         L += _check_input(f"a{i}", s) if s.kind == ARRAY else _check_scalar(i, s)
     for name, i, axis in plan.symbol_sources:
-        L.append(f"    const int64_t {name} = a{i}.size({axis});")
+        L.append(f"    const int64_t {_sym(name)} = a{i}.size({axis});")
     for name, value in plan.fixed_symbols:
-        L.append(f"    const int64_t {name} = {value};")
+        L.append(f"    const int64_t {_sym(name)} = {value};")
     limits = {"int32": 2**31 - 1, "int16": 2**15 - 1, "int8": 2**7 - 1}
     for name in symbols:  # the value must fit the C type the SDFGs take the symbol as
         specs = [a for p in (plan.forward, plan.backward) for a in p.args if a.kind == SYMBOL and a.name == name]
         bound = min((limits[a.dtype] for a in specs if a.dtype in limits), default=None)
         if bound is not None:
-            L.append(f"    TORCH_CHECK({name} >= 0 && {name} <= {bound}, \"{MARKER}symbol '{name}' = \", {name}, "
+            v = _sym(name)
+            L.append(f"    TORCH_CHECK({v} >= 0 && {v} <= {bound}, \"{MARKER}symbol '{name}' = \", {v}, "
                      f"\" does not fit the compiled SDFG's {specs[0].dtype}\");")
     for i, s in enumerate(plan.inputs):
         if s.kind == ARRAY:
@@ -316,7 +339,7 @@ def generate_source(plan: FunctionPlan, namespace: str, stateful: tuple[bool, bo
     for k, (name, expr) in enumerate(scalars):
         L.append(f"    ctx->saved_data[\"s{k}\"] = {expr};")
     for s in symbols:
-        L.append(f"    ctx->saved_data[\"{s}\"] = {s};")
+        L.append(f"    ctx->saved_data[\"{s}\"] = {_sym(s)};")
     for ii, _ in plan.grads:
         if plan.inputs[ii].kind != ARRAY:  # the gradient of a scalar given as a tensor takes its shape
             L.append(f"    if (t{ii}.has_value()) ctx->saved_data[\"shape{ii}\"] = t{ii}->sizes().vec();")
@@ -329,7 +352,7 @@ def generate_source(plan: FunctionPlan, namespace: str, stateful: tuple[bool, bo
     L.append("  static variable_list backward(AutogradContext* ctx, variable_list gouts) {")
     L.append("    auto saved = ctx->get_saved_variables();")
     for s in symbols:
-        L.append(f"    const int64_t {s} = ctx->saved_data[\"{s}\"].toInt();")
+        L.append(f"    const int64_t {_sym(s)} = ctx->saved_data[\"{s}\"].toInt();")
     local = {}
     ti = 0
     for name, _ in plan.forwarded:
@@ -548,8 +571,16 @@ _BUILT: dict[str, CppOp] = {}
 _LOCK = threading.Lock()
 
 
+def _plan_text(plan: FunctionPlan) -> str:
+    """The plan as text that is the same in every process (its sets sorted: their repr follows the hash seed)."""
+    def serialize(_inst: Any, _field: Any, value: Any) -> Any:
+        return sorted(value) if isinstance(value, (set, frozenset)) else value
+    return json.dumps(attrs.asdict(plan, value_serializer=serialize), sort_keys=True, default=str)
+
+
 def extension_key(plan: FunctionPlan, forward: CompiledSDFG, backward: CompiledSDFG, source: str) -> str:
-    text = "|".join([fingerprint(forward.sdfg), fingerprint(backward.sdfg), repr(plan), source, torch.__version__])
+    text = "|".join([fingerprint(forward.sdfg), fingerprint(backward.sdfg), _plan_text(plan), source,
+                     torch.__version__])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -563,7 +594,7 @@ def build(plan: FunctionPlan, forward: CompiledSDFG, backward: CompiledSDFG, ver
         hit = _BUILT.get(namespace)
         if hit is not None:
             return hit
-        folder = cache_root() / "torch_ext" / key
+        folder = usable_cache_root() / "torch_ext" / key
         folder.mkdir(parents=True, exist_ok=True)
         source = generate_source(plan, namespace, stateful)
         path = folder / f"{namespace}.cpp"

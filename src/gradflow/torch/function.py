@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from gradflow.autodiff.interface import VJPResult
-from gradflow.core.errors import GradflowError, InvalidArgumentError
+from gradflow.core.checks import ERROR_FLAG, raise_for_flag
+from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, as_sdfg
+from gradflow.core.names import check_identifiers
 from gradflow.runtime.compile import compile_sdfg
 from gradflow.runtime.plan import plan_for
 from gradflow.torch.plan import FunctionPlan, build_plan, default_inputs_outputs, differentiable_inputs
@@ -26,12 +30,44 @@ def _base_apply(cls: type[torch.autograd.Function]) -> Any:
     return super(torch.autograd.Function, cls).apply
 
 
+def _optional_names(value: Any, what: str) -> list[str] | None:
+    """None, or `value` (a name or an iterable of names) as a list; else `InvalidArgumentError` naming `what`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        names = list(value)
+        if all(isinstance(n, str) for n in names):
+            return names
+    raise InvalidArgumentError(f"{what} must be None or a sequence of array names, got {describe(value)}",
+                               f"e.g. {what}=['X', 'W']")
+
+
+def _check_options(dispatcher: Any, convert: Any, symbols: Any) -> dict[str, int] | None:
+    if not (isinstance(dispatcher, str) and dispatcher in DISPATCHERS):
+        raise InvalidArgumentError(f"dispatcher must be one of {DISPATCHERS}, got {describe(dispatcher)}")
+    if not isinstance(convert, bool):
+        raise InvalidArgumentError(f"convert must be True or False, got {describe(convert)}")
+    if symbols is None:
+        return None
+    if not isinstance(symbols, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            for k, v in symbols.items()):
+        raise InvalidArgumentError("symbols must map symbol names to ints", "e.g. symbols={'N': 16}")
+    return {k: int(v) for k, v in symbols.items()}
+
+
 def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] | None,
             wrt: Sequence[str] | None) -> tuple[VJPResult, list[str], list[str]]:
     if isinstance(program, VJPResult):
+        check_identifiers(program.forward)
+        check_identifiers(program.backward)
         ins, outs = default_inputs_outputs(program.forward, outputs or program.of, program.saved)
         return program, list(inputs) if inputs is not None else ins, outs
     sdfg = as_sdfg(program)
+    check_identifiers(sdfg)
+    program = program if isinstance(program, Graph) else sdfg  # a Graph keeps its meta (e.g. index checks)
     ins, outs = default_inputs_outputs(sdfg, outputs)
     ins = list(inputs) if inputs is not None else ins
     if not outs:
@@ -43,21 +79,42 @@ def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] |
     except AttributeError:
         raise GradflowError("gradflow.vjp is not available in this build; pass a VJPResult instead") from None
     chosen = list(wrt) if wrt is not None else differentiable_inputs(sdfg, ins)
-    return vjp(sdfg, wrt=chosen, of=outs), ins, outs
+    return vjp(program, wrt=chosen, of=outs), ins, outs
+
+
+def bind_inputs(owner: str, names: Sequence[str], args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+    """The values of `names`, in order, from positional `args` then `kwargs`; `ArgumentError` for an
+    unknown name, a name given twice, too many positional values, or a missing input."""
+    if len(args) > len(names):
+        raise ArgumentError(f"{owner} takes {len(names)} inputs ({', '.join(names)}), got {len(args)} by position")
+    bound: dict[str, Any] = dict(zip(names, args))
+    for name, value in kwargs.items():
+        if name not in names:
+            raise ArgumentError(f"{owner} has no input '{name}'; its inputs: {', '.join(names)}")
+        if name in bound:
+            raise ArgumentError(f"input '{name}' of {owner} given both by position and by name")
+        bound[name] = value
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise ArgumentError(f"{owner} is missing input(s) {', '.join(missing)}")
+    return tuple(bound[n] for n in names)
 
 
 class Function:
     """A differentiable torch callable backed by a compiled forward/backward SDFG pair.
 
-    Call it with tensors (and numbers for scalar inputs) in `inputs` order; it returns one tensor for one
-    output, a tuple for several. `plan` is the one description both dispatchers are generated from.
+    Call it with tensors (and numbers for scalar inputs) in `inputs` order, or by name; it returns one
+    tensor for one output, a tuple for several. `plan` is the one description both dispatchers are generated from.
     """
 
-    def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool) -> None:
+    def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool,
+                 flag_output: bool = False) -> None:
         if dispatcher not in DISPATCHERS:
             raise InvalidArgumentError(f"unknown dispatcher '{dispatcher}'", f"choose one of {DISPATCHERS}")
         self.vjp = vjp
         self.plan = plan
+        # the last output is the forward's error flag (`gradflow.core.checks`): checked, never returned
+        self._flag_output = flag_output
         self.dispatcher = dispatcher
         self.forward_compiled = compile_sdfg(vjp.forward)
         self.backward_compiled = compile_sdfg(vjp.backward)
@@ -87,9 +144,10 @@ class Function:
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.plan.outputs)
+        names = tuple(s.name for s in self.plan.outputs)
+        return names[:-1] if self._flag_output else names
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # `_call`: the ctypes dispatcher's autograd.Function apply (its generated forward checks the number
         # of inputs) or the C++ extension's entry point (which checks it too). torch's C apply must not be
         # reached under a functorch transform (it fails an internal assertion), hence the check here.
@@ -98,7 +156,17 @@ class Function:
                 f"'{self.plan.name}' is called under a functorch transform (vmap, torch.func.grad, ...); "
                 "gradflow.torch functions support plain autograd only",
                 "call it outside the transform, or differentiate the program with gradflow.vjp")
-        return self._call(*args)
+        if kwargs:
+            args = self.bind(args, kwargs)
+        if not self._flag_output:
+            return self._call(*args)
+        *values, flag = self._call(*args)
+        raise_for_flag(flag, self.vjp.index_sites)
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def bind(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+        """Inputs given by name (and the first ones by position) in `inputs` order."""
+        return bind_inputs(f"'{self.plan.name}'", self.inputs, args, kwargs)
 
     def __repr__(self) -> str:
         return (f"gradflow.torch.Function({self.plan.name}: ({', '.join(self.inputs)}) -> "
@@ -125,6 +193,13 @@ def function(
     C++ torch extension). `convert=True` (ctypes only) casts inputs of another floating dtype and copies
     non-contiguous ones instead of raising `ArgumentError`; gradients come back in the input's dtype.
     """
+    inputs = _optional_names(inputs, "inputs")
+    outputs = _optional_names(outputs, "outputs")
+    wrt = _optional_names(wrt, "wrt")
+    fixed = _check_options(dispatcher, convert, symbols)
     vjp, ins, outs = _vjp_of(program, inputs, outputs, wrt)
-    plan = build_plan(vjp, ins, outs, symbols)
-    return Function(vjp, plan, dispatcher, convert)
+    flag = ERROR_FLAG in vjp.forward.arrays and ERROR_FLAG not in outs and (inputs is None or ERROR_FLAG not in ins)
+    if flag:  # the program checks indices read from data: its error flag is an extra output, checked per call
+        ins, outs = [n for n in ins if n != ERROR_FLAG], [*outs, ERROR_FLAG]
+    plan = build_plan(vjp, ins, outs, fixed)
+    return Function(vjp, plan, dispatcher, convert, flag)

@@ -6,8 +6,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from gradflow.core.errors import ArgumentError, InvalidArgumentError
-from gradflow.torch.function import Function, function
+from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
+from gradflow.torch.function import Function, bind_inputs, function
 
 
 class Module(torch.nn.Module):
@@ -27,22 +27,31 @@ class Module(torch.nn.Module):
         **options: Any,
     ) -> None:
         super().__init__()
+        if not isinstance(parameters, Mapping):
+            raise InvalidArgumentError(f"parameters must map input names to initial values, got "
+                                       f"{describe(parameters)}", "e.g. parameters={'W': torch.zeros(4)}")
         fn = program if isinstance(program, Function) else function(program, inputs, outputs, **options)
         names = list(fn.inputs)
         for name in parameters:
             if name not in names:
-                raise InvalidArgumentError(f"parameter '{name}' is not an input of the program",
+                raise InvalidArgumentError(f"parameter {name!r} is not an input of the program",
                                            f"inputs: {', '.join(names)}")
         self.function = fn
         self._slots = tuple((n, n in parameters) for n in names)
         self._n_args = sum(1 for _, is_param in self._slots if not is_param)
         for name, value in parameters.items():
-            tensor = torch.as_tensor(value).detach().clone()
+            try:
+                tensor = torch.as_tensor(value).detach().clone()
+            except (TypeError, RuntimeError, ValueError) as exc:  # what torch raises for a non-numeric value
+                raise InvalidArgumentError(
+                    f"parameter '{name}': {describe(value)} cannot be made a tensor ({exc})") from exc
             self.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        expected = [n for n, is_param in self._slots if not is_param]
+        if kwargs:  # inputs by name (the parameters are the module's own)
+            args = bind_inputs(type(self).__name__, expected, args, kwargs)
         if len(args) != self._n_args:
-            expected = [n for n, is_param in self._slots if not is_param]
             raise ArgumentError(f"{type(self).__name__} takes {self._n_args} inputs ({', '.join(expected)}), "
                                 f"got {len(args)}")
         it = iter(args)

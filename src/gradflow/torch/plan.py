@@ -16,8 +16,8 @@ from typing import Mapping, Sequence
 
 import attrs
 import dace
-from dace import subsets
 
+from gradflow.analysis.writes import overwritten_before_read, written
 from gradflow.autodiff.interface import VJPResult
 from gradflow.core.errors import InvalidArgumentError, UnknownArrayError
 from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL, ArgSpec, CallPlan, plan_for
@@ -74,52 +74,6 @@ class FunctionPlan:
         return [a.name for a in self.inputs].index(name)
 
 
-def _written(sdfg: dace.SDFG) -> set[str]:
-    """Arrays some state writes (an access node with an incoming edge), in any control-flow region."""
-    return {node.data for state in sdfg.states() for node in state.data_nodes() if state.in_degree(node) > 0}
-
-
-def _fully_overwritten_first(sdfg: dace.SDFG, name: str) -> bool:
-    """True when the program certainly writes every element of `name` before anything reads it: the
-    top-level control flow is a straight chain of states, and the first state that accesses `name` only
-    writes it (no read, no write-conflict resolution, no dynamic memlet) over a subset covering the array.
-    Anything else is answered False, and the caller zero-fills the array (never a garbage read)."""
-    blocks = list(sdfg.nodes())
-    if not blocks or not all(isinstance(b, dace.SDFGState) for b in blocks):
-        return False
-    order, seen, cur = [], set(), sdfg.start_block
-    while cur is not None and cur not in seen:
-        order.append(cur)
-        seen.add(cur)
-        succ = sdfg.successors(cur)
-        if len(succ) > 1:
-            return False
-        cur = succ[0] if succ else None
-    if len(order) != len(blocks):
-        return False
-    full = subsets.Range.from_array(sdfg.arrays[name])
-    for i, state in enumerate(order):
-        if i > 0 and name in set(map(str, sdfg.in_edges(state)[0].data.free_symbols)):
-            return False
-        accesses = [n for n in state.data_nodes() if n.data == name]
-        if not accesses:
-            continue
-        covered = False
-        for node in accesses:
-            if state.out_degree(node) > 0:
-                return False
-            for e in state.in_edges(node):
-                if e.data.wcr is not None or e.data.dynamic:
-                    return False
-                sub = e.data.subset if e.data.data == name else e.data.other_subset
-                try:
-                    covered = covered or (sub is not None and bool(sub.covers(full)))
-                except TypeError:  # an undecidable symbolic comparison (sympy cannot tell its truth): not covered
-                    pass
-        return covered
-    return False
-
-
 def default_inputs_outputs(forward: dace.SDFG, of: Sequence[str] | None, saved: Sequence[str] = ()) -> tuple[list, list]:
     """Inputs: the program's arguments in their declared order that are not outputs; outputs: `of`, else the
     DaCe return values (`__return*`)."""
@@ -174,8 +128,8 @@ def build_plan(
                 f"argument '{a.name}' of the forward SDFG is neither an input nor an output of the function",
                 f"list it in inputs= or outputs= (inputs: {list(inputs)}, outputs: {list(outputs)})",
             )
-    written = _written(vjp.forward)
-    copied = tuple(i for i, n in enumerate(inputs) if n in written and fwd_plan.arg(n).kind == ARRAY)
+    writes = written(vjp.forward)
+    copied = tuple(i for i, n in enumerate(inputs) if n in writes and fwd_plan.arg(n).kind == ARRAY)
     in_specs = tuple(fwd_plan.arg(n) for n in inputs)
     out_specs = tuple(fwd_plan.arg(n) for n in outputs)
     extra_specs = tuple(fwd_plan.arg(n) for n in extras)
@@ -248,7 +202,7 @@ def build_plan(
         outputs=out_specs,
         extras=extra_specs,
         differentiable=differentiable,
-        zero_init=frozenset(n for n in list(outputs) + extras if not _fully_overwritten_first(vjp.forward, n)),
+        zero_init=frozenset(n for n in list(outputs) + extras if not overwritten_before_read(vjp.forward, n)),
         forwarded=tuple(forwarded),
         cotangents=cotangents,
         grads=grads,
@@ -259,6 +213,6 @@ def build_plan(
         backward=bwd_plan,
         copied=copied,
         backward_copied=frozenset(
-            n for n in _written(vjp.backward)
+            n for n in written(vjp.backward)
             if n in dict(forwarded) or n in {c for _, c in cotangents}),
     )

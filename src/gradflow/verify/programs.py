@@ -28,11 +28,25 @@ def cases() -> tuple[Case, ...]:
     return tuple(dataflow.CASES) + tuple(loops.CASES)
 
 
-def case_named(name: str) -> Case:
-    for corpus in (dataflow.CASES_BY_NAME, loops.CASES_BY_NAME):
+#: Cases of other corpora (e.g. the NPBench kernels of the test suite) checked by name, see `adopt`.
+_ADOPTED: dict[str, Case] = {}
+
+
+def adopt(cases) -> None:
+    """Make cases of another corpus checkable by name here (their names must be new)."""
+    for case in cases:
+        if case_named(case.name, missing=None) not in (None, case):
+            raise ValueError(f"a different case is already named '{case.name}'")
+        _ADOPTED[case.name] = case
+
+
+def case_named(name: str, missing=KeyError) -> Case:
+    for corpus in (dataflow.CASES_BY_NAME, loops.CASES_BY_NAME, _ADOPTED):
         if name in corpus:
             return corpus[name]
-    raise KeyError(name)
+    if missing is KeyError:
+        raise KeyError(name)
+    return missing
 
 
 def bounded(case: Case, policy: Forwarding) -> Forwarding:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper
 
 from gradflow.core.errors import ArgumentError, GradflowError
@@ -77,7 +78,6 @@ def test_call_checks_dtype_rank_and_shape(relu_program):
 
 
 def test_call_checks_torch_dtype(relu_program):
-    torch = pytest.importorskip("torch")
     with pytest.raises(InputMismatchError, match="dtype"):
         relu_program(torch.zeros(2, 4, dtype=torch.float64))
 

@@ -43,10 +43,10 @@ def rule_modules() -> tuple:
     """The explicit list of modules whose marked rules form the built-in tables (module order is rule
     order). Imported here, not at the top, because the rule modules import this one for their verbs."""
     from gradflow.autodiff import control
-    from gradflow.autodiff.rules import copies, elementwise, extremum, library, nested
-    from gradflow.autodiff.rules.library import matmul, reduce, transpose
+    from gradflow.autodiff.rules import copies, elementwise, extremum, library, nested, product
+    from gradflow.autodiff.rules.library import contraction, matmul, reduce, transpose
 
-    return (elementwise, extremum, copies, nested, library, matmul, reduce, transpose, control)
+    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction, control)
 
 
 @functools.cache

@@ -59,6 +59,9 @@ def _parts(site: OpSite, ctx: ReverseContext):
     out = ef.outputs[0]
     if any(p.array == out.array for p in ef.inputs):
         raise NotDifferentiableError(f"{where}: the map reads '{out.array}', which it reduces into")
+    if out.indirect or any(p.indirect for p in ef.inputs):
+        raise NotDifferentiableError(f"{where}: a max/min reduction map that indexes an array",
+                                     "gather the values into an array first")
     return ef, out, where
 
 

@@ -6,8 +6,10 @@ pure pass `onnx_lower`; its per-op rules are the table
 `default_table()` (write more with `onnx_rule` and pass `default_table() + mine` as `table=`).
 """
 
+from gradflow.core.errors import IndexOutOfRangeError
 from gradflow.frontend.onnx.errors import (
-    DynamicShapeError, InputMismatchError, MalformedModelError, OnnxError, UnsupportedOpError, UnsupportedTypeError,
+    DynamicShapeError, ExternalDataError, InputMismatchError, InvalidNodeError, MalformedModelError, OnnxError,
+    TensorTooLargeError, UnsupportedOpError, UnsupportedOpsetError, UnsupportedTypeError,
 )
 from gradflow.frontend.onnx.lower import OnnxLower, Signature, lower_model, model_graph
 from gradflow.frontend.onnx.model import OnnxModel, read_model
@@ -17,5 +19,6 @@ from gradflow.frontend.onnx.table import Node, default_table, onnx_rule
 __all__ = [
     "load", "OnnxProgram", "OnnxModel", "read_model", "OnnxLower", "Signature", "lower_model", "model_graph",
     "Node", "default_table", "onnx_rule", "OnnxError", "MalformedModelError", "UnsupportedOpError",
-    "UnsupportedTypeError", "DynamicShapeError", "InputMismatchError",
+    "UnsupportedTypeError", "DynamicShapeError", "InputMismatchError", "InvalidNodeError", "UnsupportedOpsetError",
+    "ExternalDataError", "TensorTooLargeError", "IndexOutOfRangeError",
 ]

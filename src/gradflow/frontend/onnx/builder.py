@@ -19,7 +19,10 @@ import numpy as np
 import sympy
 from dace import symbolic
 
+from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, IndexSite
+from gradflow.frontend.onnx import limits
 from gradflow.frontend.onnx.dtypes import STORAGE, storage_dtype  # noqa: F401  (re-exported)
+from gradflow.frontend.onnx.errors import MalformedModelError
 from gradflow.frontend.onnx.naming import Namer
 
 Dim = Union[int, sympy.Expr]
@@ -27,6 +30,29 @@ Dim = Union[int, sympy.Expr]
 
 class RuleUnsupported(Exception):
     """Raised by a rule for a case it does not cover; becomes an `UnsupportedOpError` naming the node."""
+
+
+class InvalidNode(Exception):
+    """Raised by a rule for a node that breaks the ONNX specification (an axis out of range, k larger than
+    the axis, ...); becomes an `InvalidNodeError` naming the node."""
+
+
+def norm_axis(axis: int, rank: int, what: str = "axis", *, end: bool = False) -> int:
+    """`axis` in [-rank, rank - 1] (or [-rank, rank] with `end`, for Flatten-like split points) as a
+    non-negative axis; anything else is `InvalidNode` (ONNX never wraps an axis modulo the rank)."""
+    hi = rank if end else rank - 1
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -rank <= axis <= hi:
+        raise InvalidNode(f"{what} {axis!r} is out of range for a tensor of rank {rank} (valid: [{-rank}, {hi}])")
+    axis = int(axis)
+    return axis + rank if axis < 0 else axis
+
+
+def norm_axes(axes: Sequence[int], rank: int, what: str = "axes") -> list[int]:
+    """Every axis normalized (see `norm_axis`); a repeated axis is `InvalidNode`."""
+    out = [norm_axis(a, rank, what) for a in axes]
+    if len(set(out)) != len(out):
+        raise InvalidNode(f"{what} {list(axes)} name an axis twice")
+    return out
 
 
 class NeedsValue(Exception):
@@ -75,6 +101,22 @@ def dace_type(dtype: np.dtype) -> dace.typeclass:
     if dtype == np.bool_:
         return dace.bool_
     return dace.dtypes.typeclass(dtype.type)
+
+
+#: The tasklet connector through which checked index code writes the error flag.
+FLAG_CONNECTOR = "err"
+
+
+@attrs.frozen
+class Checked:
+    """An index computed in tasklet code (`index`, an expression over connectors and map parameters) that
+    must lie in [0, extent) after wrapping (with `wraps`, -extent..-1 count from the end, as ONNX says);
+    `what` describes it for the error message."""
+
+    index: str
+    extent: "Dim"
+    what: str
+    wraps: bool = True
 
 
 @attrs.frozen
@@ -126,18 +168,35 @@ def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
             continue
         first = not_one[0]
         for d in not_one[1:]:
-            if norm_dim(d - first) != 0:
-                raise RuleUnsupported(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+            diff = norm_dim(d - first)
+            if diff != 0:
+                bad = InvalidNode if isinstance(diff, int) else RuleUnsupported
+                raise bad(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
         out.append(first)
     return tuple(out)
 
 
+def same_extent(a: Dim, b: Dim, what: str) -> None:
+    """Two extents that must be equal: different integers are `InvalidNode`; extents that cannot be
+    compared while lowering (different symbols) are `RuleUnsupported`."""
+    diff = norm_dim(sympy.sympify(a) - b)
+    if diff != 0:
+        raise (InvalidNode if isinstance(diff, int) else RuleUnsupported)(f"{what}: extents {a} and {b} differ")
+
+
 def bcast_index(in_shape: Sequence[Dim], out_shape: Sequence[Dim], params: Sequence[str]) -> list[str]:
-    """Index into an input broadcast (numpy rules) to `out_shape`, given the output's map parameters."""
+    """Index into an input broadcast (numpy rules) to `out_shape`, given the output's map parameters. An
+    input that does not broadcast to `out_shape` is `InvalidNode` (unsupported when symbols decide it)."""
     off = len(out_shape) - len(in_shape)
+    if off < 0:
+        raise InvalidNode(f"shape {tuple(in_shape)} does not broadcast to {tuple(out_shape)}")
     idx = []
     for k, d in enumerate(in_shape):
         o = out_shape[k + off]
+        diff = norm_dim(sympy.sympify(o) - d)
+        if diff != 0 and not (isinstance(d, int) and d == 1):
+            bad = InvalidNode if isinstance(diff, int) else RuleUnsupported
+            raise bad(f"shape {tuple(in_shape)} does not broadcast to {tuple(out_shape)}")
         idx.append("0" if (isinstance(d, int) and d == 1 and not (isinstance(o, int) and o == 1)) else params[k + off])
     return idx
 
@@ -149,9 +208,10 @@ def params(prefix: str, n: int) -> list[str]:
 class Lowering:
     """Mutable builder state of one lowering (never escapes the pass that owns it)."""
 
-    def __init__(self, name: str, opset: int, namer: Namer) -> None:
+    def __init__(self, name: str, opset: int, namer: Namer, max_bytes: int = limits.DEFAULT_MAX_TENSOR_BYTES) -> None:
         self.namer = namer
         self.opset = opset
+        self.max_bytes = max_bytes
         self.sdfg = dace.SDFG(namer("onnx", name))
         self.prologue = self.sdfg.add_state("prologue", is_start_block=True)
         self._last = self.prologue
@@ -160,6 +220,55 @@ class Lowering:
         self.params: dict[str, np.ndarray] = {}
         self.pending_outputs: dict[str, str] = {}  # ONNX name -> reserved non-transient array name
         self.symbols: dict[str, dace.symbol] = {}
+        self.sites: list[IndexSite] = []  # the checks of data-dependent indices, numbered from 1
+        self._flag: Tensor | None = None
+        self.node = None  # the ONNX node being lowered (a `table.Node`), for messages
+
+    # -- arrays -----------------------------------------------------------------------------------
+    def add_array(self, name: str, shape: Sequence[Dim], dtype: np.dtype, what: str, transient: bool = True) -> None:
+        """Every array of the lowered SDFG is added here, so no array over the size limit is ever declared."""
+        for d in shape:
+            if isinstance(d, (int, np.integer)) and d < 0:
+                if self.node is None:  # a graph input or initializer
+                    raise MalformedModelError(f"{what} has a negative extent in its shape {tuple(shape)}")
+                raise InvalidNode(f"{what} would have a negative extent {tuple(shape)}")
+        if self.node is not None:
+            what = f"{what} of {self.node.where}"
+        limits.check_static(shape, storage_dtype(dtype), what, self.max_bytes)
+        self.sdfg.add_array(name, shape, dace_type(dtype), transient=transient)
+
+    # -- checked data-dependent indices -------------------------------------------------------------
+    def error_flag(self) -> Tensor:
+        """The `ERROR_FLAG` argument (created, and zeroed in the prologue, on first use)."""
+        if self._flag is None:
+            self._flag = Tensor((FLAG_SIZE,), np.int64, ERROR_FLAG)
+            self.sdfg.add_array(ERROR_FLAG, (FLAG_SIZE,), dace.int64, transient=False)
+            tasklet = self.prologue.add_tasklet("clear_error_flag", {}, {"o"}, "o = 0")
+            me, mx = self.prologue.add_map("clear_error_flag", {"z": f"0:{FLAG_SIZE}"})
+            self.prologue.add_nedge(me, tasklet, dace.Memlet())
+            self.prologue.add_memlet_path(tasklet, mx, self.prologue.add_write(ERROR_FLAG), src_conn="o",
+                                          memlet=dace.Memlet(f"{ERROR_FLAG}[z]"))
+        return self._flag
+
+    def checked(self, where: str, checks: Sequence["Checked"]) -> tuple[list[str], dict]:
+        """Tasklet lines that compute each index of `checks` into `g0`, `g1`, ... (negative ones wrapped
+        when the check says so) and set `ok`; a failed check stops, records its site, the index and the
+        extent in the error flag, and sets `ok = False`. Every access through the `g` variables must be
+        guarded by `ok`. Returns the lines and the output connector to add to the tasklet."""
+        lines = ["ok = True"]
+        for k, c in enumerate(checks):
+            self.sites.append(IndexSite(where, c.what, c.wraps))
+            extent = dstr(c.extent)
+            lines.append(f"r{k} = {c.index}")
+            lines.append(f"g{k} = (r{k} + {extent}) if r{k} < 0 else r{k}" if c.wraps else f"g{k} = r{k}")
+            lines += [
+                f"if ok and (g{k} < 0 or g{k} >= {extent}):",
+                "    ok = False",
+                f"    {FLAG_CONNECTOR}[0] = {len(self.sites)}",
+                f"    {FLAG_CONNECTOR}[1] = r{k}",
+                f"    {FLAG_CONNECTOR}[2] = {extent}",
+            ]
+        return lines, {FLAG_CONNECTOR: (self.error_flag(), None, None)}
 
     # -- states -----------------------------------------------------------------------------------
     def state(self, label: str) -> dace.SDFGState:
@@ -203,7 +312,7 @@ class Lowering:
     def _materialize(self, name: str, t: Tensor) -> Tensor:
         arr = self.namer("c", name)
         value = np.asarray(t.value)
-        self.sdfg.add_array(arr, t.phys_shape, dace_type(t.dtype), transient=True)
+        self.add_array(arr, t.phys_shape, t.dtype, f"constant '{name}'")
         out = attrs.evolve(t, array=arr)
         if value.dtype != object:
             data = value.astype(t.dtype).astype(storage_dtype(t.dtype))
@@ -242,7 +351,7 @@ class Lowering:
         t = Tensor(shape, dtype)
         reserved = self.pending_outputs.pop(name, None) if name else None
         arr = reserved or self.namer("t", name)
-        self.sdfg.add_array(arr, t.phys_shape, dace_type(dtype), transient=reserved is None)
+        self.add_array(arr, t.phys_shape, dtype, f"tensor '{name}'", transient=reserved is None)
         t = attrs.evolve(t, array=arr)
         self.set(name, t)
         return t
@@ -251,7 +360,7 @@ class Lowering:
         """A transient array that is no ONNX value (intermediate of a multi-step rule)."""
         t = Tensor(shape, dtype)
         arr = self.namer("t", hint)
-        self.sdfg.add_array(arr, t.phys_shape, dace_type(dtype), transient=True)
+        self.add_array(arr, t.phys_shape, dtype, f"an intermediate ({hint})")
         return attrs.evolve(t, array=arr)
 
     # -- dataflow ---------------------------------------------------------------------------------
@@ -283,6 +392,13 @@ class Lowering:
             if i is None:
                 m.dynamic = True
             out_m[c] = m
+        if language == dace.Language.Python:
+            # float16 elements are computed in float32: DaCe's half type has no mixed-type overloads
+            # (max(0, x) would not compile); the result is rounded to float16 where it is stored
+            for c, (t, _) in ins.items():
+                if np.dtype(t.dtype) == np.float16 and not in_m[c].dynamic and in_m[c].subset.num_elements() == 1:
+                    in_m[f"{c}_half"] = in_m.pop(c)
+                    code = f"{c} = dace.float32({c}_half)\n{code}"
         kwargs = {}
         if sequential:
             kwargs["schedule"] = dace.ScheduleType.Sequential

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError
+from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, ResourceLimitError
 
 
 @attrs.frozen(eq=False)
@@ -18,16 +18,40 @@ class MalformedModelError(OnnxError, InvalidArgumentError):
 
 
 @attrs.frozen(eq=False)
+class InvalidNodeError(MalformedModelError):
+    """A node breaks its ONNX specification (an axis out of range, a zero stride, an unknown enum value, k
+    larger than the axis, ...), which onnxruntime rejects too; names the op, node, opset and attribute."""
+
+    @classmethod
+    def build(cls, op_type: str, node: str, opset: int, why: str) -> "InvalidNodeError":
+        return cls(f"invalid ONNX node '{node}' ({op_type}, opset {opset}): {why}",
+                   "fix the model; see the operator's specification at https://onnx.ai/onnx/operators/")
+
+
+@attrs.frozen(eq=False)
+class ExternalDataError(MalformedModelError):
+    """A tensor stored outside the model file cannot be read safely: no base folder was named for a model
+    given as bytes or `ModelProto`, or its location leaves that folder, or the file does not hold it."""
+
+
+@attrs.frozen(eq=False)
+class TensorTooLargeError(OnnxError, ResourceLimitError):
+    """A tensor of the model needs more memory than the limit (`gradflow.frontend.onnx.limits`)."""
+
+
+@attrs.frozen(eq=False)
 class UnsupportedOpError(OnnxError):
     """No lowering rule applies to a node: names the op type, the node, its domain and opset version."""
 
     @classmethod
-    def build(cls, op_type: str, node: str, domain: str, opset: int, why: str = "") -> "UnsupportedOpError":
+    def build(cls, op_type: str, node: str, domain: str, opset: int, why: str = "",
+              hint: str = "see docs/onnx.md for the covered ops; register a rule with gradflow.frontend.onnx.onnx_rule",
+              ) -> "UnsupportedOpError":
         dom = domain or "ai.onnx"
         text = f"unsupported ONNX op '{op_type}' (domain '{dom}', opset {opset}) at node '{node}'"
         if why:
             text += f": {why}"
-        return cls(text, "see docs/onnx.md for the covered ops; register a rule with gradflow.frontend.onnx.onnx_rule")
+        return cls(text, hint)
 
 
 @attrs.frozen(eq=False)
@@ -52,3 +76,8 @@ class DynamicShapeError(UnsupportedOpError):
 @attrs.frozen(eq=False)
 class InputMismatchError(OnnxError, ArgumentError):
     """An argument at call time has the wrong dtype, rank or shape for the model's input."""
+
+
+@attrs.frozen(eq=False)
+class UnsupportedOpsetError(UnsupportedOpError):
+    """The model's opset is outside the range of opsets the op's lowering rule was written for."""

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import onnx
 import sympy
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from gradflow.frontend.onnx.table import Node, as_int_list
@@ -28,23 +28,50 @@ NO_FOLD = frozenset(
 #: Folding a node whose output would be larger than this is left to the lowering (no huge constants).
 MAX_FOLD_ELEMENTS = 1 << 16
 
+#: What evaluating a node on known values raises when the node cannot be evaluated (invalid inputs or
+#: attributes, an op the reference evaluator lacks): the node is then left to its lowering rule, which
+#: lowers it or rejects it with a typed error naming the node.
+FOLD_ERRORS = (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RuntimeError)
+
 
 def fold_numeric(node: onnx.NodeProto, values: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
-    """Outputs of `node` on numeric inputs via the reference evaluator, or None when it cannot."""
-    names = [n for n in node.input]
-    feeds = {n: v for n, v in zip(names, values) if n}
-    in_infos = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), np.shape(v))
-        for n, v in feeds.items()
-    ]
+    """Outputs of `node` on numeric inputs via the reference evaluator, or None when it cannot or when an
+    output would be larger than `MAX_FOLD_ELEMENTS` (decided by ONNX shape inference *before* evaluating,
+    so a constant of 2^52 elements is never materialized)."""
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(node.input, values) if n]
     out_infos = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o]
-    graph = helper.make_graph([node], "fold", in_infos, out_infos)
+    graph = helper.make_graph([node], "fold", [], out_infos, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    if not _small_outputs(model):
+        return None
     try:
-        results = ReferenceEvaluator(model).run(None, feeds)
-    except Exception:
+        results = ReferenceEvaluator(model).run(None, {})
+    except FOLD_ERRORS:
         return None
     return [np.asarray(r) for r in results]
+
+
+def _small_outputs(model: onnx.ModelProto) -> bool:
+    """Whether shape inference (with the inputs' values) gives every output a static shape of at most
+    `MAX_FOLD_ELEMENTS` elements."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return False
+    for out in inferred.graph.output:
+        tt = out.type.tensor_type
+        if not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim):
+            return False
+        count = 1
+        for d in tt.shape.dim:
+            count *= d.dim_value
+        if count > MAX_FOLD_ELEMENTS:
+            return False
+    return True
+
+
+#: What the symbolic folders raise on values they cannot fold (bad axes, shapes that do not match).
+SYMBOLIC_ERRORS = (ValueError, TypeError, IndexError, KeyError, ArithmeticError)
 
 
 def _int_floor_div(a, b):
@@ -59,6 +86,13 @@ def _axes(node: Node, values: list, k: int) -> list[int] | None:
     return None
 
 
+def _axis(a: int, rank: int) -> int:
+    """An ONNX axis in [-rank, rank - 1] as a non-negative one (IndexError otherwise: never wrapped)."""
+    if not -rank <= a < rank:
+        raise IndexError(f"axis {a} out of range for rank {rank}")
+    return a % rank
+
+
 def _slice(node: Node, v: list) -> np.ndarray:
     data = v[0]
     starts, ends = as_int_list(v[1]), as_int_list(v[2])
@@ -66,17 +100,19 @@ def _slice(node: Node, v: list) -> np.ndarray:
     steps = as_int_list(v[4]) if len(v) > 4 and v[4] is not None else [1] * len(starts)
     sl = [slice(None)] * data.ndim
     for s, e, a, st in zip(starts, ends, axes, steps):
-        sl[a % data.ndim] = slice(s, e, st)
+        if st == 0:
+            raise ValueError("slice step 0")
+        sl[_axis(a, data.ndim)] = slice(s, e, st)
     return data[tuple(sl)]
 
 
 def _squeeze(node: Node, v: list) -> np.ndarray:
     axes = _axes(node, v, 1)
-    return np.squeeze(v[0], axis=tuple(a % v[0].ndim for a in axes) if axes else None)
+    return np.squeeze(v[0], axis=tuple(_axis(a, v[0].ndim) for a in axes) if axes else None)
 
 
 def _unsqueeze(node: Node, v: list) -> np.ndarray:
-    axes = sorted(a % (v[0].ndim + len(_axes(node, v, 1))) for a in _axes(node, v, 1))
+    axes = sorted(_axis(a, v[0].ndim + len(_axes(node, v, 1))) for a in _axes(node, v, 1))
     out = v[0]
     for a in axes:
         out = np.expand_dims(out, a)

@@ -19,21 +19,24 @@ import onnx
 from returns.result import Failure, Success
 
 from gradflow.core import progress
+from gradflow.core.checks import ERROR_FLAG, SITES, IndexSite
 from gradflow.core.errors import GradflowError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.core.rule_table import RuleTable
-from gradflow.frontend.onnx import fold
+from gradflow.frontend.onnx import fold, limits
 from gradflow.frontend.onnx.builder import (
-    Dim, Lowering, NeedsValue, RuleUnsupported, Tensor, dace_type, params, storage_dtype,
+    Dim, InvalidNode, Lowering, NeedsValue, RuleUnsupported, Tensor, params, storage_dtype,
 )
 from gradflow.frontend.onnx.dtypes import check_dtype, input_dtype
 from gradflow.frontend.onnx.errors import (
-    DynamicShapeError, MalformedModelError, UnsupportedOpError, UnsupportedTypeError,
+    DynamicShapeError, InvalidNodeError, MalformedModelError, UnsupportedOpError, UnsupportedOpsetError,
+    UnsupportedTypeError,
 )
 from gradflow.frontend.onnx.model import OnnxModel
 from gradflow.frontend.onnx.naming import Namer
-from gradflow.frontend.onnx.table import Node, default_table
+from gradflow.frontend.onnx.spec import check_attributes
+from gradflow.frontend.onnx.table import Node, default_table, opset_range, select_rule
 
 
 @attrs.frozen(eq=False)
@@ -63,6 +66,13 @@ class Signature:
     params: Mapping[str, np.ndarray] = attrs.field(converter=lambda m: MappingProxyType(dict(m)), repr=False)
     symbols: tuple[str, ...] = ()
     weights: tuple[Port, ...] = ()  # float initializers: ONNX name -> SDFG array (values in `params`)
+    #: the checks of indices read from data (numbered from 1 in the `ERROR_FLAG` array, when there is one)
+    sites: tuple[IndexSite, ...] = ()
+
+    @property
+    def error_flag(self) -> str:
+        """The SDFG array generated code reports out-of-range indices in ('' when nothing is checked)."""
+        return ERROR_FLAG if self.sites else ""
 
 
 def _value_info_shape(lw: Lowering, vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
@@ -78,22 +88,23 @@ def _value_info_shape(lw: Lowering, vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
     return tuple(dims)
 
 
-def lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signature]:
-    """Build the SDFG of `model` (a fresh one; nothing shared with the caller).
+def lower_model(model: OnnxModel, table: RuleTable, max_tensor_bytes: int | None = None) -> tuple[dace.SDFG, Signature]:
+    """Build the SDFG of `model` (a fresh one; nothing shared with the caller). No array may need more than
+    `max_tensor_bytes` (default: `limits.max_tensor_bytes()`).
 
     DaCe's source-line info is off while building: it would record gradflow's own file and line numbers
     (inspecting the stack at every node added, most of the lowering time) in the SDFG and its fingerprint.
     """
     with dace.config.set_temporary("compiler", "lineinfo", value="none"), \
             progress.step(f"lowering ONNX model ({len(model.graph().node)} nodes)"):
-        return _lower_model(model, table)
+        return _lower_model(model, table, limits.max_tensor_bytes(max_tensor_bytes))
 
 
-def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signature]:
+def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[dace.SDFG, Signature]:
     proto = model.proto()
     graph = proto.graph
     namer = Namer()
-    lw = Lowering(graph.name or "model", model.opset, namer)
+    lw = Lowering(graph.name or "model", model.opset, namer, max_bytes)
     for sub in graph.node:
         if sub.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError.build(sub.op_type, sub.name or sub.op_type, sub.domain, _opset_of(proto, sub.domain))
@@ -112,7 +123,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
         shape = _value_info_shape(lw, vi)
         arr = namer("in", vi.name)
         t = Tensor(shape, dtype, arr)
-        lw.sdfg.add_array(arr, t.phys_shape, dace_type(dtype))
+        lw.add_array(arr, t.phys_shape, dtype, f"graph input '{vi.name}'", transient=False)
         lw.set(vi.name, t)
         inputs.append(Port(vi.name, arr, t.shape, t.dtype))
     for name, value in init_values.items():
@@ -123,7 +134,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
             continue
         arr = namer("w", name)
         t = Tensor(value.shape, value.dtype, arr)
-        lw.sdfg.add_array(arr, t.phys_shape, dace_type(value.dtype))
+        lw.add_array(arr, t.phys_shape, value.dtype, f"initializer '{name}'", transient=False)
         lw.params[arr] = value.astype(storage_dtype(value.dtype)).reshape([int(d) for d in t.phys_shape])
         lw.set(name, t)
         weights.append(Port(name, arr, t.shape, t.dtype))
@@ -136,6 +147,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
     for proto_node in graph.node:
         _lower_node(lw, table, Node.of(proto_node, namer("n", proto_node.name or proto_node.op_type), model.opset))
 
+    lw.node = None
     outputs: list[Port] = []
     used: set[str] = set()
     for vi in graph.output:
@@ -152,7 +164,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
         ):
             src = lw.get(vi.name)
             arr = namer("out", vi.name)
-            lw.sdfg.add_array(arr, src.phys_shape, dace_type(src.dtype))
+            lw.add_array(arr, src.phys_shape, src.dtype, f"graph output '{vi.name}'", transient=False)
             dst = attrs.evolve(src, array=arr, value=None)
             p = params("p", src.rank)
             lw.copy_indexed("output", src, dst, p, p)
@@ -160,7 +172,7 @@ def _lower_model(model: OnnxModel, table: RuleTable) -> tuple[dace.SDFG, Signatu
         used.add(t.array)
         outputs.append(Port(vi.name, t.array, t.shape, t.dtype))
     sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())),
-                    tuple(weights))
+                    weights=tuple(weights), sites=tuple(lw.sites))
     lw.sdfg.validate()
     return lw.sdfg, sig
 
@@ -188,7 +200,7 @@ def _try_fold(lw: Lowering, node: Node) -> bool:
             return False
         try:
             out = folder(node, values)
-        except Exception:
+        except fold.SYMBOLIC_ERRORS:  # e.g. an axis out of range: the rule lowers or rejects the node
             return False
         lw.set_value(node.outputs[0], fold.simplify_object(np.asarray(out, dtype=object)))
         return True
@@ -217,10 +229,18 @@ def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
     for name in node.inputs:
         if name and name not in lw.tensors:
             raise MalformedModelError(f"node '{where}' ({node.op_type}) reads '{name}', which is not defined before it")
+    lw.node = node
     try:
+        check_attributes(node)
+        rule, candidates = select_rule(table, node)
+        in_range = [r for r in candidates if opset_range(r)[0] <= node.opset <= opset_range(r)[1]]
+        if candidates and not in_range:
+            covered = ", ".join(f"{a}-{b}" for a, b in sorted({opset_range(r) for r in candidates}))
+            raise UnsupportedOpsetError.build(
+                node.op_type, where, node.domain, node.opset, f"its lowering rules cover opsets {covered} only",
+                f"export the model with an opset in {covered}, or give load() a table with a rule for this opset")
         if _try_fold(lw, node):
             return
-        rule = table.lookup(node.op_type, node)
         if rule is None:
             known = node.op_type in table.keys()
             why = "no rule applies to its attributes/opset" if known else "no lowering rule for this op"
@@ -228,6 +248,8 @@ def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
         rule.fn(lw, node)
     except RuleUnsupported as exc:
         raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, str(exc)) from None
+    except InvalidNode as exc:
+        raise InvalidNodeError.build(node.op_type, where, node.opset, str(exc)) from None
     except UnsupportedTypeError as exc:  # a rule met a type it cannot represent (e.g. a Cast target)
         raise exc.at_node(node.op_type, where, node.domain, node.opset) from None
     except NeedsValue as exc:
@@ -250,6 +272,7 @@ class OnnxLower(Pass):
     """
 
     table: RuleTable | None = None
+    max_tensor_bytes: int | None = None  # None: $GRADFLOW_MAX_TENSOR_BYTES or the default (see `limits`)
     name = "onnx_lower"
 
     def run(self, graph: Graph) -> PassResult:
@@ -262,10 +285,10 @@ class OnnxLower(Pass):
                 )
             )
         try:
-            sdfg, sig = lower_model(model, self.table or default_table())
+            sdfg, sig = lower_model(model, self.table or default_table(), self.max_tensor_bytes)
         except GradflowError as err:
             return Failure(err)
-        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig}))
+        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig, SITES: sig.sites}))
 
 
 def model_graph(model: OnnxModel) -> Graph:

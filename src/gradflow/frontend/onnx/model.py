@@ -16,9 +16,14 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from gradflow.frontend.onnx.errors import MalformedModelError
+from gradflow.frontend.onnx import external, limits
+from gradflow.frontend.onnx.builder import InvalidNode
+from gradflow.frontend.onnx.errors import InvalidNodeError, MalformedModelError
+from gradflow.frontend.onnx.spec import check_attributes
+from gradflow.frontend.onnx.table import Node
 
 
 def _frozen_arrays(values: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -67,31 +72,88 @@ def default_opset(proto: onnx.ModelProto) -> int:
     return 1
 
 
-def read_model(model: Any) -> OnnxModel:
-    """Path, bytes or `ModelProto` -> checked, shape-inferred `OnnxModel`; errors are `MalformedModelError`."""
-    try:
-        if isinstance(model, onnx.ModelProto):
-            proto = onnx.ModelProto()
-            proto.CopyFrom(model)
-        elif isinstance(model, (bytes, bytearray, memoryview)):
-            proto = onnx.load_from_string(bytes(model))
-        elif isinstance(model, (str, os.PathLike)):
-            proto = onnx.load(os.fspath(model))
-        else:
-            raise MalformedModelError(
-                f"cannot load an ONNX model from a {type(model).__name__}",
-                "pass a file path, the serialized bytes, or an onnx.ModelProto",
-            )
-    except MalformedModelError:
-        raise
-    except Exception as exc:  # protobuf DecodeError, OSError, ...
-        raise MalformedModelError(f"cannot read the ONNX model: {type(exc).__name__}: {exc}") from None
+def read_model(model: Any, *, base_dir: str | os.PathLike | None = None,
+               max_tensor_bytes: int | None = None) -> OnnxModel:
+    """Path, bytes or `ModelProto` -> checked, shape-inferred `OnnxModel`.
+
+    Every declared tensor size is checked against the memory limit (`limits`) before anything is read or
+    allocated, external data is read only from the model's folder (`base_dir` for bytes / `ModelProto`,
+    see `external`). Errors: `MalformedModelError` and its subclasses, `TensorTooLargeError`.
+    """
+    limit = limits.max_tensor_bytes(max_tensor_bytes)
+    proto, origin, folder = _parse_input(model)
+    folder = os.fspath(base_dir) if base_dir is not None else folder
+    _check_declared(proto, limit)
+    external.load_into(proto, folder, origin)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
         raise MalformedModelError(f"onnx.checker rejected the model: {exc}", "fix or re-export the model") from None
+    _check_attributes(proto.graph, default_opset(proto))
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False, data_prop=True)
-    except Exception as exc:  # InferenceError / ValidationError
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise MalformedModelError(f"ONNX shape inference failed: {exc}", "fix or re-export the model") from None
+    _check_declared(inferred, limit)
     return OnnxModel(inferred.SerializeToString(), default_opset(inferred))
+
+
+def _parse_input(model: Any) -> tuple[onnx.ModelProto, str, str | None]:
+    """The model as a private `ModelProto` (external data not read yet), how it was given, and its folder."""
+    try:
+        if isinstance(model, onnx.ModelProto):
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
+            return proto, "given as an onnx.ModelProto", None
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            return onnx.load_from_string(bytes(model)), "given as bytes", None
+        if isinstance(model, (str, os.PathLike)):
+            path = os.fspath(model)
+            proto = onnx.load(path, load_external_data=False)
+            return proto, f"file '{path}'", os.path.dirname(os.path.abspath(path))
+    except (OSError, ValueError, DecodeError) as exc:
+        raise MalformedModelError(f"cannot read the ONNX model: {type(exc).__name__}: {exc}") from None
+    raise MalformedModelError(
+        f"cannot load an ONNX model from a {type(model).__name__}",
+        "pass a file path, the serialized bytes, or an onnx.ModelProto",
+    )
+
+
+def _check_attributes(graph: onnx.GraphProto, opset: int) -> None:
+    """Every node's attribute values against the specification (`spec`), subgraphs included, before shape
+    inference sees them."""
+    for k, proto in enumerate(graph.node):
+        if proto.domain not in ("", "ai.onnx"):
+            continue
+        where = proto.name or f"#{k} (unnamed)"
+        node = Node.of(proto, where, opset)
+        try:
+            check_attributes(node)
+        except InvalidNode as exc:
+            raise InvalidNodeError.build(proto.op_type, where, opset, str(exc)) from None
+        for attr in proto.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _check_attributes(sub, opset)
+
+
+def _check_declared(proto: onnx.ModelProto, limit: int) -> None:
+    """Each tensor the model declares with a static shape (graph inputs, outputs, intermediates, initializers,
+    constants) against the memory limit, before anything of that size exists."""
+    graph = proto.graph
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        tt = vi.type.tensor_type
+        if vi.type.WhichOneof("value") != "tensor_type" or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value for d in tt.shape.dim]
+        if all(d.HasField("dim_value") for d in tt.shape.dim):
+            limits.check_static(dims, _itemsize(tt.elem_type), f"tensor '{vi.name}'", limit)
+    for tensor in external.tensors(graph):
+        limits.check_static(list(tensor.dims), _itemsize(tensor.data_type), f"stored tensor '{tensor.name}'", limit)
+
+
+def _itemsize(elem_type: int) -> np.dtype:
+    """A dtype of the element type's size, for the memory estimate (1 byte when it has no numpy type)."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return np.dtype(np.uint8)

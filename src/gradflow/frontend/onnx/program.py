@@ -10,6 +10,7 @@ lowered lazily: one specialisation per distinct value of those inputs, cached in
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any, Mapping
@@ -18,10 +19,12 @@ import dace
 import numpy as np
 import sympy
 
+from gradflow.core.checks import FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import GradflowError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import unwrap_or_raise
 from gradflow.core.rule_table import RuleTable
+from gradflow.frontend.onnx import limits
 from gradflow.frontend.onnx.dtypes import elem_dtype, storage_dtype
 from gradflow.frontend.onnx.errors import InputMismatchError, OnnxError
 from gradflow.frontend.onnx.lower import InputDecidesShapeError, OnnxLower, Port, Signature, model_graph
@@ -34,8 +37,8 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _lower(model: OnnxModel, table: RuleTable | None) -> Graph:
-    return unwrap_or_raise(OnnxLower(table)(model_graph(model)))
+def _lower(model: OnnxModel, table: RuleTable | None, max_tensor_bytes: int) -> Graph:
+    return unwrap_or_raise(OnnxLower(table, max_tensor_bytes)(model_graph(model)))
 
 
 def _as_numpy(value: Any, port_name: str) -> tuple[np.ndarray, bool]:
@@ -59,11 +62,22 @@ def _as_numpy(value: Any, port_name: str) -> tuple[np.ndarray, bool]:
 class _Specialized:
     """One lowered + compiled graph with its calling convention."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, max_tensor_bytes: int) -> None:
         self.graph = graph
         self.signature: Signature = graph.meta["onnx_signature"]
         self._compiled = None
         self._lock = threading.Lock()
+        self._max_bytes = max_tensor_bytes
+        # arrays whose size depends on input shapes: checked against the limit once per binding of the symbols
+        self._sized = {name: (desc.total_size, desc.dtype.bytes) for name, desc in graph.sdfg.arrays.items()
+                       if getattr(desc.total_size, "free_symbols", None)}
+        self._sizes_ok: set[tuple] = set()
+
+    def _check_sizes(self, bindings: dict[sympy.Symbol, int]) -> None:
+        key = tuple(sorted((s.name, v) for s, v in bindings.items()))
+        if key not in self._sizes_ok:
+            limits.check_bound(self._sized, dict(key), self._max_bytes)
+            self._sizes_ok.add(key)
 
     def compiled(self):
         with self._lock:
@@ -83,6 +97,8 @@ class _Specialized:
             _check(port, a, bindings)
             a = np.ascontiguousarray(a.astype(storage_dtype(port.dtype), copy=False))
             kwargs[port.array] = a if port.shape else a.reshape(1)
+        if self._sized:
+            self._check_sizes(bindings)
         outs = []
         for port in sig.outputs:
             shape = [_concrete(d, bindings, port) for d in port.shape]
@@ -90,6 +106,9 @@ class _Specialized:
             kwargs[port.array or f"__empty{len(outs)}"] = buf
             outs.append(buf if shape else buf.reshape(()))
         kwargs.update(sig.params)
+        flag = None
+        if sig.error_flag:
+            flag = kwargs[sig.error_flag] = np.zeros(FLAG_SIZE, dtype=np.int64)
         compiled = self.compiled()
         for sym, val in bindings.items():
             if sym.name in self._arglist:
@@ -99,6 +118,7 @@ class _Specialized:
         # numpy "views" only in the sense that they have a base object.
         with dace.config.set_temporary("compiler", "allow_view_arguments", value=True):
             compiled(**kwargs)
+        raise_for_flag(flag, sig.sites)
         # logical dtypes stored wider (bfloat16 in float32) are rounded back here
         return [o.astype(p.dtype) if o.dtype != p.dtype else o for o, p in zip(outs, sig.outputs)]
 
@@ -144,9 +164,10 @@ def _check(port: Port, a: np.ndarray, bindings: dict) -> None:
 class OnnxProgram:
     """A loaded ONNX model: call it with arrays/tensors; `.graph` / `.sdfg` give the lowered program."""
 
-    def __init__(self, model: OnnxModel, table: RuleTable | None = None) -> None:
+    def __init__(self, model: OnnxModel, table: RuleTable | None = None, max_tensor_bytes: int | None = None) -> None:
         self.model = model
         self._table = table
+        self._max_bytes = limits.max_tensor_bytes(max_tensor_bytes)
         self._value_inputs: tuple[str, ...] = ()
         self._specs: dict[Any, _Specialized] = {}
         self._lock = threading.Lock()
@@ -154,7 +175,7 @@ class OnnxProgram:
         bound: dict[str, np.ndarray] = {}
         for _ in range(64):
             try:
-                graph = _lower(model, table)
+                graph = _lower(model, table, self._max_bytes)
                 break
             except InputDecidesShapeError as err:
                 names = [n for n in err.inputs if n in self._graph_input_names() and n not in bound]
@@ -168,7 +189,7 @@ class OnnxProgram:
                 if self._value_inputs:
                     break  # dummy values may be invalid; the real lowering happens at call time
                 raise
-        self._main = _Specialized(graph) if graph is not None and not self._value_inputs else None
+        self._main = _Specialized(graph, self._max_bytes) if graph is not None and not self._value_inputs else None
 
     # -- introspection ----------------------------------------------------------------------------
     def _graph_input_names(self) -> list[str]:
@@ -225,7 +246,8 @@ class OnnxProgram:
         with self._lock:
             spec = self._specs.get(key)
             if spec is None:
-                spec = _Specialized(_lower(self.model.bind({n: values[n] for n in self._value_inputs}), self._table))
+                model = self.model.bind({n: values[n] for n in self._value_inputs})
+                spec = _Specialized(_lower(model, self._table, self._max_bytes), self._max_bytes)
                 self._specs[key] = spec
         return spec
 
@@ -267,12 +289,18 @@ class OnnxProgram:
                     raise InputMismatchError(f"input '{vi.name}' must have dtype {want}, got {arrays[vi.name].dtype}")
 
 
-def load(model: Any, *, table: RuleTable | None = None) -> OnnxProgram:
+def load(model: Any, *, table: RuleTable | None = None, base_dir: str | os.PathLike | None = None,
+         max_tensor_bytes: int | None = None) -> OnnxProgram:
     """Load an ONNX model (path, bytes or `onnx.ModelProto`): check it, infer shapes, lower it to an SDFG.
 
-    Raises `MalformedModelError` (checker message) or `UnsupportedOpError` (op, node, opset) on failure.
+    `base_dir`: the folder external data is read from (default: the model file's folder; a model given as
+    bytes or `ModelProto` with external data needs it). `max_tensor_bytes`: the largest tensor allowed
+    (default `$GRADFLOW_MAX_TENSOR_BYTES`, else 16 GiB). Raises `MalformedModelError` (checker message;
+    `InvalidNodeError` for a node that breaks its specification; `ExternalDataError`), `UnsupportedOpError`
+    (op, node, opset; `UnsupportedOpsetError`) or `TensorTooLargeError` on failure.
     """
-    return OnnxProgram(read_model(model), table)
+    limit = limits.max_tensor_bytes(max_tensor_bytes)
+    return OnnxProgram(read_model(model, base_dir=base_dir, max_tensor_bytes=limit), table, limit)
 
 
 __all__ = ["OnnxProgram", "load"]

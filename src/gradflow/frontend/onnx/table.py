@@ -15,10 +15,15 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gradflow.core.rule_table import RuleTable, collect, rule_verb
+from gradflow.core.rule_table import Rule, RuleTable, collect, rule_verb
 
 #: The name of the ONNX lowering table.
 TABLE = "onnx_lowering"
+
+#: The newest ai.onnx opset the built-in rules were checked against (every op's changes up to it are
+#: handled, and ONNX 1.23's node tests pass). A model with a newer opset is refused until a rule says
+#: otherwise: a later opset may change what an op means.
+LATEST_OPSET = 28
 
 
 def _attr_value(a: onnx.AttributeProto) -> Any:
@@ -62,24 +67,52 @@ class Node:
     def output(self, k: int) -> str:
         return self.outputs[k] if k < len(self.outputs) else ""
 
+    @property
+    def where(self) -> str:
+        """The node as error messages name it: "ONNX node '<name>' (<op>)"."""
+        return f"ONNX node '{self.name or self.label}' ({self.op_type})"
+
 
 _verb = rule_verb(TABLE)
 
 
-def onnx_rule(*op_types: str, priority: int = 0, applies: Callable[[Node], bool] | None = None, **meta: Any):
+def onnx_rule(*op_types: str, priority: int = 0, applies: Callable[[Node], bool] | None = None,
+              opsets: tuple[int, int] = (1, LATEST_OPSET), **meta: Any):
     """The registration verb of the lowering table: mark `fn(lw, node)` as the rule of each op type.
 
-    Marking registers nothing: the built-in table is collected from the rule modules listed in
-    `gradflow.frontend.onnx.rules.MODULES`; a user's own rules go into a table value
-    (`default_table() + RuleTable(...)`) handed to `OnnxLower(table=...)` or `load(..., table=...)`.
-    Rule names are `<function>[<op>]`.
+    `opsets = (first, last)`: the model opsets the rule implements the op's semantics for (inclusive); a
+    node of a model outside every rule's range is an `UnsupportedOpsetError`. Marking registers nothing:
+    the built-in table is collected from the rule modules listed in `gradflow.frontend.onnx.rules.MODULES`;
+    a user's own rules go into a table value (`default_table() + RuleTable(...)`) handed to
+    `OnnxLower(table=...)` or `load(..., table=...)`. Rule names are `<function>[<op>]`.
     """
+    first, last = opsets
+    if not 1 <= first <= last:
+        raise ValueError(f"opsets must be (first, last) with 1 <= first <= last, got {opsets!r}")
 
     def deco(fn):
         names = {} if len(op_types) > 1 else {"name": f"{fn.__name__}[{op_types[0]}]"}
-        return _verb(*op_types, priority=priority, applies=applies, **names, **meta)(fn)
+        return _verb(*op_types, priority=priority, applies=applies, opsets=(int(first), int(last)), **names,
+                     **meta)(fn)
 
     return deco
+
+
+def opset_range(rule: Rule) -> tuple[int, int]:
+    """The (first, last) model opsets a lowering rule covers (every opset for a rule made without the verb)."""
+    first, last = rule.meta.get("opsets", (1, 1 << 30))
+    return int(first), int(last)
+
+
+def select_rule(table: RuleTable, node: Node) -> tuple[Rule | None, list[Rule]]:
+    """The best rule whose opset range holds the node's opset and that applies to it, and the op's rules
+    (best first) for the message when there is none."""
+    candidates = table.candidates(node.op_type)
+    for rule in candidates:
+        first, last = opset_range(rule)
+        if first <= node.opset <= last and rule.applies(node):
+            return rule, candidates
+    return None, candidates
 
 
 @functools.cache

@@ -95,6 +95,21 @@ def torch_grads(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
     }
 
 
+def element_rows(A: torch.Tensor) -> list[list[torch.Tensor]]:
+    """A matrix as a list of lists of 0-d tensors (element-wise loop references write into these)."""
+    return [[A[i, j] for j in range(A.shape[1])] for i in range(A.shape[0])]
+
+
+def stack_rows(rows: list[list[torch.Tensor]]) -> torch.Tensor:
+    """The matrix of `element_rows` form."""
+    return torch.stack([torch.stack(r) for r in rows])
+
+
+def list_dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+    """Dot product of two lists of 0-d tensors; 0 for empty lists (as `np.dot` of empty slices)."""
+    return sum((x * y for x, y in zip(a, b)), torch.zeros((), dtype=torch.float64))
+
+
 def setitem(t: torch.Tensor, index: Any, value: Any) -> torch.Tensor:
     """Functional `t[index] = value` for torch references: returns a fresh tensor, never mutates `t`.
 

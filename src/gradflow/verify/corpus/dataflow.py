@@ -11,11 +11,13 @@ import dace
 import numpy as np
 import torch
 
-from .case import BuiltProgram, Case
+from .case import BuiltProgram, Case, setitem
 
 N = dace.symbol("N")
 M = dace.symbol("M")
 H = dace.symbol("H")
+W = dace.symbol("W")
+CB = dace.symbol("CB")
 
 f64 = dace.float64
 
@@ -580,6 +582,7 @@ _i_lib_softmax = _i_softmax_wcr
 
 _N = {"N": _SIZES["N"]}
 _NM = {"N": _SIZES["N"], "M": _SIZES["M"]}
+_NMH = {"N": _SIZES["N"], "M": _SIZES["M"], "H": _SIZES["H"]}
 
 # ----------------------------------------------------------------------------------------------------------
 # a call of a two-state nested SDFG (built with the API: the frontend inlines calls it can)
@@ -617,6 +620,333 @@ def _t_nested_call(X, W, S, **_):
 def _i_nested_call(rng):
     n = _SIZES["N"]
     return {"X": rng.normal(size=n), "Y": _z(n), "W": rng.normal(size=n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reshapes: views that remove_views materializes (np.reshape, .flatten()), and copies that reshape
+
+
+@dace.program
+def df_flatten_matmul(X: f64[N, (H - 4) // 2, (W - 4) // 2, 2], Wt: f64[CB, M], V: f64[N, M], S: f64[1]):
+    x5 = np.reshape(np.tanh(X), (N, CB))  # lenet's flatten: CB is a symbol (= its extents' product)
+    S[0] = np.sum((x5 @ Wt) * V)
+
+
+def _t_flatten_matmul(X, Wt, V, **_):
+    return ((torch.tanh(X).reshape(X.shape[0], -1) @ Wt) * V).sum()
+
+
+_FLATTEN = {"N": 2, "H": 8, "W": 10, "M": 3, "CB": 2 * ((8 - 4) // 2) * ((10 - 4) // 2)}
+
+
+def _i_flatten_matmul(rng):
+    n, h, w, m, cb = (_FLATTEN[k] for k in ("N", "H", "W", "M", "CB"))
+    return {"X": rng.normal(size=(n, (h - 4) // 2, (w - 4) // 2, 2)), "Wt": rng.normal(size=(cb, m)),
+            "V": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+@dace.program
+def df_flatten(X: f64[N, M, H], V: f64[N * M * H], S: f64[1]):
+    S[0] = np.sum(np.sin(X.flatten()) * V)
+
+
+def _t_flatten(X, V, **_):
+    return (torch.sin(X.flatten()) * V).sum()
+
+
+def _i_flatten(rng):
+    n, m, h = _SIZES["N"], _SIZES["M"], _SIZES["H"]
+    return {"X": rng.normal(size=(n, m, h)), "V": rng.normal(size=n * m * h), "S": _z(1)}
+
+
+@dace.program
+def df_reshape_same_rank(A: f64[N, M], V: f64[M, N], S: f64[1]):
+    R = np.reshape(A, (M, N))
+    S[0] = np.sum(R * R * V)
+
+
+def _t_reshape_same_rank(A, V, **_):
+    R = A.reshape(A.shape[1], A.shape[0])
+    return (R * R * V).sum()
+
+
+def _i_reshape_same_rank(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n, m)), "V": rng.normal(size=(m, n)), "S": _z(1)}
+
+
+@dace.program
+def df_reshape_memlet_path(inp: f64[N * M], bias: f64[M], S: f64[1]):
+    reshaped = np.reshape(inp, (N, M))
+    Z = reshaped + bias  # the view sits on the memlet path into the broadcast map
+    S[0] = np.sum(np.log(Z + 10.0))
+
+
+def _t_reshape_memlet_path(inp, bias, **_):
+    return torch.log(inp.reshape(-1, bias.shape[0]) + bias + 10.0).sum()
+
+
+def _i_reshape_memlet_path(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"inp": rng.uniform(-1.0, 1.0, n * m), "bias": rng.uniform(-1.0, 1.0, m), "S": _z(1)}
+
+
+def df_reshape_copy() -> dace.SDFG:
+    """Two copies that reshape (built with the API; the frontend makes views): a strided 2-D block of A into
+    a vector B, B into an M x N matrix C."""
+    sdfg = dace.SDFG("df_reshape_copy")
+    sdfg.add_array("A", [N + 1, M + 2], f64)
+    sdfg.add_array("V", [M, N], f64)
+    sdfg.add_array("S", [1], f64)
+    sdfg.add_transient("B", [N * M], f64)
+    sdfg.add_transient("C", [M, N], f64)
+    state = sdfg.add_state("reshape", is_start_block=True)
+    b = state.add_access("B")
+    state.add_nedge(state.add_read("A"), b, dace.Memlet(data="A", subset="1:N + 1, 1:M + 1", other_subset="0:N*M"))
+    state.add_nedge(b, state.add_write("C"), dace.Memlet(data="B", subset="0:N*M", other_subset="0:M, 0:N"))
+    total = sdfg.add_state_after(state, "total")
+    total.add_mapped_tasklet("t", {"i": "0:M", "j": "0:N"}, {"c": dace.Memlet("C[i, j]"), "v": dace.Memlet("V[i, j]")},
+                             "s = c * c * v", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")},
+                             external_edges=True)
+    return sdfg
+
+
+def _t_reshape_copy(A, V, S, **_):
+    C = A[1:, 1:-1].reshape(V.shape)
+    return S[0] + (C * C * V).sum()
+
+
+def _i_reshape_copy(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=(n + 1, m + 2)), "V": rng.normal(size=(m, n)), "S": _z(1)}
+# tasklet statements: a masked assignment (`if c: out = v` through a dynamic memlet), an explicit tasklet
+# with reassigned locals, a dead bare expression, if/elif/else, a ternary and `+=`, and np.where
+
+
+@dace.program
+def df_masked_assign(X: f64[N], W: f64[N], S: f64[1]):
+    T = np.sin(X) * 2.0
+    T[T <= 0.1] = 1.0
+    S[0] = np.sum(T * T * W)
+
+
+def _t_masked_assign(X, W, **_):
+    T = torch.sin(X) * 2.0
+    T = torch.where(T <= 0.1, torch.ones_like(T), T)
+    return (T * T * W).sum()
+
+
+def _i_masked_assign(rng):
+    n = _SIZES["N"]
+    X = rng.uniform(-2.0, 2.0, n)
+    X[np.abs(2.0 * np.sin(X) - 0.1) < 0.05] += 0.2  # away from the mask's edge
+    X[:2] = (-1.0, 1.0)  # both sides of the mask
+    return {"X": X, "W": rng.normal(size=n), "S": _z(1)}
+
+
+@dace.program
+def df_tasklet_branches(X: f64[N], Y: f64[N], W: f64[N], P: f64[N], Q: f64[N], S: f64[1]):
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            x << X[i]
+            y << Y[i]
+            p >> P[i]
+            q >> Q[i]
+            t = x * y
+            t = t + 1.0
+            log(3.0)
+            if x > 0.5:
+                p = t * x
+            elif x > -0.5:
+                p = sin(t)
+            else:
+                p = t - y
+            r = (t if y > 0 else x * x)
+            q = r
+            q += exp(r * 0.1)
+    S[0] = np.sum(P * W + Q)
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            x << X[i]
+            s >> S(-1, lambda a, b: a + b)[0]  # dynamic: adds only where the code assigns
+            if x > 0.0:
+                s = x * x
+
+
+def _t_tasklet_branches(X, Y, W, **_):
+    t = X * Y + 1.0
+    P = torch.where(X > 0.5, t * X, torch.where(X > -0.5, torch.sin(t), t - Y))
+    r = torch.where(Y > 0, t, X * X)
+    return (P * W + r + torch.exp(r * 0.1)).sum() + torch.where(X > 0.0, X * X, torch.zeros_like(X)).sum()
+
+
+def _i_tasklet_branches(rng):
+    n = _SIZES["N"]
+    X = np.array([-1.5, -0.2, 0.9, 1.3, -0.9, 0.2, 0.7][:n]) + rng.uniform(-0.1, 0.1, n)
+    Y = rng.uniform(0.2, 1.0, n) * rng.choice([-1.0, 1.0], n)
+    return {"X": X, "Y": Y, "W": rng.normal(size=n), "P": _z(n), "Q": _z(n), "S": _z(1)}
+
+
+@dace.program
+def df_where(X: f64[N], Y: f64[N], S: f64[1]):
+    T = np.where(X > Y, X * X, np.sin(Y))
+    S[0] = np.sum(T * Y)
+
+
+def _t_where(X, Y, **_):
+    return (torch.where(X > Y, X * X, torch.sin(Y)) * Y).sum()
+
+
+def _i_where(rng):
+    n = _SIZES["N"]
+    X = rng.normal(size=n)
+    return {"X": X, "Y": X + rng.uniform(0.2, 1.0, n) * rng.choice([-1.0, 1.0], n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# products with exact zeros: np.prod (a product Reduce) along an axis and over everything, and a map that
+# multiplies into one element (product write-conflict resolution)
+
+
+@dace.program
+def df_prod(A: f64[N, M], W: f64[N], S: f64[1]):
+    r = np.prod(A, axis=1)
+    S[0] = np.sum(r * W) + np.prod(A[0:3, 1:M])
+
+
+def _t_prod(A, W, **_):
+    return (A.prod(1) * W).sum() + A[0:3, 1:].prod()
+
+
+def _i_prod(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    A = rng.uniform(0.5, 1.5, (n, m)) * rng.choice([-1.0, 1.0], (n, m))
+    A[1, 2] = 0.0  # row 1: one zero (also the one zero of the block A[0:3, 1:])
+    A[3, 0] = A[3, 4] = 0.0  # row 3: two zeros
+    return {"A": A, "W": rng.normal(size=n), "S": _z(1)}
+
+
+@dace.program
+def df_prod_map(X: f64[N], Y: f64[N], S: f64[1]):
+    P = np.ones(2, dtype=np.float64)
+    for i in dace.map[0:N]:
+        P[0] *= X[i] * Y[i]
+    for i in dace.map[0:N]:
+        P[1] *= np.sin(X[i]) + 2.0
+    S[0] = P[0] * 3.0 + P[1]
+
+
+def _t_prod_map(X, Y, **_):
+    return (X * Y).prod() * 3.0 + (torch.sin(X) + 2.0).prod()
+
+
+def _i_prod_map(rng):
+    n = _SIZES["N"]
+    X = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)
+    X[rng.integers(n)] = 0.0  # exactly one zero factor in P[0]
+    return {"X": X, "Y": rng.uniform(0.5, 1.5, n), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# contractions the frontend specializes np.einsum into: a matrix product, a diagonal (a map) and a
+# three-operand contraction into a scalar (a write-conflict sum map)
+
+
+@dace.program
+def df_einsum(A: f64[N, M], B: f64[M, H], C: f64[N, N], X: f64[N, M], S: f64[1]):
+    P = np.einsum("ij,jk->ik", A, B)
+    d = np.einsum("ii->i", C)
+    t = np.einsum("ij,ij,ij->", A, X, A)
+    S[0] = np.sum(P * P) + np.sum(d * d) + t[0]
+
+
+def _t_einsum(A, B, C, X, **_):
+    P = torch.einsum("ij,jk->ik", A, B)
+    return (P * P).sum() + (torch.einsum("ii->i", C) ** 2).sum() + torch.einsum("ij,ij,ij->", A, X, A)
+
+
+def _i_einsum(rng):
+    n, m, h = _SIZES["N"], _SIZES["M"], _SIZES["H"]
+    return {"A": rng.normal(size=(n, m)), "B": rng.normal(size=(m, h)), "C": rng.normal(size=(n, n)),
+            "X": rng.normal(size=(n, m)), "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# gather and scatter through index arrays (duplicates in the gathered and accumulated indices): `A[idx]`
+# (an indirection tasklet), `A[idx[i]]` inside a map (a nested SDFG reading the index into a symbol),
+# `A[idx[i]] += v` (scatter-add), `A[idx] = v` and `A[idx[i]] = v` (overwriting scatters, distinct indices)
+
+
+@dace.program
+def df_gather(A: f64[N], B: f64[N, H], idx: dace.int64[M], W: f64[M], S: f64[1]):
+    G = A[idx]
+    for i in dace.map[0:M]:
+        S[0] += np.sin(A[idx[i]]) * W[i]
+    for i, j in dace.map[0:M, 0:H]:
+        S[0] += B[idx[i], j] * B[idx[i], j] * W[i]
+    S[0] += np.sum(G * G * W)
+
+
+def _t_gather(A, B, idx, W, S, **_):
+    k = idx.long()
+    G = A.index_select(0, k)
+    Bk = B.index_select(0, k)
+    return S[0] + (torch.sin(G) * W).sum() + (Bk * Bk * W[:, None]).sum() + (G * G * W).sum()
+
+
+def _index(rng, n: int, m: int, distinct: bool) -> np.ndarray:
+    if distinct:
+        return rng.permutation(n)[:m].astype(np.int64)
+    idx = rng.integers(0, n, m).astype(np.int64)
+    idx[1] = idx[0]  # a duplicate
+    return idx
+
+
+def _i_gather(rng):
+    n, m, h = _SIZES["N"], _SIZES["M"], _SIZES["H"]
+    return {"A": rng.normal(size=n), "B": rng.normal(size=(n, h)), "idx": _index(rng, n, m, distinct=False),
+            "W": rng.normal(size=m), "S": _z(1)}
+
+
+@dace.program
+def df_scatter_add(A: f64[N], idx: dace.int64[M], V: f64[M], W: f64[N], S: f64[1]):
+    for i in dace.map[0:M]:
+        A[idx[i]] += V[i] * V[i]
+    S[0] = np.sum(A * A * W)
+
+
+def _t_scatter_add(A, idx, V, W, **_):
+    A = A.index_add(0, idx.long(), V * V)
+    return (A * A * W).sum()
+
+
+def _i_scatter_add(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=n), "idx": _index(rng, n, m, distinct=False), "V": rng.normal(size=m),
+            "W": rng.normal(size=n), "S": _z(1)}
+
+
+@dace.program
+def df_scatter(A: f64[N], idx: dace.int64[M], jdx: dace.int64[M], V: f64[M], W: f64[N], S: f64[1]):
+    T = A * A
+    A[idx] = V
+    for i in dace.map[0:M]:
+        A[jdx[i]] = np.cos(V[i]) * W[idx[i]]
+    S[0] = np.sum(A * W) + np.sum(T * A)
+
+
+def _t_scatter(A, idx, jdx, V, W, **_):
+    T = A * A
+    i, j = idx.long(), jdx.long()
+    A = setitem(A, i, V)
+    A = setitem(A, j, torch.cos(V) * W.index_select(0, i))
+    return (A * W).sum() + (T * A).sum()
+
+
+def _i_scatter(rng):
+    n, m = _SIZES["N"], _SIZES["M"]
+    return {"A": rng.normal(size=n), "idx": _index(rng, n, m, distinct=True), "jdx": _index(rng, n, m, distinct=True),
+            "V": rng.normal(size=m), "W": rng.normal(size=n), "S": _z(1)}
 
 
 CASES: list[Case] = [
@@ -667,6 +997,33 @@ CASES: list[Case] = [
          "np.sum along axis 0 and axis 1, then np.sum"),
     Case("df_lib_softmax", df_lib_softmax, _t_lib_softmax, ("X", "W"), "S", _i_lib_softmax, _NM,
          "row softmax with np.max / np.sum library reductions"),
+    Case("df_flatten_matmul", df_flatten_matmul, _t_flatten_matmul, ("X", "Wt"), "S", _i_flatten_matmul, _FLATTEN,
+         "lenet's flatten: np.reshape of a 4-D transient with int_floor extents to (N, CB), then a matmul"),
+    Case("df_flatten", df_flatten, _t_flatten, ("X",), "S", _i_flatten,
+         {"N": _SIZES["N"], "M": _SIZES["M"], "H": _SIZES["H"]}, "X.flatten() of a 3-D input"),
+    Case("df_reshape_same_rank", df_reshape_same_rank, _t_reshape_same_rank, ("A",), "S", _i_reshape_same_rank,
+         _NM, "np.reshape (N, M) -> (M, N): a view of equal rank that is not a slice"),
+    Case("df_reshape_memlet_path", df_reshape_memlet_path, _t_reshape_memlet_path, ("inp", "bias"), "S",
+         _i_reshape_memlet_path, _NM, "a reshaped vector read by a broadcast map (a reshape on a memlet path)"),
+    Case("df_reshape_copy", BuiltProgram(df_reshape_copy, ("A", "V", "S")), _t_reshape_copy, ("A",), "S",
+         _i_reshape_copy, _NM, "copies that reshape: a strided 2-D block into a vector, the vector into a matrix"),
+    Case("df_masked_assign", df_masked_assign, _t_masked_assign, ("X", "W"), "S", _i_masked_assign, _N,
+         "T[T <= 0.1] = 1.0: a conditional write through a dynamic memlet"),
+    Case("df_tasklet_branches", df_tasklet_branches, _t_tasklet_branches, ("X", "Y", "W"), "S",
+         _i_tasklet_branches, _N, "explicit tasklets: reassigned local, bare expression, if/elif/else, ternary, +=, conditional dynamic sum"),
+    Case("df_where", df_where, _t_where, ("X", "Y"), "S", _i_where, _N, "np.where (expanded to a ternary)"),
+    Case("df_prod", df_prod, _t_prod, ("A", "W"), "S", _i_prod, _NM,
+         "np.prod along an axis and over a block, rows with no, one and two zeros"),
+    Case("df_prod_map", df_prod_map, _t_prod_map, ("X", "Y"), "S", _i_prod_map, _N,
+         "P[0] *= f(x[i]) in a map (product write-conflict resolution), one zero factor"),
+    Case("df_einsum", df_einsum, _t_einsum, ("A", "B", "C", "X"), "S", _i_einsum, _NMH,
+         "np.einsum: matrix product, diagonal, three-operand contraction to a scalar"),
+    Case("df_gather", df_gather, _t_gather, ("A", "B", "W"), "S", _i_gather, _NMH,
+         "A[idx], A[idx[i]] and B[idx[i], j] in maps, duplicate indices"),
+    Case("df_scatter_add", df_scatter_add, _t_scatter_add, ("A", "V", "W"), "S", _i_scatter_add, _NM,
+         "A[idx[i]] += v[i] in a map, duplicate indices"),
+    Case("df_scatter", df_scatter, _t_scatter, ("A", "V", "W"), "S", _i_scatter, _NM,
+         "A[idx] = V and A[jdx[i]] = f(V[i], W[idx[i]]) overwrite (distinct indices); A read before"),
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

@@ -1,8 +1,10 @@
-"""Programs built around one library node each, with torch references (see test_library_nodes.py).
+"""Programs built around one library node each, with torch references (see tests/verify/test_library.py).
 
 Every program writes `S[0]`: the node's result weighted by a random array and summed. Sizes are symbols
-so one compiled SDFG serves every drawn size. Inputs of max/min cases are drawn from a few integers so
-that ties (split equally among the extremal elements, as torch.amax does) are common.
+so one compiled SDFG serves every drawn size; an input's shape may be an expression of them ("M+1").
+Inputs of max/min cases are drawn from a few integers so that ties (split equally among the extremal
+elements, as torch.amax does) are common. The product cases read and write subsets of larger arrays
+(columns, rows, sub-blocks, a slice of a 3-D array, one element), as NPBench's kernels do.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from typing import Any, Callable
 
 import dace
 import numpy as np
+import sympy
 import torch
-from dace.libraries.blas import Gemm
+from dace.libraries.blas import Dot, Gemm, Gemv, MatMul
 
 from gradflow.verify.corpus.case import BuiltProgram
 
@@ -35,7 +38,7 @@ class LibCase:
     def make_inputs(self, rng: np.random.Generator, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         out = {}
         for name, shape in self.shapes.items():
-            dims = tuple(1 if s == "1" else sizes[s] for s in shape)
+            dims = tuple(int(sympy.sympify(s, locals=dict(sizes))) for s in shape)
             if self.ties and name != "W":
                 out[name] = rng.integers(-2, 3, size=dims).astype(np.float64)
             else:
@@ -145,6 +148,223 @@ def matmul_broadcast(A: f64[B, N, K], X: f64[K, M], W: f64[B, N, M], S: f64[1]):
     S[0] = np.sum(C * W)
 
 
+# --- products on subsets of larger arrays -------------------------------------------------------------------
+
+@dace.program
+def dot_columns(A: f64[N, M + 1], W: f64[1], S: f64[1]):
+    S[0] = np.dot(A[:, 0], A[:, M]) * W[0]
+
+
+@dace.program
+def matmul_row_col(A: f64[N, K], X: f64[K, M], W: f64[1], S: f64[1]):
+    S[0] = (A[N - 1, :] @ X[:, 0]) * W[0]
+
+
+@dace.program
+def matmul_col_mat(A: f64[N, M + 1], W: f64[M], S: f64[1]):
+    r = A[:, 0] @ A[:, 1:M + 1]
+    S[0] = np.sum(r * W)
+
+
+@dace.program
+def matmul_slice3d(A: f64[B, N, K], X: f64[K, M], W: f64[N, M], S: f64[1]):
+    C = A[B - 1, :, :] @ X
+    S[0] = np.sum(C * W)
+
+
+
+
+@dace.program
+def matmul_strided_rows(A: f64[2 * N, K], X: f64[K, M], W: f64[N, M], S: f64[1]):
+    C = A[1::2, :] @ X
+    S[0] = np.sum(C * W)
+
+
+def _arrays(name: str, shapes: dict) -> dace.SDFG:
+    """An empty SDFG with float64 arguments of the given shapes."""
+    sdfg = dace.SDFG(name)
+    for array, shape in shapes.items():
+        sdfg.add_array(array, shape, f64)
+    return sdfg
+
+
+def _wire(state: dace.SDFGState, node, reads: dict[str, str], writes: dict[str, str]) -> None:
+    """Add library node `node` to `state`, reading and writing the memlets ("A[0:N, 1]") given per connector."""
+    state.add_node(node)
+    for conn, memlet in reads.items():
+        state.add_edge(state.add_read(memlet.split("[")[0]), None, node, conn, dace.Memlet(memlet))
+    for conn, memlet in writes.items():
+        state.add_edge(node, conn, state.add_write(memlet.split("[")[0]), None, dace.Memlet(memlet))
+
+
+def _weighted_sum(state: dace.SDFGState, array: str, ranges: dict[str, str], index: str) -> None:
+    """S[0] += sum over `ranges` of array[index] * W[index], as one map."""
+    state.add_mapped_tasklet("weigh", ranges, {"a": dace.Memlet(f"{array}[{index}]"), "w": dace.Memlet(f"W[{index}]")},
+                             "s = a * w", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+
+
+def dot_into_element() -> dace.SDFG:
+    """R[1, 2] = dot(A[:, 1], X[2, :]): a Dot whose operands are a column and a row and whose result is one
+    element of a larger array (the other elements of R keep their values)."""
+    sdfg = _arrays("dot_into_element", {"A": [N, 3], "X": [3, N], "R": [3, 3], "W": [3, 3], "S": [1]})
+    state = sdfg.add_state("dot", is_start_block=True)
+    _wire(state, Dot("dot"), {"_x": "A[0:N, 1]", "_y": "X[2, 0:N]"}, {"_result": "R[1, 2]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "R", {"i": "0:3", "j": "0:3"}, "i, j")
+    return sdfg
+
+
+def _gemv(beta: float, name: str) -> dace.SDFG:
+    """Y[0:K, 2] = 1.5 * A[1:N+1, 2:K+2]^T @ X[1:N+1, 1] (+ beta * Y[0:K, 2]): a transposed sub-block of a
+    larger matrix times a column, into a column of another matrix."""
+    sdfg = _arrays(name, {"A": [N + 1, K + 2], "X": [N + 1, 2], "Y": [K, 3], "W": [K, 3], "S": [1]})
+    state = sdfg.add_state("gemv", is_start_block=True)
+    reads = {"_A": "A[1:N + 1, 2:K + 2]", "_x": "X[1:N + 1, 1]"}
+    if beta:
+        reads["_y"] = "Y[0:K, 2]"
+    _wire(state, Gemv("gemv", transA=True, alpha=1.5, beta=beta), reads, {"_y": "Y[0:K, 2]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "Y", {"i": "0:K", "j": "0:3"}, "i, j")
+    return sdfg
+
+
+def gemv_transposed_slice() -> dace.SDFG:
+    return _gemv(0, "gemv_transposed_slice")
+
+
+def gemv_beta_inplace() -> dace.SDFG:
+    return _gemv(0.5, "gemv_beta_inplace")
+
+
+def matmul_outer_slices() -> dace.SDFG:
+    """C = A[:, 0:1] @ X[K-1:K, :]: a MatMul of an N x 1 by a 1 x M slice, which DaCe computes as a Gemm of
+    those two-dimensional subsets as they are (the frontend would read the slices as vectors and refuse)."""
+    sdfg = _arrays("matmul_outer_slices", {"A": [N, K], "X": [K, M], "W": [N, M], "S": [1]})
+    sdfg.add_array("C", [N, M], f64, transient=True)
+    state = sdfg.add_state("outer", is_start_block=True)
+    _wire(state, MatMul("outer"), {"_a": "A[0:N, 0:1]", "_b": "X[K - 1:K, 0:M]"}, {"_c": "C[0:N, 0:M]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N", "j": "0:M"}, "i, j")
+    return sdfg
+
+
+def gemm_subblocks() -> dace.SDFG:
+    """C[1:N+1, 0:M] = 2 * A[1:K+1, 0:N]^T @ X[0:M, 1:K+1]^T: transposed sub-blocks in, a sub-block out."""
+    sdfg = _arrays("gemm_subblocks", {"A": [K + 1, N + 1], "X": [M, K + 2], "C": [N + 1, M], "W": [N + 1, M],
+                                      "S": [1]})
+    state = sdfg.add_state("gemm", is_start_block=True)
+    _wire(state, Gemm("gemm", transA=True, transB=True, alpha=2.0, beta=0, cin=False),
+          {"_a": "A[1:K + 1, 0:N]", "_b": "X[0:M, 1:K + 1]"}, {"_c": "C[1:N + 1, 0:M]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N + 1", "j": "0:M"}, "i, j")
+    return sdfg
+
+
+def gemm_padded_operand() -> dace.SDFG:
+    """C = T @ X with T a copy of A in a transient whose rows are padded (strides (K + 3, 1)): BLAS could
+    read T, but the backward reads it through gradflow's map fallback for operands whose array is not
+    packed (`_contract`)."""
+    sdfg = _arrays("gemm_padded_operand", {"A": [N, K], "X": [K, M], "W": [N, M], "S": [1]})
+    sdfg.add_array("T", [N, K], f64, strides=[K + 3, 1], total_size=N * (K + 3), transient=True)
+    sdfg.add_array("C", [N, M], f64, transient=True)
+    fill = sdfg.add_state("fill", is_start_block=True)
+    fill.add_mapped_tasklet("fill", {"i": "0:N", "k": "0:K"}, {"a": dace.Memlet("A[i, k]")}, "t = a",
+                            {"t": dace.Memlet("T[i, k]")}, external_edges=True)
+    state = sdfg.add_state_after(fill, "gemm")
+    _wire(state, Gemm("gemm", alpha=1, beta=0, cin=False), {"_a": "T[0:N, 0:K]", "_b": "X[0:K, 0:M]"},
+          {"_c": "C[0:N, 0:M]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N", "j": "0:M"}, "i, j")
+    return sdfg
+
+
+def _dot_into_element(A, X, R, W):
+    R = R.clone()
+    R[1, 2] = torch.dot(A[:, 1], X[2, :])
+    return _w(R, W)
+
+
+def _gemv_ref(beta):
+    def ref(A, X, Y, W):
+        Y = Y.clone()
+        Y[:, 2] = 1.5 * A[1:, 2:].T @ X[1:, 1] + beta * Y[:, 2]
+        return _w(Y, W)
+    return ref
+
+
+def _gemm_subblocks(A, X, C, W):
+    C = C.clone()
+    C[1:, :] = 2.0 * A[1:, :-1].T @ X[:, 1:-1].T
+    return _w(C, W)
+
+
+# --- products (zeros common: ties draw integers in -2..2) ----------------------------------------------------
+
+@dace.program
+def prod_axis1(A: f64[N, M], W: f64[N], S: f64[1]):
+    r = np.prod(A, axis=1)
+    S[0] = np.sum(r * W)
+
+
+@dace.program
+def prod_all(A: f64[N, M], W: f64[1], S: f64[1]):
+    S[0] = np.multiply.reduce(A, axis=None) * W[0]
+
+
+# --- contractions ------------------------------------------------------------------------------------------
+
+@dace.program
+def tensordot_axes2(A: f64[N, M, K], X: f64[M, K], W: f64[N], S: f64[1]):
+    C = np.tensordot(A, X, axes=([1, 2], [0, 1]))
+    S[0] = np.sum(C * W)
+
+
+@dace.program
+def tensordot_axes1(A: f64[N, K], X: f64[K, M], W: f64[N, M], S: f64[1]):
+    C = np.tensordot(A, X, axes=1)
+    S[0] = np.sum(C * C * W)
+
+
+@dace.program
+def tensordot_permuted(A: f64[N, M, K], X: f64[B, K], W: f64[B, N, M], S: f64[1]):
+    C = np.tensordot(A, X, axes=([2], [1]), out_axes=[2, 0, 1])  # out_axes: DaCe's extension
+    S[0] = np.sum(C * W)
+
+
+def _einsum_node(name: str, spec: str, operands: dict, result: tuple, alpha: float = 1.0):
+    """An SDFG computing S[0] = sum(einsum(spec, operands...) * W) with DaCe's Einsum library node."""
+    from dace.libraries.blas import Einsum
+
+    def build() -> dace.SDFG:
+        sdfg = dace.SDFG(name)
+        for array, shape in operands.items():
+            sdfg.add_array(array, list(shape), f64)
+        sdfg.add_array("W", list(result), f64)
+        sdfg.add_array("S", [1], f64)
+        sdfg.add_transient("R", list(result), f64)
+        state = sdfg.add_state("contract", is_start_block=True)
+        node = Einsum("einsum")
+        node.einsum_str = spec
+        node.alpha = alpha
+        state.add_node(node)
+        for k, (array, shape) in reversed(list(enumerate(operands.items()))):  # edges out of connector order
+            node.add_in_connector(f"in{k}")
+            state.add_edge(state.add_read(array), None, node, f"in{k}",
+                           dace.Memlet(f"{array}[{', '.join(f'0:{d}' for d in shape)}]"))
+        node.add_out_connector("out")
+        index = ", ".join(f"0:{d}" for d in result)
+        state.add_edge(node, "out", state.add_write("R"), None, dace.Memlet(f"R[{index}]"))
+        total = sdfg.add_state_after(state, "total")
+        params = {f"__i{d}": f"0:{n}" for d, n in enumerate(result)}
+        element = ", ".join(params)
+        total.add_mapped_tasklet("t", params, {"r": dace.Memlet(f"R[{element}]"), "w": dace.Memlet(f"W[{element}]")},
+                                 "s = r * w", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")},
+                                 external_edges=True)
+        return sdfg
+
+    build.__name__ = name
+    return BuiltProgram(build, (*operands, "W", "S"))
+
+
+einsum_matmul = _einsum_node("einsum_matmul", "ij,jk->ik", {"A": (N, K), "X": (K, M)}, (N, M), alpha=2.0)
+einsum_chain = _einsum_node("einsum_chain", "ij,jk,kl->il", {"A": (N, K), "X": (K, M), "Y": (M, B)}, (N, B))
+
+
 # --- transposes --------------------------------------------------------------------------------------------
 
 @dace.program
@@ -166,20 +386,11 @@ def _w(expr, W):
 # --- Gemm with beta: C = alpha * A @ B + beta * C, in place (built with the API) ----------------------------
 
 def gemm_beta_inplace() -> dace.SDFG:
-    sdfg = dace.SDFG("gemm_beta_inplace")
-    for name, shape in (("A", [N, K]), ("X", [K, M]), ("C", [N, M]), ("W", [N, M])):
-        sdfg.add_array(name, shape, f64)
-    sdfg.add_array("S", [1], f64)
+    sdfg = _arrays("gemm_beta_inplace", {"A": [N, K], "X": [K, M], "C": [N, M], "W": [N, M], "S": [1]})
     state = sdfg.add_state("gemm", is_start_block=True)
-    gemm = Gemm("gemm", alpha=1.5, beta=0.5, cin=True)
-    state.add_node(gemm)
-    state.add_edge(state.add_read("A"), None, gemm, "_a", dace.Memlet("A[0:N, 0:K]"))
-    state.add_edge(state.add_read("X"), None, gemm, "_b", dace.Memlet("X[0:K, 0:M]"))
-    state.add_edge(state.add_read("C"), None, gemm, "_c", dace.Memlet("C[0:N, 0:M]"))
-    state.add_edge(gemm, "_c", state.add_write("C"), None, dace.Memlet("C[0:N, 0:M]"))
-    total = sdfg.add_state_after(state, "total")
-    total.add_mapped_tasklet("t", {"i": "0:N", "j": "0:M"}, {"c": dace.Memlet("C[i, j]"), "w": dace.Memlet("W[i, j]")},
-                             "s = c * w", {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+    _wire(state, Gemm("gemm", alpha=1.5, beta=0.5, cin=True),
+          {"_a": "A[0:N, 0:K]", "_b": "X[0:K, 0:M]", "_c": "C[0:N, 0:M]"}, {"_c": "C[0:N, 0:M]"})
+    _weighted_sum(sdfg.add_state_after(state, "total"), "C", {"i": "0:N", "j": "0:M"}, "i, j")
     return sdfg
 
 
@@ -221,9 +432,53 @@ CASES = [
     LibCase("gemm_beta_inplace", "Gemm", BuiltProgram(gemm_beta_inplace, ("A", "X", "C", "W", "S")),
             lambda A, X, C, W: _w(1.5 * A @ X + 0.5 * C, W), ("A", "X", "C"),
             {"A": ("N", "K"), "X": ("K", "M"), "C": ("N", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("dot_columns", "Dot", dot_columns, lambda A, W: torch.dot(A[:, 0], A[:, -1]) * W[0], ("A", "W"),
+            {"A": ("N", "M+1"), "W": ("1",)}, ("N", "M")),
+    LibCase("dot_into_element", "Dot", BuiltProgram(dot_into_element, ("A", "X", "R", "W", "S")), _dot_into_element,
+            ("A", "X", "R"), {"A": ("N", "3"), "X": ("3", "N"), "R": ("3", "3"), "W": ("3", "3")}, ("N",)),
+    LibCase("matmul_row_col", "MatMul", matmul_row_col, lambda A, X, W: (A[-1, :] @ X[:, 0]) * W[0], ("A", "X"),
+            {"A": ("N", "K"), "X": ("K", "M"), "W": ("1",)}, ("N", "M", "K")),
+    LibCase("matmul_col_mat", "MatMul", matmul_col_mat, lambda A, W: _w(A[:, 0] @ A[:, 1:], W), ("A",),
+            {"A": ("N", "M+1"), "W": ("M",)}, ("N", "M")),
+    LibCase("matmul_slice3d", "MatMul", matmul_slice3d, lambda A, X, W: _w(A[-1] @ X, W), ("A", "X"),
+            {"A": ("B", "N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("B", "N", "M", "K")),
+    LibCase("matmul_outer_slices", "MatMul", BuiltProgram(matmul_outer_slices, ("A", "X", "W", "S")),
+            lambda A, X, W: _w(A[:, 0:1] @ X[-1:, :], W), ("A", "X"),
+            {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("matmul_strided_rows", "MatMul", matmul_strided_rows, lambda A, X, W: _w(A[1::2, :] @ X, W), ("A", "X"),
+            {"A": ("2*N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("gemv_transposed_slice", "Gemv", BuiltProgram(gemv_transposed_slice, ("A", "X", "Y", "W", "S")),
+            _gemv_ref(0.0), ("A", "X", "Y"), {"A": ("N+1", "K+2"), "X": ("N+1", "2"), "Y": ("K", "3"), "W": ("K", "3")},
+            ("N", "K")),
+    LibCase("gemv_beta_inplace", "Gemv", BuiltProgram(gemv_beta_inplace, ("A", "X", "Y", "W", "S")),
+            _gemv_ref(0.5), ("A", "X", "Y"), {"A": ("N+1", "K+2"), "X": ("N+1", "2"), "Y": ("K", "3"), "W": ("K", "3")},
+            ("N", "K")),
+    LibCase("gemm_subblocks", "Gemm", BuiltProgram(gemm_subblocks, ("A", "X", "C", "W", "S")), _gemm_subblocks,
+            ("A", "X", "C"), {"A": ("K+1", "N+1"), "X": ("M", "K+2"), "C": ("N+1", "M"), "W": ("N+1", "M")},
+            ("N", "M", "K")),
+    LibCase("gemm_padded_operand", "Gemm", BuiltProgram(gemm_padded_operand, ("A", "X", "W", "S")),
+            lambda A, X, W: _w(A @ X, W), ("A", "X"), {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")},
+            ("N", "M", "K")),
     LibCase("transpose_2d", "Transpose", transpose_2d, lambda A, W: _w(A.T, W), ("A",),
             {"A": ("N", "M"), "W": ("M", "N")}, ("N", "M")),
     LibCase("transpose_3d", "TensorTranspose", transpose_3d, lambda A, W: _w(A.permute(2, 0, 1), W), ("A",),
             {"A": ("N", "M", "K"), "W": ("K", "N", "M")}, ("N", "M", "K")),
+    LibCase("prod_axis1", "Reduce", prod_axis1, lambda A, W: _w(A.prod(1), W), ("A", "W"),
+            {"A": ("N", "M"), "W": ("N",)}, ("N", "M"), ties=True),
+    LibCase("prod_all", "Reduce", prod_all, lambda A, W: A.prod() * W[0], ("A", "W"),
+            {"A": ("N", "M"), "W": ("1",)}, ("N", "M"), ties=True),
+    LibCase("tensordot_axes2", "TensorDot", tensordot_axes2,
+            lambda A, X, W: _w(torch.tensordot(A, X, dims=([1, 2], [0, 1])), W), ("A", "X", "W"),
+            {"A": ("N", "M", "K"), "X": ("M", "K"), "W": ("N",)}, ("N", "M", "K")),
+    LibCase("tensordot_axes1", "TensorDot", tensordot_axes1,
+            lambda A, X, W: _w(torch.tensordot(A, X, dims=1) ** 2, W), ("A", "X"),
+            {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("tensordot_permuted", "TensorDot", tensordot_permuted,
+            lambda A, X, W: _w(torch.tensordot(A, X, dims=([2], [1])).permute(2, 0, 1), W), ("A", "X"),
+            {"A": ("N", "M", "K"), "X": ("B", "K"), "W": ("B", "N", "M")}, ("B", "N", "M", "K")),
+    LibCase("einsum_matmul", "Einsum", einsum_matmul, lambda A, X, W: _w(2.0 * torch.einsum("ij,jk->ik", A, X), W),
+            ("A", "X"), {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")}, ("N", "M", "K")),
+    LibCase("einsum_chain", "Einsum", einsum_chain, lambda A, X, Y, W: _w(torch.einsum("ij,jk,kl->il", A, X, Y), W),
+            ("A", "X", "Y"), {"A": ("N", "K"), "X": ("K", "M"), "Y": ("M", "B"), "W": ("N", "B")}, ("N", "M", "K", "B")),
 ]
 CASES_BY_NAME = {c.name: c for c in CASES}

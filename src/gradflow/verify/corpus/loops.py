@@ -12,8 +12,9 @@ from __future__ import annotations
 import dace
 import numpy as np
 import torch
+from dace.libraries.blas import Dot
 
-from .case import Case, setitem
+from .case import BuiltProgram, Case, element_rows, list_dot, setitem, stack_rows
 from .unstructured import CASES as _UNSTRUCTURED
 
 N = dace.symbol("N")
@@ -26,11 +27,6 @@ f64 = dace.float64
 
 def _z(*shape: int) -> np.ndarray:
     return np.zeros(shape, dtype=np.float64)
-
-
-def _rows(A: torch.Tensor) -> list[list[torch.Tensor]]:
-    """A matrix as a list of lists of 0-d tensors (element-wise loop references write into these)."""
-    return [[A[i, j] for j in range(A.shape[1])] for i in range(A.shape[0])]
 
 
 def _sq_sum(A: torch.Tensor) -> torch.Tensor:
@@ -267,7 +263,7 @@ def lp_lu(A: f64[N, N], W: f64[N, N], S: f64[1]):
 
 def _t_lu(A, W, S, **_):
     n = A.shape[0]
-    a = _rows(A)
+    a = element_rows(A)
     for i in range(n):
         for j in range(i):
             for k in range(j):
@@ -787,6 +783,121 @@ def _t_growing_prefix(A, C, S, **_):
 # ----------------------------------------------------------------------------------------------------------
 
 
+# ----------------------------------------------------------------------------------------------------------
+# matrix and vector products on slices inside loops (the DaCe forms NPBench uses for cholesky, lu, trisolv,
+# doitgen and covariance), and the row-to-column copy of covariance
+
+
+@dace.program
+def lp_cholesky_dot(A: f64[N, N], W: f64[N, N], S: f64[1]):
+    A[0, 0] = np.sqrt(A[0, 0])
+    for i in range(1, N):
+        for j in range(i):
+            A[i, j] -= np.dot(A[i, :j], A[j, :j])
+            A[i, j] /= A[j, j]
+        A[i, i] -= np.dot(A[i, :i], A[i, :i])
+        A[i, i] = np.sqrt(A[i, i])
+    S[0] = np.sum(A * W)
+
+
+def _t_cholesky_dot(A, W, **_):
+    n = A.shape[0]
+    a = element_rows(A)
+    a[0][0] = torch.sqrt(a[0][0])
+    for i in range(1, n):
+        for j in range(i):
+            a[i][j] = (a[i][j] - list_dot(a[i][:j], a[j][:j])) / a[j][j]
+        a[i][i] = torch.sqrt(a[i][i] - list_dot(a[i][:i], a[i][:i]))
+    return (stack_rows(a) * W).sum()
+
+
+def _i_cholesky_dot(rng):
+    n = 5
+    B = rng.normal(size=(n, n))
+    return {"A": B @ B.T / n + np.eye(n), "W": rng.normal(size=(n, n)), "S": _z(1)}
+
+
+@dace.program
+def lp_lu_slices(A: f64[N, N], W: f64[N, N], S: f64[1]):
+    for i in range(N):
+        for j in range(i):
+            A[i, j] -= A[i, :j] @ A[:j, j]
+            A[i, j] /= A[j, j]
+        for j in range(i, N):
+            A[i, j] -= A[i, :i] @ A[:i, j]
+    S[0] = np.sum(A * W)
+
+
+def _t_lu_slices(A, W, **_):
+    return _t_lu(A, W, torch.zeros(1, dtype=torch.float64))
+
+
+@dace.program
+def _trisolv_dot(L: f64[N, N], x: f64[N], b: f64[N], S: f64[1]):
+    for i in range(N):
+        x[i] = np.dot(L[i, :i], x[:i])
+        x[i] = (b[i] - x[i]) / L[i, i]
+    for i in range(N):
+        S[0] += x[i] * x[i] * (i + 1)
+
+
+def lp_trisolv_dot() -> dace.SDFG:
+    """trisolv whose Dot writes its result straight into x[i], one element of a larger array. The frontend
+    stores np.dot's result in a scalar that a tasklet assigns to x[i]; the builder drops both."""
+    sdfg = _trisolv_dot.to_sdfg(simplify=True)
+    sdfg.name = "lp_trisolv_dot"
+    for state in sdfg.states():
+        for dot in [n for n in state.nodes() if isinstance(n, Dot)]:
+            (out,) = state.out_edges(dot)
+            scalar = out.dst  # dot -> scalar -> assignment tasklet -> x[i]
+            (read,) = state.out_edges(scalar)
+            (write,) = state.out_edges(read.dst)
+            state.add_edge(dot, "_result", write.dst, None, dace.Memlet(data=write.dst.data, subset=write.data.subset))
+            state.remove_nodes_from([scalar, read.dst])
+    return sdfg
+
+
+def _t_trisolv_dot(L, b, S, **_):
+    n = L.shape[0]
+    x: list[torch.Tensor] = []
+    for i in range(n):
+        x.append((b[i] - list_dot([L[i, j] for j in range(i)], x)) / L[i, i])
+    return S[0] + sum(x[i] * x[i] * (i + 1) for i in range(n))
+
+
+def _i_trisolv_dot(rng):
+    out = _i_trisolv(rng)
+    out["L"], out["b"], out["x"] = out["L"][:6, :6], out["b"][:6], out["x"][:6]
+    return out
+
+
+@dace.program
+def lp_doitgen(A: f64[N, M, K], C4: f64[K, K], W: f64[N, M, K], S: f64[1]):
+    for r in range(N):
+        A[r, :, :] = np.reshape(np.reshape(A[r], (M, K)) @ C4, (M, K))
+    S[0] = np.sum(A * W)
+
+
+def _t_doitgen(A, C4, W, **_):
+    return (torch.stack([A[r] @ C4 for r in range(A.shape[0])]) * W).sum()
+
+
+@dace.program
+def lp_covariance(data: f64[N, M], W: f64[M, M], S: f64[1]):
+    mean = np.mean(data, axis=0)
+    d = data - mean
+    cov = np.zeros((M, M), dtype=data.dtype)
+    for i in range(M):
+        cov[i, i:M] = d[:, i] @ d[:, i:M] / (np.float64(N) - 1.0)
+        cov[i:M, i] = cov[i, i:M]
+    S[0] = np.sum(cov * W)
+
+
+def _t_covariance(data, W, **_):
+    d = data - data.mean(0)
+    return (d.T @ d / (data.shape[0] - 1.0) * W).sum()
+
+
 def _inputs(**shapes):
     """Normal draws for the named arrays (a tuple shape), zero `S`."""
 
@@ -808,7 +919,79 @@ def _with_t(fn, t):
     return ref
 
 
+# ----------------------------------------------------------------------------------------------------------
+# correlation-style normalisation: a masked assignment `sd[sd <= 0.5] = 1.0` (a conditional write), then the
+# columns divided by sd in place inside a loop, and a data-dependent gather inside the loop
+
+
+@dace.program
+def lp_masked_normalise(X: f64[N, M], W: f64[N, M], idx: dace.int64[M], S: f64[1]):
+    sd = np.sqrt(np.sum(X * X, axis=0) / N)
+    sd[sd <= 0.5] = 1.0
+    for i in range(N):
+        X[i, :] = X[i, :] / sd
+    for i in range(N):
+        for j in dace.map[0:M]:
+            S[0] += X[i, idx[j]] * W[i, j]
+
+
+def _t_masked_normalise(X, W, idx, S, **_):
+    sd = torch.sqrt((X * X).mean(0))
+    sd = torch.where(sd <= 0.5, torch.ones_like(sd), sd)
+    X = X / sd
+    return S[0] + (X[:, idx.long()] * W).sum()
+
+
+def _i_masked_normalise(rng):
+    n, m = 6, 4
+    X = rng.normal(size=(n, m))
+    X[:, 1] *= 0.1  # a column with sd <= 0.5: the mask writes 1.0 there
+    X[:, 2] += 2.0 * np.sign(X[:, 2])  # sd well above 0.5
+    idx = rng.integers(0, m, m).astype(np.int64)
+    idx[0] = 1
+    return {"X": X, "W": rng.normal(size=(n, m)), "idx": idx, "S": _z(1)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# gather and in-place scatter through an index array inside a sequential loop (duplicate indices: a later
+# iteration reads what an earlier one wrote)
+
+
+@dace.program
+def lp_indexed_updates(A: f64[N], idx: dace.int64[M], V: f64[M], S: f64[1]):
+    for i in range(M):
+        S[0] += A[idx[i]] * V[i]
+        A[idx[i]] = A[idx[i]] * 0.5 + np.sin(V[i])
+    S[0] += np.sum(A * A)
+
+
+def _t_indexed_updates(A, idx, V, S, **_):
+    total = S[0]
+    for i, k in enumerate(idx.long().tolist()):
+        total = total + A[k] * V[i]
+        A = setitem(A, k, A[k] * 0.5 + torch.sin(V[i]))
+    return total + (A * A).sum()
+
+
+def _i_indexed_updates(rng):
+    n, m = 6, 7
+    idx = rng.integers(0, n, m).astype(np.int64)
+    idx[3] = idx[1]  # a duplicate
+    return {"A": rng.normal(size=n), "idx": idx, "V": rng.normal(size=m), "S": _z(1)}
+
+
 CASES: list[Case] = [
+    Case("lp_cholesky_dot", lp_cholesky_dot, _t_cholesky_dot, ("A", "W"), "S", _i_cholesky_dot, {"N": 5},
+         "cholesky with np.dot of row slices A[i, :j], A[j, :j] (Dot on 2-D subsets), in place"),
+    Case("lp_lu_slices", lp_lu_slices, _t_lu_slices, ("A", "W"), "S", _i_lu, {"N": 6},
+         "lu with row-slice @ column-slice products A[i, :j] @ A[:j, j], in place"),
+    Case("lp_trisolv_dot", BuiltProgram(lp_trisolv_dot, ("L", "x", "b", "S")), _t_trisolv_dot, ("L", "b"), "S",
+         _i_trisolv_dot, {"N": 6}, "trisolv with a Dot writing x[i], one element of the vector it reads"),
+    Case("lp_doitgen", lp_doitgen, _t_doitgen, ("A", "C4", "W"), "S",
+         _inputs(A=(3, 4, 3), C4=(3, 3), W=(3, 4, 3)), {"N": 3, "M": 4, "K": 3},
+         "doitgen: A[r] = reshape(reshape(A[r]) @ C4), a 3-D slice as a matrix, in place"),
+    Case("lp_covariance", lp_covariance, _t_covariance, ("data", "W"), "S", _inputs(data=(6, 4), W=(4, 4)),
+         {"N": 6, "M": 4}, "covariance: column @ column block into a row, mirrored by cov[i:M, i] = cov[i, i:M]"),
     Case("lp_jacobi_1d", lp_jacobi_1d, _with_t(_t_jacobi_1d, 3), ("A", "B"), "S",
          _inputs(A=(10,), B=(10,)), {"N": 10, "T": 3}, "PolyBench jacobi_1d, slices inside a time loop"),
     Case("lp_jacobi_2d", lp_jacobi_2d, _with_t(_t_jacobi_2d, 3), ("A", "B"), "S",
@@ -864,6 +1047,10 @@ CASES: list[Case] = [
          "a data-dependent while loop inside a dace.map body (growable tape in the nested SDFG)"),
     Case("lp_map_of_while_capped", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
          "a data-dependent while loop inside a dace.map body, bounded by the user", loop_bounds={"*": 64}),
+    Case("lp_masked_normalise", lp_masked_normalise, _t_masked_normalise, ("X", "W"), "S", _i_masked_normalise,
+         {"N": 6, "M": 4}, "sd[sd <= 0.5] = 1.0, columns divided in place in a loop, a gather X[i, idx[j]] in a map"),
+    Case("lp_indexed_updates", lp_indexed_updates, _t_indexed_updates, ("A", "V"), "S", _i_indexed_updates,
+         {"N": 6, "M": 7}, "S += A[idx[i]] * V[i]; A[idx[i]] = f(A[idx[i]], V[i]) in a for loop, duplicates"),
     *_UNSTRUCTURED,
 ]
 

@@ -11,7 +11,7 @@ import sympy
 from dace import subsets
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
+from gradflow.autodiff.emit import add_element_tasklet
 from gradflow.core.errors import NotDifferentiableError
 
 
@@ -37,6 +37,16 @@ class Operand:
 
     def memlet(self, array: str | None = None) -> dace.Memlet:
         return dace.Memlet(data=array or self.array, subset=copy.deepcopy(self.subset))
+
+
+def disjoint(a: subsets.Range, b: subsets.Range) -> bool:
+    """True only when the two subsets provably share no element. Both are parsed anew from text, so their
+    symbols carry DaCe's default assumptions (frontends make loop variables without them, and then
+    `x[0:i]` and `x[i]` cannot be told apart)."""
+    try:
+        return subsets.Range.from_string(str(a)).intersects(subsets.Range.from_string(str(b))) is False
+    except TypeError:  # a symbolic comparison DaCe cannot decide
+        return False
 
 
 def node_of(site: OpSite):
@@ -117,23 +127,6 @@ def clear(ctx: ReverseContext, op: Operand, label: str) -> None:
     ranges, params = ranges_over(op, "__k")
     add_element_tasklet(ctx.new_state(f"clear_{label}"), f"clear_{op.array}", ranges or None, {}, "__o = 0",
                         {"__o": dace.Memlet(f"{grad}[{element(op, params)}]")})
-
-
-def accumulate(ctx: ReverseContext, src: Operand, dst: Operand, label: str, scale: object = 1) -> None:
-    """gradient of `dst` (on its subset) += scale * `src` (an array of the same squeezed shape)."""
-    sdims, ddims = src.squeezed(), dst.squeezed()
-    if len(sdims) != len(ddims):
-        raise NotDifferentiableError(f"{label}: cannot add {src.array}[{src.subset}] into {dst.array}[{dst.subset}]")
-    ranges, dparams = ranges_over(dst, "__k", ddims)
-    sparams: list[str | None] = [None] * src.dims
-    for s, d in zip(sdims, ddims):
-        sparams[s] = dparams[d]
-    add_element_tasklet(
-        ctx.new_state(f"accumulate_{label}"), f"acc_{dst.array}", ranges or None,
-        {"__s": dace.Memlet(f"{src.array}[{element(src, sparams)}]")},
-        "__o = __s" if str(scale) == "1" else f"__o = ({scale}) * __s",
-        {"__o": dace.Memlet(f"{ctx.grad_of(dst.array)}[{element(dst, dparams)}]", wcr=SUM)},
-    )
 
 
 def transient(ctx: ReverseContext, shape, like: str, label: str) -> str:

@@ -9,13 +9,17 @@ non-unit dimensions. Reverse, per input element x[i] reduced into y[o(i)]:
   counted (cnt[o] = #{i : x[i] == R[o]}) and gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split
   equally, as `torch.amax`);
 then gy is cleared on the output subset (the reduction overwrote it) unless the node accumulates (no
-identity and a sum). Products (`np.prod`) have no rule: DaCe expands them, and a product write-conflict map
-is not differentiated.
+identity and a sum).
+
+Products (`np.prod`, `np.multiply.reduce`, `a.prod()`, identity 1) have a rule of their own,
+`ProductReduceReverse`: gx[i] += gy[o(i)] * (the product of the other factors of y[o(i)]), computed exactly
+where factors are zero (`autodiff/rules/product.py`).
 """
 
 from __future__ import annotations
 
 import dace
+import sympy
 from dace.frontend.operations import detect_reduction_type
 from dace.libraries.standard import Reduce
 
@@ -23,6 +27,7 @@ from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import SUM, add_element_tasklet, fill
 from gradflow.autodiff.rules import library_rule
 from gradflow.autodiff.rules.library._common import Operand, clear, element, node_of, operands, where
+from gradflow.autodiff.rules.product import product_reverse
 from gradflow.core.errors import NotDifferentiableError
 
 _KINDS = {dace.dtypes.ReductionType.Sum: "sum", dace.dtypes.ReductionType.Max: "max",
@@ -70,6 +75,18 @@ def _index_maps(site: OpSite, x: Operand, y: Operand):
     return ranges, element(x, params), element(y, oparams)
 
 
+def _reversed_operands(site: OpSite, ctx: ReverseContext):
+    """(input, output, output gradient, input gradient) of a reduction whose output carries a gradient;
+    None when it carries none (nothing to reverse)."""
+    x, y = _io(site)
+    gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
+    if gy is None:
+        return None
+    if x.array == y.array:
+        raise NotDifferentiableError(f"{where(site)}: reduces '{x.array}' into itself")
+    return x, y, gy, gx
+
+
 @library_rule("Reduce", applies=_applies)
 class ReduceReverse:
     """Sum, max and min reductions over any axes (module doc)."""
@@ -83,12 +100,10 @@ class ReduceReverse:
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
         node = node_of(site)
         kind = _kind(node)
-        x, y = _io(site)
-        gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
-        if gy is None:
+        operands = _reversed_operands(site, ctx)
+        if operands is None:
             return
-        if x.array == y.array:
-            raise NotDifferentiableError(f"{where(site)}: reduces '{x.array}' into itself")
+        x, y, gy, gx = operands
         accumulate = node.identity is None or y.wcr is not None
         if accumulate and (kind != "sum" or (y.wcr is not None and detect_reduction_type(y.wcr) != dace.dtypes.ReductionType.Sum)):
             raise NotDifferentiableError(f"{where(site)}: a {kind} reduction that combines with the old output value",
@@ -129,3 +144,37 @@ class ReduceReverse:
                             "__o = (__x == __r) * __g / __c",
                             {"__o": dace.Memlet(f"{ctx.grad_of(x.array)}[{xi}]", wcr=SUM)})
 
+
+
+def _is_product(node) -> bool:
+    return detect_reduction_type(node.wcr) == dace.dtypes.ReductionType.Product
+
+
+@library_rule("Reduce", applies=_is_product, name="ProductReduceReverse")
+class ProductReduceReverse:
+    """Product reductions over any axes, zeros handled exactly (module doc)."""
+
+    def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
+        x, y = _io(site)
+        if not ctx.grad_of(y.array) or not ctx.grad_of(x.array):
+            return frozenset()
+        return frozenset({x.array})
+
+    def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
+        node = node_of(site)
+        operands = _reversed_operands(site, ctx)
+        if operands is None:
+            return
+        x, y, gy, gx = operands
+        if y.wcr is not None or node.identity not in (1, 1.0):
+            raise NotDifferentiableError(
+                f"{where(site)}: a product reduction with identity {node.identity} writing with {y.wcr}; only "
+                "products that start at 1 and overwrite their output are differentiated",
+                "give the reduction the identity 1 and multiply the old value in separately")
+        label = f"{site.state.label}_{y.array}"
+        ranges, xi, yo = _index_maps(site, x, y)
+        if gx:
+            xs = sympy.Symbol("__x", real=True)
+            values = {"__x": dace.Memlet(f"{ctx.value_of(site.index, x.array)}[{xi}]")}
+            product_reverse(ctx, label, ranges or None, y.array, yo, None, xs, values, {xs: f"{gx}[{xi}]"})
+        clear(ctx, y, label)

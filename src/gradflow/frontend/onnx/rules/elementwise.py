@@ -14,7 +14,7 @@ from gradflow.frontend.onnx.builder import (
     Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, params, storage_dtype,
 )
 from gradflow.frontend.onnx.dtypes import elem_dtype
-from gradflow.frontend.onnx.table import Node, onnx_rule
+from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
 X, Y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
 
@@ -54,7 +54,12 @@ def _ew_into(lw: Lowering, label: str, code: str, ins: dict[str, Tensor], out: T
            code, {"res": (out, p, None)})
 
 
-@onnx_rule(*elementwise_table().by_onnx)
+#: Binary ops whose opsets before 7 broadcast by `broadcast` / `axis` attributes, not numpy's rules.
+LEGACY_BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "And", "Or", "Xor"})
+
+
+@onnx_rule(*(op for op in elementwise_table().by_onnx if op not in LEGACY_BROADCAST))
+@onnx_rule(*(op for op in elementwise_table().by_onnx if op in LEGACY_BROADCAST), opsets=(7, LATEST_OPSET))
 def table_formula(lw: Lowering, node: Node) -> None:
     """An ONNX op lowered from its entry of rules/elementwise.toml (the entry whose `onnx` lists the op)."""
     _fold(lw, node, elementwise_table().by_onnx[node.op_type])
@@ -164,7 +169,7 @@ _CMP = {"Equal": "(x == y)", "Less": "(x < y)", "LessOrEqual": "(x <= y)", "Grea
 _LOGIC = {"And": "(x and y)", "Or": "(x or y)", "Xor": "(x != y)"}
 
 
-@onnx_rule(*_CMP, *_LOGIC)
+@onnx_rule(*_CMP, *_LOGIC, opsets=(7, LATEST_OPSET))  # see LEGACY_BROADCAST
 def predicate(lw: Lowering, node: Node) -> None:
     """Comparisons and logic: a boolean result of two broadcast inputs."""
     code = {**_CMP, **_LOGIC}[node.op_type]
@@ -187,7 +192,7 @@ def where(lw: Lowering, node: Node) -> None:
 _CASTABLE = frozenset("biuf")
 
 
-@onnx_rule("Cast")
+@onnx_rule("Cast", opsets=(6, LATEST_OPSET))  # Cast-1 named its target type by a string
 def cast(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
     to = elem_dtype(int(node.attr("to")), "the Cast target")

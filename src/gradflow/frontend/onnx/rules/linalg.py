@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import string
 
+import sympy
+
 from gradflow.frontend.onnx.builder import (
-    Dim, Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, literal_float, params,
+    Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, literal_float, norm_dim, params,
+    same_extent,
 )
-from gradflow.frontend.onnx.table import Node, onnx_rule
+from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
 SUM = "lambda a, b: a + b"
 
@@ -50,6 +53,7 @@ def matmul(lw: Lowering, node: Node) -> None:
     batch = broadcast_shapes(a_batch, b_batch)
     bp = params("b", len(batch))
     k_dim = a.shape[-1]
+    same_extent(k_dim, b.shape[-2] if b.rank >= 2 else b.shape[0], "the contracted dims of MatMul's inputs")
     shape = list(batch) + ([a.shape[-2]] if a.rank >= 2 else []) + ([b.shape[-1]] if b.rank >= 2 else [])
     out = lw.output(node.outputs[0], shape, a.dtype)
     ranges = list(zip(bp, batch))
@@ -69,13 +73,16 @@ def matmul(lw: Lowering, node: Node) -> None:
     contract(lw, node.label, out, out_idx, ranges, [(a, a_idx), (b, b_idx)])
 
 
-@onnx_rule("Gemm")
+@onnx_rule("Gemm", opsets=(7, LATEST_OPSET))  # Gemm-1/6 broadcast C by a `broadcast` attribute
 def gemm(lw: Lowering, node: Node) -> None:
     a, b = lw.get(node.inputs[0]), lw.get(node.inputs[1])
     ta, tb = node.attr("transA", 0), node.attr("transB", 0)
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if a.rank != 2 or b.rank != 2:
+        raise InvalidNode(f"Gemm multiplies matrices; the inputs have ranks {a.rank} and {b.rank}")
     m, k = (a.shape[1], a.shape[0]) if ta else (a.shape[0], a.shape[1])
     n = b.shape[0] if tb else b.shape[1]
+    same_extent(k, b.shape[1] if tb else b.shape[0], "the contracted dims of Gemm's inputs")
     out = lw.output(node.outputs[0], [m, n], a.dtype)
     init = None
     if node.input(2) and beta != 0.0:
@@ -93,8 +100,9 @@ def einsum(lw: Lowering, node: Node) -> None:
     eq = str(node.attr("equation")).replace(" ", "")
     lhs, _, rhs = eq.partition("->")
     terms = lhs.split(",")
+    # the equation's grammar was checked with the node's attributes (`spec.Equation`)
     if len(terms) != len(ops):
-        raise RuleUnsupported("equation does not match the number of inputs")
+        raise InvalidNode(f"equation {eq!r} has {len(terms)} input terms for {len(ops)} inputs")
     free = [c for c in string.ascii_letters if c not in eq]
     ell_rank = max((t.rank - (len(term) - 3) for term, t in zip(terms, ops) if "..." in term), default=0)
     ell = free[:ell_rank]
@@ -110,7 +118,7 @@ def einsum(lw: Lowering, node: Node) -> None:
         else:
             letters = list(term)
         if len(letters) != t.rank:
-            raise RuleUnsupported(f"term {term!r} does not match an input of rank {t.rank}")
+            raise InvalidNode(f"term {term!r} does not match an input of rank {t.rank}")
         op_letters.append(letters)
     ell_dims = broadcast_shapes(*ell_shapes) if ell_shapes else ()
     for letter, d in zip(ell, ell_dims):
@@ -119,6 +127,9 @@ def einsum(lw: Lowering, node: Node) -> None:
         for c, d in zip(letters, t.shape):
             if c in ell:
                 continue
+            if c in dims and d != 1 and dims[c] != 1 and norm_dim(sympy.sympify(d) - dims[c]) != 0:
+                bad = InvalidNode if isinstance(norm_dim(sympy.sympify(d) - dims[c]), int) else RuleUnsupported
+                raise bad(f"label {c!r} has extents {dims[c]} and {d} in equation {eq!r}")
             if c not in dims or dims[c] == 1:
                 dims[c] = d
     if "->" in eq:

@@ -11,10 +11,11 @@ import numpy as np
 import sympy
 
 from gradflow.frontend.onnx.builder import (
-    Dim, Lowering, RuleUnsupported, Tensor, dstr, literal_float, norm_dim, params, prod, storage_dtype, sub, exact_div,
+    Checked, Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, exact_div, literal_float, norm_axis, norm_dim,
+    params, prod, same_extent, storage_dtype, sub,
 )
 from gradflow.frontend.onnx.rules.reduce import kept_shape, reduce_into
-from gradflow.frontend.onnx.table import Node, onnx_rule
+from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
 SUM = "lambda a, b: a + b"
 
@@ -32,11 +33,31 @@ def _ceil_div(a: Dim, b: int) -> Dim:
 
 
 def _window_attrs(node: Node, n: int) -> tuple[list[int], list[int], list[int], str]:
-    """strides, dilations, pads (n begins then n ends) and auto_pad of an n-D window op, with ONNX's defaults."""
-    strides = [int(v) for v in node.attr("strides", None) or [1] * n]
-    dil = [int(v) for v in node.attr("dilations", None) or [1] * n]
-    pads = [int(v) for v in node.attr("pads", None) or [0] * 2 * n]
+    """strides, dilations, pads (n begins then n ends) and auto_pad of an n-D window op, with ONNX's defaults
+    (their values were checked by `spec`; their lengths against the n spatial dims are checked here)."""
+    strides = [int(v) for v in _given(node, "strides", [1] * n)]
+    dil = [int(v) for v in _given(node, "dilations", [1] * n)]
+    pads = [int(v) for v in _given(node, "pads", [0] * 2 * n)]
+    for name, values, want in (("strides", strides, n), ("dilations", dil, n), ("pads", pads, 2 * n)):
+        if len(values) != want:
+            raise InvalidNode(f"attribute '{name}' has {len(values)} values; an input with {n} spatial dims "
+                              f"needs {want}")
     return strides, dil, pads, node.attr("auto_pad", "NOTSET")
+
+
+def _given(node: Node, name: str, default: list[int]) -> list[int]:
+    """A list attribute, or its default when absent (an empty list that is given stays empty: invalid)."""
+    value = node.attr(name)
+    return default if value is None else list(value)
+
+
+def _spatial_rank(node: Node, x: Tensor, w: Tensor | None = None) -> int:
+    """The number of spatial dims of a window op's input (N, C, spatial...), checked against the weights."""
+    if x.rank < 3:
+        raise InvalidNode(f"input of rank {x.rank}; a window op needs (N, C, spatial...) of rank >= 3")
+    if w is not None and w.rank != x.rank:
+        raise InvalidNode(f"weights of rank {w.rank} for an input of rank {x.rank} (they must be equal)")
+    return x.rank - 2
 
 
 def _same_pads(total: int, auto_pad: str) -> tuple[int, int]:
@@ -48,8 +69,12 @@ def _same_pads(total: int, auto_pad: str) -> tuple[int, int]:
 def _init_with_bias(lw: Lowering, node: Node, out: Tensor) -> None:
     """out[n, m, ...] = bias[m] (optional input 2), else 0: the start of a convolution's accumulation."""
     if node.input(2):
+        bias = lw.get(node.input(2))
+        if bias.rank != 1:
+            raise InvalidNode(f"bias of shape {tuple(bias.shape)}; it must be ({out.shape[1]},)")
+        same_extent(bias.shape[0], out.shape[1], "the bias and the output channels")
         q = params("p", out.rank)
-        lw.map(node.label, list(zip(q, out.shape)), {"b": (lw.get(node.input(2)), [q[1]])}, "o = b",
+        lw.map(node.label, list(zip(q, out.shape)), {"b": (bias, [q[1]])}, "o = b",
                {"o": (out, q, None)})
     else:
         lw.fill(node.label, out, "0")
@@ -87,21 +112,39 @@ def window(node: Node, spatial: tuple[Dim, ...], kernel: list[int], ceil_mode: b
 
 def _kernel(node: Node, w: Tensor | None, n: int) -> list[int]:
     ks = node.attr("kernel_shape")
-    if ks is None and w is not None:
+    if ks is None and w is None:
+        raise InvalidNode("attribute 'kernel_shape' is required")
+    if ks is not None and len(ks) != n:
+        raise InvalidNode(f"kernel_shape {list(ks)} has {len(ks)} dims; the input has {n} spatial dims")
+    if ks is not None and w is not None and all(isinstance(d, int) for d in w.shape[2:]) and \
+            [int(k) for k in ks] != list(w.shape[2:]):
+        raise InvalidNode(f"kernel_shape {list(ks)} differs from the weights' spatial shape {list(w.shape[2:])}")
+    if ks is None:
         ks = w.shape[2:]
-    if ks is None or not all(isinstance(k, int) for k in ks):
+    if not all(isinstance(k, int) for k in ks):
         raise RuleUnsupported("kernel shape must be static")
     return [int(k) for k in ks]
+
+
+def _groups(node: Node, channels: Dim, per_group: Dim, what: str) -> int:
+    """`group`, checked: the input's channels must be `per_group` (the weights' channel extent) times it."""
+    g = int(node.attr("group", 1))
+    if norm_dim(sympy.sympify(per_group) * g - channels) != 0:
+        raise InvalidNode(f"the input has {channels} channels, but {what} has {per_group} per group and "
+                          f"group is {g}")
+    return g
 
 
 @onnx_rule("Conv")
 def conv(lw: Lowering, node: Node) -> None:
     x, w = lw.get(node.inputs[0]), lw.get(node.inputs[1])
-    n = x.rank - 2
+    n = _spatial_rank(node, x, w)
     ks = _kernel(node, w, n)
     out_sp, begin, end, st, dil = window(node, x.shape[2:], ks)
-    g = int(node.attr("group", 1))
     M, Cg = w.shape[0], w.shape[1]
+    g = _groups(node, x.shape[1], Cg, "the weights")
+    if isinstance(M, int) and M % g:
+        raise InvalidNode(f"{M} output channels (weights' first extent) are not a multiple of group {g}")
     out = lw.output(node.outputs[0], [x.shape[0], M, *out_sp], x.dtype)
     op = params("o", n)
     kp = params("k", n)
@@ -133,11 +176,19 @@ def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: lis
 def conv_transpose(lw: Lowering, node: Node) -> None:
     """out[n, m, o] = sum x[n, c, i] * w[c, m, k] over o = i*s + k*d - pad (a gather over valid i)."""
     x, w = lw.get(node.inputs[0]), lw.get(node.inputs[1])
-    n = x.rank - 2
+    n = _spatial_rank(node, x, w)
     ks = _kernel(node, w, n)
+    if norm_dim(sympy.sympify(w.shape[0]) - x.shape[1]) != 0:
+        raise InvalidNode(f"weights with first extent {w.shape[0]} for an input with {x.shape[1]} channels")
     g = int(node.attr("group", 1))
+    if isinstance(x.shape[1], int) and x.shape[1] % g:
+        raise InvalidNode(f"{x.shape[1]} input channels are not a multiple of group {g}")
     st, dil, pads, auto = _window_attrs(node, n)
-    opad = [int(v) for v in node.attr("output_padding", None) or [0] * n]
+    opad = [int(v) for v in _given(node, "output_padding", [0] * n)]
+    if len(opad) != n:
+        raise InvalidNode(f"output_padding {opad} has {len(opad)} values for {n} spatial dims")
+    if node.attr("output_shape") is not None and len(node.attr("output_shape")) not in (n, n + 2):
+        raise InvalidNode(f"output_shape {list(node.attr('output_shape'))} has neither {n} nor {n + 2} values")
     spatial = x.shape[2:]
     if not all(isinstance(d, int) for d in spatial):
         raise RuleUnsupported("symbolic spatial dims")
@@ -185,12 +236,17 @@ def _lowest(dtype: np.dtype) -> str:
     return "-inf" if dtype.kind == "f" else str(int(np.iinfo(dtype).min))
 
 
-@onnx_rule("MaxPool", "AveragePool", "LpPool")
+@onnx_rule("MaxPool", "AveragePool")
+@onnx_rule("LpPool", opsets=(2, LATEST_OPSET))  # LpPool-1 had a float `p`
 def pool(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
-    n = x.rank - 2
+    n = _spatial_rank(node, x)
     ks = _kernel(node, None, n)
     out_sp, begin, end, st, dil = window(node, x.shape[2:], ks, bool(node.attr("ceil_mode", 0)))
+    span = [(k - 1) * d + 1 for k, d in zip(ks, dil)]
+    if any(b >= s or e >= s for b, e, s in zip(begin, end, span)):
+        raise InvalidNode(f"pads {begin + end} must be smaller than the (dilated) kernel {span}: a window would hold "
+                          "padding only")
     out = lw.output(node.outputs[0], [x.shape[0], x.shape[1], *out_sp], x.dtype)
     op, kp = params("o", n), params("k", n)
     sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]} - {begin[k]}" for k in range(n)]
@@ -271,11 +327,14 @@ def global_pool(lw: Lowering, node: Node) -> None:
 @onnx_rule("BatchNormalization")
 def batch_norm(lw: Lowering, node: Node) -> None:
     """Inference form: y = (x - mean) / sqrt(var + eps) * scale + bias (running statistics)."""
+    if node.attr("spatial", 1) != 1:
+        raise RuleUnsupported("spatial=0 (statistics per element, BatchNormalization before opset 9)")
     training = bool(node.attr("training_mode", 0)) if node.opset >= 14 else any(node.output(k) for k in (1, 2, 3, 4))
     if training:
         batch_norm_training(lw, node)
         return
     x, s, b, m, v = (lw.get(node.inputs[k]) for k in range(5))
+    _check_channel_params(x, (s, b, m, v))
     eps = literal_float(node.attr("epsilon", 1e-5))
     out = lw.output(node.outputs[0], x.shape, x.dtype)
     p = params("p", x.rank)
@@ -285,6 +344,26 @@ def batch_norm(lw: Lowering, node: Node) -> None:
            f"o = (x - m) / sqrt(v + {eps}) * s + b", {"o": (out, p, None)})
 
 
+def _same_dims(what: str, want, got) -> None:
+    """Extents that must be equal: different integers are `InvalidNode`, ones that cannot be compared
+    while lowering (different symbols) are unsupported."""
+    if len(want) != len(got):
+        raise InvalidNode(f"{what}: ranks differ")
+    for a, b in zip(want, got):
+        diff = norm_dim(sympy.sympify(a) - b)
+        if diff != 0:
+            raise (InvalidNode if isinstance(diff, int) else RuleUnsupported)(f"{what}: extents differ")
+
+
+def _check_channel_params(x: Tensor, per_channel) -> None:
+    """BatchNormalization's scale, bias, mean and variance: one value per channel of x."""
+    channels = x.shape[1] if x.rank > 1 else 1
+    for t in per_channel:
+        if t.rank != 1:
+            raise InvalidNode(f"a per-channel input has shape {tuple(t.shape)}; it must be ({channels},)")
+        same_extent(t.shape[0], channels, "a per-channel input and the channels of the data")
+
+
 @onnx_rule("SoftmaxCrossEntropyLoss")
 def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
     """loss[n, d] = -w[t] * log_softmax(x)[n, t, d] with t = label[n, d] (0 where t == ignore_index)."""
@@ -292,6 +371,13 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
     wt = lw.get(node.input(2)) if node.input(2) else None
     red = node.attr("reduction", "mean")
     ignore = node.attr("ignore_index")
+    if x.rank < 2 or lab.rank != x.rank - 1:
+        raise InvalidNode(f"scores of shape {tuple(x.shape)} need labels of rank {x.rank - 1} (N, d1, ...), got "
+                          f"{tuple(lab.shape)}")
+    _same_dims(f"labels of shape {tuple(lab.shape)} for scores of shape {tuple(x.shape)}",
+               [x.shape[0], *x.shape[2:]], lab.shape)
+    if wt is not None:
+        _same_dims(f"weights of shape {tuple(wt.shape)} for {x.shape[1]} classes", [x.shape[1]], wt.shape)
     axes = [1]
     keep = kept_shape(x, axes)
     kidx = lambda idx: ["0" if k == 1 else q for k, q in enumerate(idx)]  # noqa: E731
@@ -307,19 +393,24 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
     lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (mx, kidx(p)), "s": (s, kidx(p))},
            "o = a - m - log(s)", {"o": (logp, p, None)})
     lp = params("p", lab.rank)
-    full_idx = [lp[0], "t", *lp[1:]]
-    ok = f"t != {int(ignore)}" if ignore is not None else "True"
+    full_idx = [lp[0], "g0", *lp[1:]]
+    # a label is a class index in [0, C) (never wrapped), or ignore_index (then nothing is read)
+    used = f"(t != {int(ignore)})" if ignore is not None else "True"
+    lines, err = lw.checked(node.where, [Checked(f"(t if {used} else 0)", x.shape[1],
+                                                 f"class label from input '{node.input(1)}'", wraps=False)])
+    ok = f"ok and {used}"
     ins = {"lp": (logp, None), "t": (lab, lp)}
     if wt is not None:
         ins["w"] = (wt, None)
-        wexpr = sub("w", wt, ["t"])
+        wexpr = sub("w", wt, ["g0"])
     else:
         wexpr = "1.0"
     per = lw.output(node.outputs[0], lab.shape, x.dtype) if red == "none" else lw.temp(lab.shape, x.dtype, "loss")
     wsum = lw.temp(lab.shape, x.dtype, "weight")
-    lw.map(node.label, list(zip(lp, lab.shape)), ins,
-           f"o = (-{wexpr} * {sub('lp', logp, full_idx)}) if ({ok}) else 0\nv = {wexpr} if ({ok}) else 0",
-           {"o": (per, lp, None), "v": (wsum, lp, None)})
+    code = lines + [f"o = (-{wexpr} * {sub('lp', logp, full_idx)}) if ({ok}) else 0",
+                    f"v = {wexpr} if ({ok}) else 0"]
+    lw.map(node.label, list(zip(lp, lab.shape)), ins, "\n".join(code),
+           {"o": (per, lp, None), "v": (wsum, lp, None), **err})
     if red == "none":
         return
     out = lw.output(node.outputs[0], (), x.dtype)
@@ -337,12 +428,20 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
 def topk(lw: Lowering, node: Node) -> None:
     """Per slice along `axis`: K rounds of selecting the best unused element (ties: lower index first)."""
     x = lw.get(node.inputs[0])
-    axis = node.attr("axis", -1) % x.rank
-    K = int(np.asarray(lw.value(node.inputs[1])).reshape(-1)[0]) if node.opset >= 10 else int(node.attr("k"))
+    axis = norm_axis(node.attr("axis", -1), x.rank)
+    if node.opset >= 10:
+        k_value = np.asarray(lw.value(node.inputs[1])).reshape(-1)
+        if k_value.size != 1:
+            raise InvalidNode(f"input 'K' must hold one value, it has {k_value.size}")
+        K = int(k_value[0])
+    else:
+        K = int(node.attr("k"))
     largest = node.attr("largest", 1)
     n = x.shape[axis]
     if not isinstance(n, int):
         raise RuleUnsupported("TopK along a symbolic axis")
+    if not 0 <= K <= n:
+        raise InvalidNode(f"k = {K} is out of range for axis {axis} of extent {n} (valid: [0, {n}])")
     shape = list(x.shape)
     shape[axis] = K
     vals = lw.output(node.outputs[0], shape, x.dtype)
@@ -378,7 +477,10 @@ for t in range({K}):
 @onnx_rule("CumSum")
 def cumsum(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
-    axis = int(np.asarray(lw.value(node.inputs[1])).reshape(-1)[0]) % x.rank
+    axis_value = np.asarray(lw.value(node.inputs[1])).reshape(-1)
+    if axis_value.size != 1:
+        raise InvalidNode(f"input 'axis' must hold one value, it has {axis_value.size}")
+    axis = norm_axis(int(axis_value[0]), x.rank)
     excl, rev = node.attr("exclusive", 0), node.attr("reverse", 0)
     out = lw.output(node.outputs[0], x.shape, x.dtype)
     lw.fill(node.label, out, "0")
@@ -397,6 +499,7 @@ def batch_norm_training(lw: Lowering, node: Node) -> None:
     if node.opset < 14:
         raise RuleUnsupported("training-mode BatchNormalization before opset 14")
     x, s, b, rm, rv = (lw.get(node.inputs[k]) for k in range(5))
+    _check_channel_params(x, (s, b, rm, rv))
     eps = literal_float(node.attr("epsilon", 1e-5))
     mom = literal_float(node.attr("momentum", 0.9))
     axes = [k for k in range(x.rank) if k != 1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradflow.frontend.onnx.builder import Dim, Lowering, Tensor, dstr, params, prod
+from gradflow.frontend.onnx.builder import Dim, Lowering, Tensor, dstr, norm_axes, norm_axis, params, prod
 from gradflow.frontend.onnx.rules.tensor import axes_of
 from gradflow.frontend.onnx.table import Node, onnx_rule
 
@@ -59,7 +59,7 @@ def _reduce_axes(lw: Lowering, node: Node, x: Tensor, attr_until: int) -> list[i
         if node.attr("noop_with_empty_axes", 0):
             return None
         axes = list(range(x.rank))
-    return sorted({a % x.rank for a in axes}) if x.rank else []
+    return sorted(norm_axes(axes, x.rank))
 
 
 #: op -> (accumulation, code applied to each element, code applied to the result `r`)
@@ -143,10 +143,10 @@ def reduction(lw: Lowering, node: Node) -> None:
 def softmax_like(lw: Lowering, node: Node, log: bool) -> None:
     x = lw.get(node.inputs[0])
     if node.opset < 13:
-        axis = node.attr("axis", 1) % x.rank
+        axis = norm_axis(node.attr("axis", 1), x.rank)
         axes = list(range(axis, x.rank))
     else:
-        axes = [node.attr("axis", -1) % x.rank]
+        axes = [norm_axis(node.attr("axis", -1), x.rank)]
     keep = kept_shape(x, axes)
     m = lw.temp(keep, x.dtype, "max")
     reduce_into(lw, node.label, x, axes, True, "max", m)
@@ -174,7 +174,7 @@ def log_softmax(lw: Lowering, node: Node) -> None:
 def layer_norm(lw: Lowering, node: Node) -> None:
     """Y = (X - mean) * invstd * scale + bias over the axes from `axis` on; Mean / InvStdDev outputs kept."""
     x = lw.get(node.inputs[0])
-    axis = node.attr("axis", -1) % x.rank
+    axis = norm_axis(node.attr("axis", -1), x.rank)
     eps = float(node.attr("epsilon", 1e-5))
     axes = list(range(axis, x.rank))
     keep = kept_shape(x, axes)

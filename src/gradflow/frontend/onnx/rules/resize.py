@@ -17,8 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from gradflow.frontend.onnx.builder import Lowering, RuleUnsupported, Tensor, params, sub
-from gradflow.frontend.onnx.table import Node, as_int_list, onnx_rule
+from gradflow.frontend.onnx.builder import Lowering, RuleUnsupported, Tensor, norm_axes, params, sub
+from gradflow.frontend.onnx.table import LATEST_OPSET, Node, as_int_list, onnx_rule
 
 SUM = "lambda a, b: a + b"
 
@@ -163,7 +163,7 @@ def _plan(node: Node, shape: list[int], scales, sizes, axes):
     return axes, scales, out
 
 
-@onnx_rule("Resize", applies=lambda n: n.opset >= 11)
+@onnx_rule("Resize", opsets=(11, LATEST_OPSET))  # Resize-10 had no roi input and two modes
 def resize(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
     if not all(isinstance(d, int) for d in x.shape):
@@ -177,7 +177,7 @@ def resize(lw: Lowering, node: Node) -> None:
     if roi is not None and roi.size == 0:
         roi = None
     axes = node.attr("axes")
-    axes = [int(a) % len(shape) for a in axes] if axes is not None else None
+    axes = norm_axes(axes, len(shape)) if axes is not None else None
     r = len(shape)
     axes, scale_factors, out_size = _plan(node, shape, scales, sizes, axes)
     if roi is not None and node.attr("axes") is not None:

@@ -7,14 +7,17 @@ array through a dynamic memlet and index it in the tasklet.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import sympy
 
 from gradflow.frontend.onnx.builder import (
-    Dim, Lowering, RuleUnsupported, Tensor, broadcast_shapes, dstr, norm_dim, params, prod, strides, sub, exact_div,
+    Checked, Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, broadcast_shapes, dstr, exact_div, norm_axes,
+    norm_axis, norm_dim, params, prod, strides, sub,
 )
 from gradflow.frontend.onnx.dtypes import check_dtype
-from gradflow.frontend.onnx.table import Node, as_int_list, onnx_rule
+from gradflow.frontend.onnx.table import LATEST_OPSET, Node, as_int_list, onnx_rule
 
 BIG = 2**62
 
@@ -155,7 +158,7 @@ def reindex(out_shape, in_shape, p) -> list[str]:
     return idx
 
 
-@onnx_rule("Reshape")
+@onnx_rule("Reshape", opsets=(5, LATEST_OPSET))  # Reshape-1 took the shape as an attribute
 def reshape(lw: Lowering, node: Node) -> None:
     x = lw.info(node.inputs[0])
     target = list(np.asarray(lw.value(node.inputs[1])).reshape(-1))
@@ -175,8 +178,7 @@ def reshape(lw: Lowering, node: Node) -> None:
 @onnx_rule("Flatten")
 def flatten(lw: Lowering, node: Node) -> None:
     x = lw.info(node.inputs[0])
-    axis = node.attr("axis", 1)
-    axis = axis + x.rank if axis < 0 else axis
+    axis = norm_axis(node.attr("axis", 1), x.rank, end=True)
     reshape_to(lw, node, (prod(x.shape[:axis]), prod(x.shape[axis:])))
 
 
@@ -195,7 +197,10 @@ def squeeze(lw: Lowering, node: Node) -> None:
     axes = axes_of(lw, node, 1)
     if axes is None:
         axes = [k for k, d in enumerate(x.shape) if d == 1]
-    axes = {a % x.rank for a in axes}
+    axes = set(norm_axes(axes, x.rank))
+    for a in sorted(axes):
+        if isinstance(x.shape[a], int) and x.shape[a] != 1:
+            raise InvalidNode(f"axis {a} has extent {x.shape[a]}; only extent-1 axes can be squeezed")
     reshape_to(lw, node, tuple(d for k, d in enumerate(x.shape) if k not in axes))
 
 
@@ -204,7 +209,7 @@ def unsqueeze(lw: Lowering, node: Node) -> None:
     x = lw.info(node.inputs[0])
     axes = axes_of(lw, node, 1) or []
     r = x.rank + len(axes)
-    axes = sorted(a % r for a in axes)
+    axes = sorted(norm_axes(axes, r))
     dims = list(x.shape)
     for a in axes:
         dims.insert(a, 1)
@@ -214,7 +219,10 @@ def unsqueeze(lw: Lowering, node: Node) -> None:
 @onnx_rule("Transpose")
 def transpose(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
-    perm = node.attr("perm") or list(range(x.rank))[::-1]
+    given = node.attr("perm")
+    perm = [int(k) for k in (given if given is not None else list(range(x.rank))[::-1])]
+    if sorted(perm) != list(range(x.rank)):
+        raise InvalidNode(f"perm {perm} is not a permutation of the {x.rank} axes")
     out = lw.output(node.outputs[0], [x.shape[k] for k in perm], x.dtype)
     p = params("p", out.rank)
     idx = [""] * x.rank
@@ -235,17 +243,21 @@ def _clamp(v: int, lo: Dim, hi: Dim, d: Dim) -> Dim:
         return hi
     if v <= -BIG // 4:
         return lo
-    return norm_dim(d + v) if v < 0 else v
+    # a symbolic extent: clamp for every value the symbols can take (the slice never leaves the input)
+    v = sympy.sympify(d) + v if v < 0 else sympy.Integer(v)
+    return norm_dim(sympy.Min(sympy.Max(v, lo), hi))
 
 
 def slice_spec(x: Tensor, starts, ends, axes, steps) -> list[tuple[Dim, Dim, int]]:
     """Per dim (start, length, step)."""
     spec: list[tuple[Dim, Dim, int]] = [(0, d, 1) for d in x.shape]
-    for s, e, a, st in zip(starts, ends, axes, steps):
-        a %= x.rank
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise InvalidNode(f"starts, ends, axes and steps have different lengths ({len(starts)}, {len(ends)}, "
+                          f"{len(axes)}, {len(steps)})")
+    for s, e, a, st in zip(starts, ends, norm_axes(axes, x.rank), steps):
         d = x.shape[a]
         if st == 0:
-            raise RuleUnsupported("slice step 0")
+            raise InvalidNode("a slice step is 0")
         if st > 0:
             s0, e0 = _clamp(s, 0, d, d), _clamp(e, 0, d, d)
             length = norm_dim(sympy.ceiling(sympy.Max(0, sympy.sympify(e0) - s0) / st))
@@ -263,7 +275,7 @@ def slice_(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
     if node.opset < 10:
         starts, ends = node.attr("starts"), node.attr("ends")
-        axes = node.attr("axes") or list(range(len(starts)))
+        axes = node.attr("axes") if node.attr("axes") is not None else list(range(len(starts)))
         steps = [1] * len(starts)
     else:
         starts, ends = as_int_list(lw.value(node.inputs[1])), as_int_list(lw.value(node.inputs[2]))
@@ -276,11 +288,18 @@ def slice_(lw: Lowering, node: Node) -> None:
     lw.copy_indexed(node.label, x, out, idx, p)
 
 
-@onnx_rule("Concat")
+@onnx_rule("Concat", opsets=(4, LATEST_OPSET))  # Concat-1 had an optional axis (default 1)
 def concat(lw: Lowering, node: Node) -> None:
     ins = [lw.get(n) for n in node.inputs if n]
+    axis = norm_axis(node.attr("axis"), ins[0].rank)
+    for t in ins:
+        if t.rank != ins[0].rank:
+            raise InvalidNode(f"inputs of ranks {[u.rank for u in ins]} (they must be equal)")
+        for k, (d, d0) in enumerate(zip(t.shape, ins[0].shape)):
+            if k != axis and norm_dim(sympy.sympify(d) - d0) != 0:
+                raise (InvalidNode if isinstance(norm_dim(sympy.sympify(d) - d0), int) else RuleUnsupported)(
+                    f"inputs of shapes {[tuple(u.shape) for u in ins]} differ outside axis {axis}")
     ins = [t for t in ins if not (t.rank and any(isinstance(d, int) and d == 0 for d in t.shape))] or ins[:1]
-    axis = node.attr("axis") % ins[0].rank
     total = prod([]) * 0
     for t in ins:
         total = norm_dim(total + t.shape[axis])
@@ -299,7 +318,7 @@ def concat(lw: Lowering, node: Node) -> None:
 @onnx_rule("Split")
 def split(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
-    axis = node.attr("axis", 0) % x.rank
+    axis = norm_axis(node.attr("axis", 0), x.rank)
     d = x.shape[axis]
     n_out = len(node.outputs)
     if node.input(1):
@@ -312,6 +331,8 @@ def split(lw: Lowering, node: Node) -> None:
         n = node.attr("num_outputs", n_out)
         chunk = -(-d // n)
         sizes = [min(chunk, d - k * chunk) for k in range(n)]
+    if len(sizes) != n_out or any(s < 0 for s in sizes) or (norm_dim(d - sum(sizes)) != 0):
+        raise InvalidNode(f"split sizes {sizes} for {n_out} outputs do not add up to the extent {d} of axis {axis}")
     offset = 0
     for name, size in zip(node.outputs, sizes):
         shape = list(x.shape)
@@ -332,7 +353,7 @@ def expand(lw: Lowering, node: Node) -> None:
     lw.elementwise(node.label, "res = x", {"x": x}, node.outputs[0], x.dtype, out_shape=shape)
 
 
-@onnx_rule("Tile")
+@onnx_rule("Tile", opsets=(6, LATEST_OPSET))  # Tile-1 took `tiles` and `axis` inputs
 def tile(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
     reps = as_int_list(lw.value(node.inputs[1]))
@@ -354,7 +375,7 @@ def trilu(lw: Lowering, node: Node) -> None:
 
 
 # -- padding -----------------------------------------------------------------------------------------
-@onnx_rule("Pad")
+@onnx_rule("Pad", opsets=(2, LATEST_OPSET))  # Pad-1 named its pads `paddings`
 def pad(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
     mode = node.attr("mode", "constant")
@@ -367,7 +388,9 @@ def pad(lw: Lowering, node: Node) -> None:
         cin = lw.get(node.input(2)) if node.input(2) else None
         cval = "cv" if cin is not None else "0"
     axes = as_int_list(lw.value(node.input(3))) if node.input(3) else list(range(x.rank))
-    axes = [a % x.rank for a in axes]
+    axes = norm_axes(axes, x.rank)
+    if len(pads) != 2 * len(axes):
+        raise InvalidNode(f"{len(pads)} pads for {len(axes)} axes (there must be two per axis)")
     begin, end = [0] * x.rank, [0] * x.rank
     for k, a in enumerate(axes):
         begin[a], end[a] = pads[k], pads[k + len(axes)]
@@ -377,12 +400,15 @@ def pad(lw: Lowering, node: Node) -> None:
     for k, (q, d, b) in enumerate(zip(p, x.shape, begin)):
         D = dstr(d)
         lines.append(f"q{k} = {q} - ({b})")
+        if mode != "constant" and d == 0 and (begin[k] > 0 or end[k] > 0):
+            raise InvalidNode(f"{mode} padding of axis {k}, which is empty")
         if mode == "constant":
             inb.append(f"q{k} >= 0 and q{k} < {D}")
         elif mode == "edge":
             lines.append(f"q{k} = min(max(q{k}, 0), {D} - 1)")
-        elif mode == "reflect":
-            lines.append(f"q{k} = abs(q{k})")
+        elif mode == "reflect":  # reflections repeat with period 2 (D - 1), as numpy.pad does
+            lines.append(f"m{k} = max(2 * ({D}) - 2, 1)")
+            lines.append(f"q{k} = ((q{k} % m{k}) + m{k}) % m{k}")
             lines.append(f"q{k} = ({D} - 1) - abs({D} - 1 - q{k})")
         elif mode == "wrap":
             lines.append(f"q{k} = ((q{k} % {D}) + {D}) % {D}")
@@ -401,8 +427,11 @@ def pad(lw: Lowering, node: Node) -> None:
 
 
 # -- gathers and scatters ------------------------------------------------------------------------------
-def _fix(i: str, d: Dim) -> str:
-    return f"({i} if {i} >= 0 else {i} + {dstr(d)})"
+# Indices read from data are checked in the tasklet (`Lowering.checked`): an index outside
+# [-extent, extent - 1] is neither read nor written through; the call then raises IndexOutOfRangeError.
+def _index_what(node: Node, k: int, axis: int | None = None, into: int = 0) -> str:
+    where = f"axis {axis} of " if axis is not None else ""
+    return f"index from input '{node.input(k)}' into {where}input '{node.input(into)}'"
 
 
 @onnx_rule("Gather")
@@ -410,14 +439,19 @@ def gather(lw: Lowering, node: Node) -> None:
     """Indices known while lowering (a constant scalar: selecting one slice, as exporters do for q/k/v)
     give an affine memlet; otherwise the tasklet reads the whole input at the index it is given."""
     x = lw.get(node.inputs[0])
-    axis = node.attr("axis", 0) % x.rank
+    axis = norm_axis(node.attr("axis", 0), x.rank)
     known = lw.info(node.inputs[1]).value
-    if known is not None and np.asarray(known).size == 1 and np.asarray(known).dtype != object:
+    if known is not None and np.asarray(known).dtype != object:
+        d = x.shape[axis]
+        flat = np.asarray(known).reshape(-1)
+        if isinstance(d, int) and flat.size and not (flat.min() >= -d and flat.max() < d):
+            bad = int(flat[(flat < -d) | (flat >= d)][0])
+            raise InvalidNode(f"index {bad} of input '{node.inputs[1]}' is out of range for axis {axis} of size {d} "
+                              f"(valid: [{-d}, {d - 1}])")
+    if _constant_index_in_range(known, x.shape[axis]):
         k = int(np.asarray(known).reshape(-1)[0])
         d = x.shape[axis]
         k = k + d if k < 0 else k
-        if isinstance(d, int) and not 0 <= k < d:
-            raise RuleUnsupported(f"index {k} out of range for axis {axis} of size {d}")
         shape = list(x.shape[:axis]) + list(np.shape(known)) + list(x.shape[axis + 1:])
         out = lw.output(node.outputs[0], shape, x.dtype)
         p = params("p", out.rank)
@@ -429,38 +463,96 @@ def gather(lw: Lowering, node: Node) -> None:
     out = lw.output(node.outputs[0], shape, x.dtype)
     p = params("p", out.rank)
     ip = p[axis: axis + ind.rank]
-    src = p[:axis] + [_fix("i", x.shape[axis])] + p[axis + ind.rank:]
-    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, ip)}, f"o = {sub('a', x, src)}",
-           {"o": (out, p, None)})
+    lines, err = lw.checked(node.where, [Checked("i", x.shape[axis], _index_what(node, 1, axis))])
+    src = p[:axis] + ["g0"] + p[axis + ind.rank:]
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, ip)},
+           "\n".join(lines + [f"o = ({sub('a', x, src)} if ok else 0)"]), {"o": (out, p, None), **err})
+
+
+def _constant_index_in_range(known, d: Dim) -> bool:
+    """A single index known while lowering that certainly lies in [-d, d - 1] (for a symbolic extent, for
+    every value of its symbols): it can be an affine memlet; any other index is checked at run time."""
+    if known is None or np.asarray(known).size != 1 or np.asarray(known).dtype == object:
+        return False
+    k = int(np.asarray(known).reshape(-1)[0])
+    if isinstance(d, int):
+        return -d <= k < d
+    slack = sympy.sympify(d) + k if k < 0 else sympy.sympify(d) - k - 1
+    return bool(slack.is_nonnegative)
 
 
 @onnx_rule("GatherElements")
 def gather_elements(lw: Lowering, node: Node) -> None:
     x, ind = lw.get(node.inputs[0]), lw.get(node.inputs[1])
-    axis = node.attr("axis", 0) % x.rank
+    axis = norm_axis(node.attr("axis", 0), x.rank)
+    _same_rank(x, ind, node)
     out = lw.output(node.outputs[0], ind.shape, x.dtype)
     p = params("p", out.rank)
     src = list(p)
-    src[axis] = _fix("i", x.shape[axis])
-    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, p)}, f"o = {sub('a', x, src)}",
-           {"o": (out, p, None)})
+    others = [k for k in range(x.rank) if k != axis]
+    dims = _within(node, f"the indices '{node.input(1)}'", [p[k] for k in others], [ind.shape[k] for k in others],
+                   [x.shape[k] for k in others])
+    lines, err = lw.checked(node.where, dims + [Checked("i", x.shape[axis], _index_what(node, 1, axis))])
+    src[axis] = f"g{len(dims)}"
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, p)},
+           "\n".join(lines + [f"o = ({sub('a', x, src)} if ok else 0)"]), {"o": (out, p, None), **err})
+
+
+def _same_rank(x: Tensor, ind: Tensor, node: Node) -> None:
+    if ind.rank != x.rank:
+        raise InvalidNode(f"indices of rank {ind.rank} for data of rank {x.rank} (they must be equal)")
+
+
+def _within(node: Node, what: str, params_: Sequence[str], extents: Sequence[Dim], bounds: Sequence[Dim],
+            exact: bool = False) -> list[Checked]:
+    """Map parameters running over `extents` that index dims of size `bounds` directly (the other axes of
+    GatherElements / ScatterElements, the batch axes of GatherND): an extent that certainly exceeds its
+    bound (or differs, with `exact`) is `InvalidNode`; one that cannot be compared while lowering
+    (different symbols) becomes a run-time check."""
+    checks = []
+    for k, (q, e, b) in enumerate(zip(params_, extents, bounds)):
+        diff = norm_dim(sympy.sympify(b) - e)
+        if isinstance(diff, int):
+            if diff < 0 or (exact and diff != 0):
+                rel = "equal" if exact else "at most"
+                raise InvalidNode(f"{what}: extent {e} of dim {k} must be {rel} the data's extent {b}")
+            continue
+        checks.append(Checked(q, b, f"dim {k} of {what} (extent {dstr(e)}) against the data's extent", wraps=False))
+    return checks
+
+
+def _nd_depth(x: Tensor, ind: Tensor, batch: int) -> int:
+    """The index depth k of GatherND / ScatterND (the last extent of the indices), checked against the data."""
+    if ind.rank < 1:
+        raise InvalidNode("indices must have rank >= 1")
+    k = ind.shape[-1]
+    if not isinstance(k, int):
+        raise RuleUnsupported("symbolic index depth")
+    if batch < 0 or batch >= min(x.rank, ind.rank):
+        raise InvalidNode(f"batch_dims {batch} must be in [0, {min(x.rank, ind.rank) - 1}] for data of rank {x.rank} "
+                          f"and indices of rank {ind.rank}")
+    if k < 1 or batch + k > x.rank:
+        raise InvalidNode(f"index depth {k} (last extent of the indices) plus batch_dims {batch} exceeds the data "
+                          f"rank {x.rank}")
+    return k
 
 
 @onnx_rule("GatherND")
 def gather_nd(lw: Lowering, node: Node) -> None:
     x, ind = lw.get(node.inputs[0]), lw.get(node.inputs[1])
     b = node.attr("batch_dims", 0)
-    k = ind.shape[-1]
-    if not isinstance(k, int):
-        raise RuleUnsupported("symbolic index depth")
+    k = _nd_depth(x, ind, b)
     shape = list(ind.shape[:-1]) + list(x.shape[b + k:])
     out = lw.output(node.outputs[0], shape, x.dtype)
     p = params("p", out.rank)
     nb = ind.rank - 1
     ipre = p[:nb]
-    src = p[:b] + [_fix(sub("i", ind, ipre + [str(j)]), x.shape[b + j]) for j in range(k)] + p[nb:]
-    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, None)}, f"o = {sub('a', x, src)}",
-           {"o": (out, p, None)})
+    batch = _within(node, f"the batch dims of '{node.input(1)}'", p[:b], ind.shape[:b], x.shape[:b], exact=True)
+    checks = [Checked(sub("i", ind, ipre + [str(j)]), x.shape[b + j], _index_what(node, 1, b + j)) for j in range(k)]
+    lines, err = lw.checked(node.where, batch + checks)
+    src = p[:b] + [f"g{len(batch) + j}" for j in range(k)] + p[nb:]
+    lw.map(node.label, list(zip(p, out.shape)), {"a": (x, None), "i": (ind, None)},
+           "\n".join(lines + [f"o = ({sub('a', x, src)} if ok else 0)"]), {"o": (out, p, None), **err})
 
 
 def _scatter_update(reduction: str, old: str, new: str) -> str:
@@ -478,29 +570,42 @@ def _copy(lw: Lowering, label: str, x: Tensor, out: Tensor) -> None:
 @onnx_rule("ScatterElements", "Scatter")
 def scatter_elements(lw: Lowering, node: Node) -> None:
     x, ind, upd = (lw.get(n) for n in node.inputs[:3])
-    axis = node.attr("axis", 0) % x.rank
+    axis = norm_axis(node.attr("axis", 0), x.rank)
+    _same_rank(x, ind, node)
+    if tuple(ind.shape) != tuple(upd.shape):
+        raise InvalidNode(f"indices of shape {ind.shape} and updates of shape {upd.shape} differ")
     red = node.attr("reduction", "none")
     out = lw.output(node.outputs[0], x.shape, x.dtype)
     _copy(lw, node.label, x, out)
     p = params("p", upd.rank)
+    others = [k for k in range(x.rank) if k != axis]
+    dims = _within(node, f"the indices '{node.input(1)}'", [p[k] for k in others], [ind.shape[k] for k in others],
+                   [x.shape[k] for k in others])
     dst = list(p)
-    dst[axis] = _fix("i", x.shape[axis])
+    dst[axis] = f"g{len(dims)}"
+    lines, err = lw.checked(node.where, dims + [Checked("i", x.shape[axis], _index_what(node, 1, axis))])
+    write = f"    {sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}"
     st = lw.state(node.label)
     lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, p), "u": (upd, p), "oi": (out, None)},
-           f"{sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}", {"oo": (out, None, None)},
-           state=st, sequential=True)
+           "\n".join(lines + ["if ok:", write]), {"oo": (out, None, None), **err}, state=st, sequential=True)
 
 
 @onnx_rule("ScatterND")
 def scatter_nd(lw: Lowering, node: Node) -> None:
     x, ind, upd = (lw.get(n) for n in node.inputs[:3])
     red = node.attr("reduction", "none")
-    k = ind.shape[-1]
+    k = _nd_depth(x, ind, 0)
+    want = tuple(ind.shape[:-1]) + tuple(x.shape[k:])
+    if tuple(upd.shape) != want:
+        raise InvalidNode(f"updates of shape {tuple(upd.shape)}; indices of shape {tuple(ind.shape)} into data of "
+                          f"shape {tuple(x.shape)} need {want}")
     out = lw.output(node.outputs[0], x.shape, x.dtype)
     _copy(lw, node.label, x, out)
     p = params("p", upd.rank)
     nb = ind.rank - 1
-    dst = [_fix(sub("i", ind, p[:nb] + [str(j)]), x.shape[j]) for j in range(k)] + p[nb:]
+    checks = [Checked(sub("i", ind, p[:nb] + [str(j)]), x.shape[j], _index_what(node, 1, j)) for j in range(k)]
+    lines, err = lw.checked(node.where, checks)
+    dst = [f"g{j}" for j in range(k)] + p[nb:]
+    write = f"    {sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}"
     lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, None), "u": (upd, p), "oi": (out, None)},
-           f"{sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}", {"oo": (out, None, None)},
-           sequential=True)
+           "\n".join(lines + ["if ok:", write]), {"oo": (out, None, None), **err}, sequential=True)

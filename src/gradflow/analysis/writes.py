@@ -1,0 +1,115 @@
+"""Pure analysis: which arrays a program writes, and which it certainly overwrites before reading.
+
+Callers that allocate arrays for the user (`value_and_grad`'s omitted arguments, the torch dispatchers'
+outputs) and callers that check arguments (read-only arrays the program would write) share these
+answers. Both questions are answered conservatively (`overwritten_before_read` False,
+`may_read_before_write` True whenever the analysis cannot tell), so a caller zero-fills or asks for the
+array, never hands the program uninitialised memory to read.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import dace
+from dace import subsets
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
+
+
+def written(sdfg: dace.SDFG) -> frozenset[str]:
+    """Arrays some state writes (an access node with an incoming edge), in any control-flow region
+    (nested SDFGs write through the access nodes around them)."""
+    return frozenset(node.data for state in sdfg.states() for node in state.data_nodes()
+                     if state.in_degree(node) > 0)
+
+
+class _First(enum.Enum):
+    """How a block first touches an array."""
+
+    UNTOUCHED = "untouched"
+    OVERWRITES = "overwrites"  # writes every element, reading nothing of it before
+    UNSURE = "unsure"  # reads it, writes part of it, or cannot be analysed
+
+
+def overwritten_before_read(sdfg: dace.SDFG, name: str) -> bool:
+    """True when every run of the program writes every element of `name` before anything reads it.
+
+    Followed: a straight chain of blocks from the start block, into plain control-flow regions; the first
+    block that touches `name` decides. A state decides when its only accesses to `name` write it without
+    write-conflict resolution, without dynamic memlets and not from a nested SDFG (whose memlet is only a
+    bound), over subsets that cover the array. Loops, conditionals, branching control flow and interstate
+    edges that read `name` before that are answered False."""
+    if name not in sdfg.arrays:
+        return False
+    return _region(sdfg, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.OVERWRITES
+
+
+def may_read_before_write(sdfg: dace.SDFG, name: str) -> bool:
+    """False when no run of the program reads an element of `name` it has not written first: the array
+    is overwritten before being read (as in `overwritten_before_read`) or not touched at all. What a
+    caller may leave for gradflow to allocate (zero-filled)."""
+    if name not in sdfg.arrays:
+        return True
+    return _region(sdfg, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.UNSURE
+
+
+def _reads(edge, name: str) -> bool:
+    return name in set(map(str, edge.data.free_symbols))
+
+
+def _region(region: ControlFlowRegion, name: str, full: subsets.Range) -> _First:
+    """Follow the region's blocks from its start block while each has one unconditional successor."""
+    blocks = list(region.nodes())
+    if not blocks:
+        return _First.UNTOUCHED
+    block, seen, entering = region.start_block, set(), None
+    while block is not None and block not in seen:
+        seen.add(block)
+        if entering is not None and _reads(entering, name):
+            return _First.UNSURE
+        found = _block(block, name, full)
+        if found is not _First.UNTOUCHED:
+            return found
+        out = region.out_edges(block)
+        if len(out) != 1 or not out[0].data.is_unconditional():
+            break
+        entering, block = out[0], out[0].dst
+    if len(seen) == len(blocks) and not any(_reads(e, name) for e in region.edges()):
+        return _First.UNTOUCHED
+    return _First.UNSURE if _touches(region, name) else _First.UNTOUCHED
+
+
+def _touches(block, name: str) -> bool:
+    """Whether a block reads or writes `name` anywhere (its states, conditions, interstate edges)."""
+    if isinstance(block, dace.SDFGState):
+        return any(n.data == name for n in block.data_nodes())
+    return any(n.data == name for s in block.states() for n in s.data_nodes()) or name in set(
+        map(str, block.free_symbols))
+
+
+def _block(block, name: str, full: subsets.Range) -> _First:
+    if isinstance(block, dace.SDFGState):
+        return _state(block, name, full)
+    if isinstance(block, (LoopRegion, ConditionalBlock)) or not isinstance(block, ControlFlowRegion):
+        return _First.UNSURE if _touches(block, name) else _First.UNTOUCHED
+    return _region(block, name, full)
+
+
+def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:
+    accesses = [n for n in state.data_nodes() if n.data == name]
+    if not accesses:
+        return _First.UNTOUCHED
+    covered = False
+    for node in accesses:
+        if state.out_degree(node) > 0:
+            return _First.UNSURE
+        for e in state.in_edges(node):
+            if e.data.wcr is not None or e.data.dynamic or isinstance(e.src, nd.NestedSDFG):
+                return _First.UNSURE
+            sub = e.data.subset if e.data.data == name else e.data.other_subset
+            try:
+                covered = covered or (sub is not None and bool(sub.covers(full)))
+            except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
+                pass
+    return _First.OVERWRITES if covered else _First.UNSURE

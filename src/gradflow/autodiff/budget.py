@@ -1,0 +1,227 @@
+"""Store or recompute under a byte budget, solved exactly as a mixed-integer linear program.
+
+`Forwarding.budget(max_bytes, sizes=...)` asks for the recompute set S that minimizes the work of the
+reruns subject to the bytes the forward sweep keeps for the backward sweep (saved temporaries and the
+tape; the program's own arguments are not counted) being at most `max_bytes`. The model states exactly
+what the engine then does with S (`recompute.plan_recomputation`, `Reversal.record_overwrites`):
+
+- binaries `x_a`: array a is in S (only arrays whose definition can be rerun somewhere);
+- `need[b,p]`: the reverse of operation p needs b: 1 for the values its rule reads, and
+  `need[c,p] >= need[a,p] + x_a - 1` for every input c of a's definition (a rerun needs its inputs);
+  `need[a,p] + x_a <= 1` where a's definition cannot be rerun for p (the engine would refuse S);
+- `rc[b,p] >= need[b,p] + x_b - 1`: b is rerun for p (costs the work of its definition times the number
+  of times p's reverse runs); `st[b,p] >= need[b,p] - x_b`: b must be available from the forward;
+- `t_b >= st[b,p]`: a temporary the backward reads is kept (its size); `u_w >= st[b,q]` for every q that
+  may run before the overwrite w of b: w pushes the part it overwrites on the tape (the stack's size);
+- bytes: `sum size_b t_b + sum stack_w u_w + (the tape of the control flow, which S does not change)`.
+The objective adds the bytes with a tiny weight, so that among equally cheap plans the smallest wins.
+Everything is evaluated at the sizes the user gives (`sizes=`), symbolic sizes otherwise being unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import numpy as np
+
+from gradflow.analysis.cost import evaluate, op_work
+from gradflow.autodiff.recompute import Recomputability
+from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
+
+TOP_SLOT = 8  # one int64 per stack in gradflow_tape_top
+
+
+@attrs.frozen(eq=False)
+class BudgetError(InvalidArgumentError):
+    """The byte budget is below the least any plan of this program needs; `minimum` says how many."""
+
+    minimum: int = 0
+
+
+@attrs.frozen
+class Choice:
+    """The planner's answer: the recompute set, and what the model predicts for it."""
+
+    recompute: frozenset[str]
+    predicted_bytes: int
+    predicted_cost: int
+    minimum_bytes: int
+
+
+class _Model:
+    """Variables and constraints of the MILP, built from the engine's own facts."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple, int] = {}
+        self.rows: list[tuple[dict[int, float], float, float]] = []
+
+    def var(self, key: tuple) -> int:
+        if key not in self.index:
+            self.index[key] = len(self.index)
+        return self.index[key]
+
+    def row(self, coefs: Mapping[tuple, float], lo: float, hi: float) -> None:
+        self.rows.append(({self.var(k): c for k, c in coefs.items()}, lo, hi))
+
+
+def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
+           sizes: Mapping[str, int]) -> Choice:
+    """The cheapest recompute set within `max_bytes` (see the module docstring); `BudgetError` when no
+    plan fits, naming the least bytes any plan needs."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    sites = rev.sites
+    facts = Recomputability(sites, accesses)
+    sdfg = rev.sdfg
+    model = _Model()
+    cost: dict[tuple, float] = {}
+    bytes_of: dict[tuple, float] = {}
+    never: set[tuple] = set()
+
+    # Reachable needs per operation, and which can be rerun there.
+    rerun_at: dict[tuple[str, int], object] = {}
+    for p in sites:
+        frontier = [(b, p) for b in sorted(needs[p.index])]
+        seen: set[str] = set()
+        for b in needs[p.index]:
+            model.row({("need", b, p.index): 1}, 1, 1)
+        while frontier:
+            b, reader = frontier.pop()
+            if b in seen:
+                continue
+            seen.add(b)
+            q = facts.rerunnable(b, reader, p)
+            if q is None:
+                continue
+            rerun_at[(b, p.index)] = q
+            for c in sorted(accesses[q.index].reads):
+                model.row({("need", c, p.index): 1, ("need", b, p.index): -1, ("x", b): -1}, -1, np.inf)
+                frontier.append((c, q))
+        for b in seen:
+            model.var(("need", b, p.index))
+    candidates = {b for b, _ in rerun_at}
+    executions = {p.index: evaluate(rev.priced_capacity(p.loops), sizes, f"the trip count around "
+                                    f"'{p.state.label}'") for p in sites}
+    for key in [k for k in model.index if k[0] == "need"]:
+        _, b, pi = key
+        if b in candidates:
+            x = ("x", b)
+            if (b, pi) in rerun_at:
+                q = rerun_at[(b, pi)]
+                model.row({("rc", b, pi): 1, key: -1, x: -1}, -1, np.inf)
+                work = rev.worst_case(op_work(q), q.loops)
+                cost[("rc", b, pi)] = evaluate(work, sizes, f"the work of '{q.state.label}'") * executions[pi]
+            else:
+                model.row({key: 1, x: 1}, -np.inf, 1)  # cannot be rerun for this operation
+            model.row({("st", b, pi): 1, key: -1, x: 1}, 0, np.inf)
+        else:
+            model.row({("st", b, pi): 1, key: -1}, 0, np.inf)
+        desc = sdfg.arrays[b]
+        if desc.transient:
+            model.row({("t", b): 1, ("st", b, pi): -1}, 0, np.inf)
+            bytes_of[("t", b)] = evaluate(desc.total_size * desc.dtype.bytes, sizes, f"the size of '{b}'")
+
+    stored = {(k[1], k[2]) for k in model.index if k[0] == "st"}
+    for w, b in rev.overwrite_sites(accesses):
+        readers = [q for q in sites if (b, q.index) in stored and _precedes(q, w)]
+        if not readers:
+            continue
+        key = ("u", w.index, b)
+        for q in readers:
+            model.row({key: 1, ("st", b, q.index): -1}, 0, np.inf)
+        try:
+            bytes_of[key] = evaluate(rev.stack_bytes(w, b, register=False), sizes,
+                                     f"the stack of '{b}' at '{w.state.label}'") + TOP_SLOT
+        except NotDifferentiableError:  # a loop without a bound around the overwrite: it cannot be stored
+            never.add(key)
+            model.var(key)
+
+    n = len(model.index)
+    weights = np.zeros(n)
+    byte_row = np.zeros(n)
+    for key, b in bytes_of.items():
+        byte_row[model.index[key]] = b
+    for key, c in cost.items():
+        weights[model.index[key]] = c
+    upper = np.ones(n)
+    for key in never:
+        upper[model.index[key]] = 0
+    matrix = np.zeros((len(model.rows), n))
+    lo = np.empty(len(model.rows))
+    hi = np.empty(len(model.rows))
+    for r, (coefs, a, z) in enumerate(model.rows):
+        for j, c in coefs.items():
+            matrix[r, j] += c
+        lo[r], hi[r] = a, z
+    constant = evaluate(rev.control_tape_bytes(), sizes, "the control-flow tape")
+    structure = [LinearConstraint(matrix, lo, hi)] if len(model.rows) else []
+    integral = np.ones(n)
+
+    least = milp(byte_row, constraints=structure, integrality=integral, bounds=Bounds(0, upper))
+    if not least.success:
+        raise NotDifferentiableError(f"the store/recompute model has no solution ({least.message})")
+    minimum = int(round(least.fun)) + constant
+    if max_bytes < minimum:
+        raise BudgetError(f"no plan keeps at most {max_bytes} bytes for the backward sweep; the least any plan "
+                          f"needs is {minimum} bytes", f"raise the budget to at least {minimum}", minimum)
+    scale = max(1.0, float(weights.sum()))
+    objective = weights + byte_row * (1e-6 / max(1.0, float(byte_row.sum()))) * scale
+    budget_row = LinearConstraint(byte_row.reshape(1, -1), -np.inf, max_bytes - constant)
+    best = milp(objective, constraints=structure + [budget_row], integrality=integral, bounds=Bounds(0, upper))
+    if not best.success:
+        raise NotDifferentiableError(f"the store/recompute model found no plan within the budget ({best.message})")
+    values = best.x
+    chosen = frozenset(k[1] for k, j in model.index.items() if k[0] == "x" and values[j] > 0.5)
+    return Choice(chosen, int(round(float(byte_row @ values))) + constant, int(round(float(weights @ values))),
+                  minimum)
+
+
+@attrs.frozen
+class ForwardingPlan:
+    """What reaches the backward sweep and how, as built (`ADInterface.forwarding_plan`): the forward's
+    temporaries and tape stacks kept for it (bytes, symbolic), the definitions rerun for it (which array,
+    for which operation, the work of one rerun times how often that operation's reverse runs), and, under
+    a budget, what the planner predicted."""
+
+    policy: str
+    kept: tuple[tuple[str, object], ...] = ()
+    reruns: tuple[tuple[str, str, object], ...] = ()
+    predicted: Choice | None = None
+    #: arrays stored although they could be rerun (`RECOMPUTE_ALL` declines a rerun that would keep larger
+    #: overwritten arrays for the backward sweep than the value it saves)
+    declined: tuple[str, ...] = ()
+
+    def total_bytes(self, sizes: Mapping[str, int]) -> int:
+        return sum(evaluate(b, sizes, f"the size of '{a}'") for a, b in self.kept)
+
+    def total_work(self, sizes: Mapping[str, int]) -> int:
+        return sum(evaluate(w, sizes, f"the rerun of '{a}'") for a, _, w in self.reruns)
+
+    def describe(self, sizes: Mapping[str, int] | None = None) -> str:
+        """A table a person reads: kept arrays and their bytes, reruns and their work, totals."""
+        def shown(expr, what):
+            return str(evaluate(expr, sizes, what)) if sizes is not None else str(expr)
+
+        lines = [f"forwarding plan ({self.policy})", "  kept for the backward sweep:"]
+        lines += [f"    {a:40s} {shown(b, a):>12s} bytes" for a, b in self.kept] or ["    nothing"]
+        lines.append("  recomputed in the backward sweep:")
+        lines += [f"    {a:40s} for {p:30s} work {shown(w, a)}" for a, p, w in self.reruns] or ["    nothing"]
+        if self.declined:
+            lines.append(f"  stored although recomputable (the rerun would keep more): {', '.join(self.declined)}")
+        if sizes is not None:
+            lines.append(f"  total: {self.total_bytes(sizes)} bytes kept, {self.total_work(sizes)} element operations "
+                         "rerun")
+        if self.predicted is not None:
+            lines.append(f"  planner: predicted {self.predicted.predicted_bytes} bytes, work "
+                         f"{self.predicted.predicted_cost}; least possible {self.predicted.minimum_bytes} bytes")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _precedes(q, w) -> bool:
+    from gradflow.autodiff.engine import may_precede
+
+    return may_precede(q, w)

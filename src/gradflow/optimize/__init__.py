@@ -1,0 +1,27 @@
+"""Optimization of forward and backward SDFGs: pure passes, composed into `OPTIMIZE`.
+
+`gradflow.grad`, `vjp`, `value_and_grad` and the torch dispatchers apply `OPTIMIZE` to what they compile
+unless called with `optimize=False` (or another pipeline); `optimized(program)` applies it to a program
+that is not differentiated (its forward alone, e.g. to compare with). Every pass keeps the program's
+results: the test suite compares optimized and unoptimized gradients on every corpus program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pipeline, unwrap_or_raise
+from gradflow.optimize.fusion import FuseMaps
+from gradflow.optimize.schedules import ChooseSchedules
+
+#: The default optimization pipeline.
+OPTIMIZE = Pipeline((FuseMaps(), ChooseSchedules()))
+
+
+def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
+    """`program` (a `dace.SDFG`, `@dace.program` or `Graph`) through `pipeline`, as a new graph."""
+    return unwrap_or_raise(pipeline(Graph.of(program)))
+
+
+__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "optimized"]

@@ -1,0 +1,66 @@
+"""`fuse_maps`: element-wise chains become one map (DaCe's `MapFusionVertical`, on a private copy).
+
+The Python frontend writes `B[1:-1] = 0.33 * (A[:-2] + A[1:-1] + A[2:])` as three maps with two
+temporary arrays. Fused, the chain is one map whose intermediates are scope-local scalars: one pass over
+memory instead of three, and, when it runs before reverse mode (it is a step of `NORMALIZE`), one
+operation whose element function the element-wise rule differentiates as a whole, with no gradient
+buffers, tape entries or backward maps for the temporaries.
+
+Only maps whose bodies are tasklets (and scope-local data) are fused: a map over a nested SDFG or a
+library node is an operation of its own for reverse mode.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+from dace.sdfg import nodes as nd
+from dace.transformation.passes import pattern_matching
+from dace.transformation.dataflow import MapFusionVertical
+from dace.transformation.passes.analysis import FindSingleUseData
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+
+
+def _elementwise_scope(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
+    body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
+    return all(isinstance(n, (nd.Tasklet, nd.AccessNode)) for n in body)
+
+
+class ElementwiseMapFusion(MapFusionVertical):
+    """`MapFusionVertical` restricted to maps whose bodies are tasklets and scope-local data."""
+
+    def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
+        first = graph.entry_node(self.first_map_exit)
+        if not (_elementwise_scope(graph, first) and _elementwise_scope(graph, self.second_map_entry)):
+            return False
+        return super().can_be_applied(graph, expr_index, sdfg, permissive)
+
+
+def _map_count(sdfg: dace.SDFG) -> int:
+    return sum(isinstance(n, nd.MapEntry) for n, _ in sdfg.all_nodes_recursive())
+
+
+@register_pass
+@attrs.frozen
+class FuseMaps(Pass):
+    """Fuse producer/consumer element-wise maps over the same range (see the module docstring)."""
+
+    name: ClassVar[str] = "fuse_maps"
+
+    def run(self, graph: Graph) -> PassResult:
+        if _map_count(graph.sdfg) < 2:
+            return Success(graph)
+        sdfg = graph.editable()
+        single_use = FindSingleUseData().apply_pass(sdfg, {})
+        fusion = ElementwiseMapFusion(_single_use_data=single_use)  # see DaCe's FullMapFusion
+        applied = pattern_matching.PatternMatchAndApplyRepeated([fusion], permissive=False, validate=False,
+                                                                print_report=False, progress=False) \
+            .apply_pass(sdfg, {FindSingleUseData.__name__: single_use})
+        if not applied:
+            return Success(graph)
+        return Success(Graph.adopt(sdfg, graph.meta))

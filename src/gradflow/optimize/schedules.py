@@ -1,0 +1,57 @@
+"""`choose_schedules`: parallel loops only where the work pays for a parallel region.
+
+DaCe's CPU code generator opens an OpenMP parallel region (`#pragma omp parallel for`) for every map of the
+default schedule at the top of a state. Reverse mode emits many maps of a few elements (tape pushes and
+pops, clears and seeds of single elements), often inside loops, where opening a parallel region costs far
+more than the work (microseconds per iteration of the enclosing loop). This pass gives a map the
+sequential schedule when its iteration count is a constant below `min_parallel` (symbolic extents are
+assumed large and stay parallel); maps nested inside another map are sequential already.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+from dace.sdfg import nodes as nd
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+
+
+def _small(entry: nd.MapEntry, min_parallel: int) -> bool:
+    count = entry.map.range.num_elements()
+    try:
+        return int(count) < min_parallel
+    except TypeError:  # a symbolic count: assumed large
+        return False
+
+
+def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[nd.MapEntry]:
+    found = []
+    for state in sdfg.states():
+        for node in state.nodes():
+            if (isinstance(node, nd.MapEntry) and node.map.schedule == dace.ScheduleType.Default
+                    and state.entry_node(node) is None and _small(node, min_parallel)):
+                found.append(node)
+    return found
+
+
+@register_pass
+@attrs.frozen
+class ChooseSchedules(Pass):
+    """Small top-level maps become sequential loops (see the module docstring)."""
+
+    min_parallel: int = 2048
+    name: ClassVar[str] = "choose_schedules"
+
+    def run(self, graph: Graph) -> PassResult:
+        if not any(_sequential_candidates(s, self.min_parallel) for s in graph.sdfg.all_sdfgs_recursive()):
+            return Success(graph)
+        sdfg = graph.editable()
+        for sub in sdfg.all_sdfgs_recursive():
+            for entry in _sequential_candidates(sub, self.min_parallel):
+                entry.map.schedule = dace.ScheduleType.Sequential
+        return Success(Graph.adopt(sdfg, graph.meta))

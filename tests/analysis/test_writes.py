@@ -1,0 +1,97 @@
+"""`overwritten_before_read`: True only when every run writes every element before anything reads it."""
+
+from __future__ import annotations
+
+import dace
+import numpy as np
+import pytest
+
+from gradflow.analysis.writes import may_read_before_write, overwritten_before_read, written
+
+N = dace.symbol("N")
+f64 = dace.float64
+
+
+@dace.program
+def overwrite_then_loop(X: f64[N], Y: f64[N], S: f64[1]):
+    Y[:] = X * 2.0
+    for i in range(N):
+        S[0] = S[0] + Y[i]
+
+
+@dace.program
+def partial(X: f64[N], Y: f64[N]):
+    Y[0:2] = X[0:2]
+
+
+@dace.program
+def in_a_loop(X: f64[N], Y: f64[N]):
+    for i in range(N):
+        Y[i] = X[i]
+
+
+@dace.program
+def in_a_branch(X: f64[N], Y: f64[N]):
+    if X[0] > 0:
+        Y[:] = X
+    else:
+        Y[:] = -X
+
+
+@dace.program
+def reset_then_accumulate(X: f64[N], S: f64[1]):
+    S[0] = 0.0
+    for i in range(N):
+        S[0] += X[i]
+
+
+@dace.program
+def written_then_read_in_one_state(X: f64[N], S: f64[1]):
+    S[0] = np.sum(X)
+    S[0] += 1.0
+
+
+@pytest.mark.parametrize("program, name, expected", [
+    (overwrite_then_loop, "Y", True),   # written whole in the first state, read in the loop after
+    (overwrite_then_loop, "X", False),  # only read
+    (overwrite_then_loop, "S", False),  # read and written in the loop
+    (partial, "Y", False),              # two elements of N
+    (in_a_loop, "Y", False),            # every element, but inside a loop: not followed
+    (in_a_branch, "Y", False),          # both branches write it all: not followed either (conservative)
+    (reset_then_accumulate, "S", True),  # overwritten first, accumulated into afterwards
+    (written_then_read_in_one_state, "S", False),  # one state writes and reads it: not analysed (conservative)
+])
+def test_overwritten_before_read(program, name, expected):
+    assert overwritten_before_read(program.to_sdfg(simplify=True), name) is expected
+
+
+def test_accumulating_and_nested_writes_are_not_overwrites():
+    sdfg = dace.SDFG("acc")
+    sdfg.add_array("X", [N], f64)
+    sdfg.add_array("S", [1], f64)
+    sdfg.add_state().add_mapped_tasklet("s", {"i": "0:N"}, {"x": dace.Memlet("X[i]")}, "s = x",
+                                       {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+    assert not overwritten_before_read(sdfg, "S") and written(sdfg) == {"S"}
+
+    inner = dace.SDFG("inner")
+    inner.add_array("o", [N], f64)
+    inner.add_state().add_mapped_tasklet("w", {"i": "0:1"}, {}, "y = 1.0", {"y": dace.Memlet("o[0]")},
+                                         external_edges=True)  # writes one element of N
+    outer = dace.SDFG("outer")
+    outer.add_array("Y", [N], f64)
+    state = outer.add_state()
+    nested = state.add_nested_sdfg(inner, {}, {"o"})
+    state.add_edge(nested, "o", state.add_access("Y"), None, dace.Memlet("Y[0:N]"))
+    assert not overwritten_before_read(outer, "Y") and written(outer) == {"Y"}
+
+
+@dace.program
+def unused(X: f64[N], Y: f64[N], S: f64[1]):
+    S[0] = np.sum(X)
+
+
+def test_an_untouched_array_is_never_read_but_not_overwritten():
+    sdfg = unused.to_sdfg(simplify=True)
+    assert not may_read_before_write(sdfg, "Y") and not overwritten_before_read(sdfg, "Y")
+    assert not may_read_before_write(sdfg, "S") and overwritten_before_read(sdfg, "S")
+    assert may_read_before_write(sdfg, "X")

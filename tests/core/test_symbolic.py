@@ -1,0 +1,75 @@
+"""The tasklet reader (`core/symbolic.read_tasklet`): statements, branches, indexed accesses, typed errors."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+
+from gradflow.core.symbolic import Element, UnsupportedCode, parse_tasklet, read_tasklet, unassigned
+
+x, y, c = (sympy.Symbol(n, real=True) for n in ("x", "y", "c"))
+
+
+def _value(expr: sympy.Expr, **values: float) -> float:
+    return float(expr.subs({sympy.Symbol(k, real=True): v for k, v in values.items()}))
+
+
+def test_if_elif_else_is_piecewise_in_program_order() -> None:
+    code = "t = x * y\nt = t + 1.0\nif x > 0.5:\n    p = t * x\nelif x > -0.5:\n    p = sin(t)\nelse:\n    p = t - y"
+    p = parse_tasklet(code, ["x", "y"], ["p"])["p"]
+    for xv, yv in ((1.0, 2.0), (0.0, 2.0), (-1.0, 2.0)):
+        t = xv * yv + 1.0
+        expected = t * xv if xv > 0.5 else (sympy.sin(t) if xv > -0.5 else t - yv)
+        assert _value(p, x=xv, y=yv) == pytest.approx(float(expected), rel=1e-15)
+
+
+def test_ternary_and_truth_value_of_a_number() -> None:
+    out = parse_tasklet("o = x if c else y\nif x:\n    q = 1.0\nelse:\n    q = 2.0", ["x", "y", "c"], ["o", "q"])
+    assert _value(out["o"], x=3.0, y=4.0, c=0.0) == 4.0
+    assert _value(out["o"], x=3.0, y=4.0, c=2.0) == 3.0
+    assert _value(out["q"], x=0.0) == 2.0 and _value(out["q"], x=-1.0) == 1.0
+
+
+def test_bare_expressions_are_dead_code() -> None:
+    out = parse_tasklet("log(3.0)\nsin(x) + 1\n'a docstring'\npass\no = x", ["x"], ["o"])
+    assert out == {"o": x}
+
+
+def test_a_call_for_its_effect_names_the_tasklet_and_statement() -> None:
+    with pytest.raises(UnsupportedCode, match=r"tasklet 'cb'.*numpy_median\(__a, __o\).*Python callbacks"):
+        read_tasklet("numpy_median(__a, __o)", ["__a"], ["__o"], "tasklet 'cb'")
+
+
+def test_an_output_assigned_on_one_path_keeps_a_marker() -> None:
+    meaning = read_tasklet("if c:\n    o = 1.0", ["c"], ["o"])
+    (taken, test), (other, _) = meaning.outputs["o"].args
+    assert (float(taken), test, other) == (1.0, sympy.Ne(c, 0), unassigned("o"))
+    with pytest.raises(UnsupportedCode, match="not assigned on every path"):
+        parse_tasklet("if c:\n    o = 1.0", ["c"], ["o"])
+
+
+def test_reading_a_name_where_it_may_be_unassigned_is_an_error() -> None:
+    with pytest.raises(UnsupportedCode, match=r"'t' in the statement 'o = t \* 2'.*not assigned"):
+        read_tasklet("if x > 0:\n    t = x\no = t * 2", ["x"], ["o"], "tasklet 'T'")
+
+
+def test_indexed_reads_and_writes() -> None:
+    meaning = read_tasklet("o = a[j] * a[j] + a[j + 1]\nw[j] = o", ["a", "j"], ["o", "w"])
+    j = sympy.Symbol("j", real=True)
+    assert set(meaning.reads.values()) == {Element("a", (j,)), Element("a", (j + 1,))}
+    (write,) = meaning.writes
+    assert write.element == Element("w", (j,)) and write.condition == sympy.true
+    by_element = {e: s for s, e in meaning.reads.items()}
+    assert meaning.outputs["o"] == by_element[Element("a", (j,))] ** 2 + by_element[Element("a", (j + 1,))]
+
+
+@pytest.mark.parametrize("code, why", [
+    ("for i in range(3):\n    o = x", "For statements"),
+    ("o = p = x", "chained assignment"),
+    ("x = 1.0\no = x", "assigns the input connector 'x'"),
+    ("o[0] += x", "augmented assignment through an index"),
+    ("o = x[0:2]", "a slice"),
+])
+def test_unsupported_statements_are_named(code: str, why: str) -> None:
+    with pytest.raises(UnsupportedCode, match=why):
+        read_tasklet(code, ["x"], ["o", "p"], "tasklet 'T'")

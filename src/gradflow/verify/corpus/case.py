@@ -37,6 +37,9 @@ class Case:
     make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]
     symbols: Mapping[str, int]
     description: str = ""
+    #: the forwarding policy the case is always differentiated under (None: the caller's), for policies
+    #: that are a property of the program (checkpointing, which needs the sizes of its loops)
+    forwarding: Any = None
 
     def to_sdfg(self, simplify: bool = True) -> dace.SDFG:
         """A fresh SDFG of the program (each call parses the program again)."""

@@ -212,6 +212,36 @@ def test_a_while_loop_cannot_be_checkpointed_yet() -> None:
                       forwarding=gradflow.Forwarding.checkpoint(snapshots=3, loops=[label]))
 
 
+def _loop_label(sdfg, predicate) -> str:
+    from dace.sdfg.state import LoopRegion
+
+    return next(r.label for r in sdfg.all_control_flow_regions() if isinstance(r, LoopRegion) and predicate(r))
+
+
+def test_a_loop_inside_another_cannot_be_checkpointed() -> None:
+    from dace.sdfg.state import LoopRegion
+
+    case = loops.CASES_BY_NAME["lp_seidel_2d"]
+    sdfg = case.to_sdfg()
+    label = _loop_label(sdfg, lambda r: isinstance(r.parent_graph, LoopRegion))
+    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}' is inside loop 'for_\d+'"):
+        gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=2, loops=[label], sizes={"T": 4}))
+
+
+def test_a_step_reading_an_index_array_is_refused_when_named_and_skipped_by_default() -> None:
+    case = loops.CASES_BY_NAME["lp_masked_normalise"]
+    sdfg = case.to_sdfg()
+    label = _loop_label(sdfg, lambda r: any(n.data == "idx" for st in r.all_control_flow_blocks(recursive=True)
+                                            if hasattr(st, "data_nodes") for n in st.data_nodes()))
+    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}' cannot be checkpointed.*idx"):
+        gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=2, loops=[label], sizes=dict(case.symbols)))
+    graph = gradflow.api.grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None,
+                                    gradflow.Forwarding.checkpoint(snapshots=2, sizes=dict(case.symbols)))
+    assert "CheckpointedLoop" in graph.meta["ad"].rules_used  # the other loop is checkpointed
+
+
 @pytest.mark.parametrize("snapshots", [0, -2, 1.5, True, None])
 def test_snapshot_count_must_be_a_positive_int(snapshots) -> None:
     with pytest.raises(gradflow.InvalidArgumentError, match="snapshots"):

@@ -85,15 +85,20 @@ def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRe
             "name loops by their label (gradflow show prints them), or leave loops out for all outermost loops")
     chosen = [by_label[label] for label in labels]
     for loop in chosen:
-        reason = unsupported(sdfg, loop)
-        if reason is not None:
-            raise NotDifferentiableError(f"loop '{loop.label}' cannot be checkpointed: {reason}",
-                                         "checkpoint another loop, or store this one (leave it out of loops=)")
+        if counted_loop(loop, _assigned_symbols(loop)) is None:
+            raise NotDifferentiableError(
+                f"loop '{loop.label}' is not a counted for loop: checkpointing a while loop (online "
+                "checkpointing) is not supported", "checkpoint counted loops only, or store this loop's values "
+                "(give it a bound with Forwarding(loop_bounds=...))")
         outer = _loops_around(loop)
         if outer:
             raise NotDifferentiableError(
                 f"loop '{loop.label}' is inside loop '{outer[0].label}': only loops outside every other loop "
                 "can be checkpointed", f"checkpoint '{outer[-1].label}' instead")
+        reason = unsupported(sdfg, loop)
+        if reason is not None:
+            raise NotDifferentiableError(f"loop '{loop.label}' cannot be checkpointed: {reason}",
+                                         "checkpoint another loop, or store this one (leave it out of loops=)")
     return chosen
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from math import comb
 
+import dace
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -134,6 +135,36 @@ def test_gradients_equal_store_all_for_every_snapshot_count(name: str, seed: int
         assert set(got) == set(grads)
         for x in grads:
             np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15, err_msg=f"d/d{x}, s={s}")
+
+
+N, T = dace.symbol("N"), dace.symbol("T")
+
+
+@dace.program
+def read_then_smooth(A: dace.float64[N], S: dace.float64[1]):
+    S[0] = np.sum(A * A * A)  # read before the loop: its reverse needs A's initial value
+    for t in range(T):
+        A[1:N - 1] = 0.5 * A[1:N - 1] + 0.25 * A[2:N]  # linear: the step's own vjp reads no value
+    for i in range(N):
+        S[0] += A[i] * (i + 1.0)
+
+
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_linear_loop_still_restores_what_an_earlier_operation_reads(seed: int) -> None:
+    a = np.random.default_rng(seed).uniform(-1, 1, 6)
+    results = []
+    for policy in (gradflow.STORE_ALL, gradflow.Forwarding.checkpoint(snapshots=1, sizes={"T": 3, "N": 6})):
+        f = _program_function(policy)
+        results.append(f(A=a.copy(), S=np.zeros(1), T=3))
+    (value, grad), (got_value, got) = results
+    np.testing.assert_allclose(got_value, value, rtol=1e-12)
+    np.testing.assert_allclose(got, grad, rtol=1e-12, atol=1e-15)
+
+
+@functools.cache
+def _program_function(policy: gradflow.Forwarding):
+    return gradflow.value_and_grad(read_then_smooth.to_sdfg(), wrt="A", of="S", forwarding=policy)
 
 
 # ---- memory and re-executions ----------------------------------------------------------------------------

@@ -60,7 +60,8 @@ def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
     assigned = sorted({k for e in loop.all_interstate_edges(recursive=True) for k in e.data.assignments})
     if assigned:
         return f"its body assigns symbols on interstate edges ({', '.join(assigned)})"
-    indices = sorted({n.data for st in loop.all_control_flow_blocks(recursive=True) if isinstance(st, dace.SDFGState) for n in st.data_nodes()
+    states = [b for b in loop.all_control_flow_blocks(recursive=True) if isinstance(b, dace.SDFGState)]
+    indices = sorted({n.data for st in states for n in st.data_nodes()
                       if st.out_degree(n) and sdfg.arrays[n.data].dtype in (dace.int32, dace.int64)})
     if indices:  # a gather through an index array inside the step gave wrong gradients (not yet diagnosed)
         return f"its body reads the integer array(s) {', '.join(indices)} (indices are not supported in a step yet)"
@@ -150,7 +151,7 @@ class Snapshots:
     """What the forward recorded for one checkpointed loop, and what its reversal interprets."""
 
     carried: tuple[str, ...]  # arrays stored per snapshot
-    slots: dict  # carried array -> snapshot array (snapshots + 1 slots: the last is the final step's state)
+    slots: dict  # carried array -> its snapshot array (one row per slot)
     backward: tuple  # the Revolve actions after the forward phase
     trips: int
     var: str
@@ -167,23 +168,25 @@ def trip_count(item, sizes: dict[str, int]) -> int:
         raise InvalidArgumentError(
             f"checkpointed loop '{item.label}' runs a number of times that depends on {', '.join(free)}; the "
             "Revolve schedule is computed for a concrete trip count",
-            f"pass the sizes: gradflow.Forwarding.checkpoint(snapshots=..., sizes={{{', '.join(repr(f) + ': ...' for f in free)}}})")
+            "pass the sizes: gradflow.Forwarding.checkpoint(snapshots=..., sizes={"
+            + ", ".join(f"{f!r}: ..." for f in free) + "})")
     return max(int(sympy.floor(value / divisor)), 0)
 
 
-def _carried(item, node: nd.NestedSDFG, state, rev) -> tuple[str, ...]:
+def _read_before(item, rev) -> frozenset[str]:
+    """Arrays an operation before the loop reads (reversed after it: they need the loop's initial values)."""
+    first = item.body.items[0].site.index
+    return frozenset(a for site in rev.sites if site.index < first for a in site.read_arrays())
+
+
+def _carried(node: nd.NestedSDFG, state, read_before: frozenset[str]) -> tuple[str, ...]:
     """Arrays the step writes whose value at the start of an iteration matters (module doc)."""
-    first_index = item.body.items[0].site.index
-    read_before = set()
-    for site in rev.sites:
-        if site.index < first_index:
-            read_before |= site.read_arrays()
     outs = {e.data.data: e.src_conn for e in state.out_edges(node) if not e.data.is_empty()}
     carried = []
     for array, conn in sorted(outs.items()):
-        inner = node.sdfg
-        written = _written_box(inner, conn)
-        if array in read_before or conn not in node.in_connectors or not overwritten_before_read_in(inner, conn, written):
+        reads_it = conn in node.in_connectors
+        if array in read_before or (reads_it and not overwritten_before_read_in(node.sdfg, conn,
+                                                                              _written_box(node.sdfg, conn))):
             carried.append(array)
     return tuple(carried)
 
@@ -282,8 +285,10 @@ class CheckpointedLoop:
         node = _step_node(item)
         state = item.body.items[0].site.state
         trips = trip_count(item, dict(policy.sizes))
-        if backward_reads_state(node, state, rev):
-            carried = _carried(item, node, state, rev)
+        read_before = _read_before(item, rev)
+        written = {e.data.data for e in state.out_edges(node) if not e.data.is_empty()}
+        if read_before & written or backward_reads_state(node, state, rev):
+            carried = _carried(node, state, read_before)
             ahead, backward = revolve.forward_phase(revolve.schedule(trips, policy.snapshots))
         else:  # nothing to store: reverse the steps last to first, rerunning none
             carried, ahead = (), ()
@@ -326,9 +331,12 @@ class CheckpointedLoop:
         node = _step_node(item)
         fwd_state = item.body.items[0].site.state
         written = sorted({e.data.data for e in fwd_state.out_edges(node) if not e.data.is_empty()})
-        # Working copies the reruns may write: never the forward's own arrays.
+        actions = recorded.backward
+        present = {a.kind for a in actions}
+        # Working copies the reruns may write: never the forward's own arrays. (Without reruns or snapshots
+        # the steps' vjps only read arrays no step writes: nothing to set up.)
         setup = ctx.new_state(f"checkpoint_setup_{item.label}")
-        for array in written:
+        for array in written if recorded.carried or revolve.ADVANCE in present else ():
             if ctx.values.get(array, array) == array:
                 desc = sdfg.arrays[array]
                 work, _ = sdfg.add_array(f"gradflow_work_{array}", desc.shape, desc.dtype, transient=True,
@@ -339,7 +347,6 @@ class CheckpointedLoop:
         for array in recorded.carried:  # the state the last step starts from
             _copy_slot(setup, ctx.values[array], recorded.slots[array], str(recorded.current), to_snapshot=False)
 
-        actions = recorded.backward
         kinds = _constant_table(sdfg, f"gradflow_actions_{item.label}", [a.kind for a in actions])
         args = _constant_table(sdfg, f"gradflow_args_{item.label}", [a.arg for a in actions])
         positions = _constant_table(sdfg, f"gradflow_positions_{item.label}", [a.position for a in actions])
@@ -356,26 +363,25 @@ class CheckpointedLoop:
             branches = ConditionalBlock(f"dispatch_{item.label}", sdfg=sdfg)
             ctx.add_block(branches)
 
-            advance = ControlFlowRegion(f"advance_{item.label}", sdfg=sdfg)
-            branches.add_branch(f"{kind} == {revolve.ADVANCE}", advance)
-            j = rev.fresh("gf_cj")
-            steps = LoopRegion(f"advance_steps_{item.label}", f"{j} < {arg}", j, f"{j} = 0", f"{j} = {j} + 1", sdfg=sdfg)
-            advance.add_node(steps, is_start_block=True)
-            run = steps.add_state(f"step_{item.label}", is_start_block=True)
-            entry = steps.add_state_before(run, f"step_at_{item.label}", is_start_block=True,
-                                           assignments={var: f"({recorded.first}) + ({recorded.step}) * ({at} + {j})"})
-            del entry
-            self._emit_step(run, node, fwd_state, ctx)
-
-            take = ControlFlowRegion(f"takeshot_{item.label}", sdfg=sdfg)
-            branches.add_branch(f"{kind} == {revolve.TAKESHOT}", take)
-            copy_to = take.add_state(f"takeshot_{item.label}", is_start_block=True)
-            restore = ControlFlowRegion(f"restore_{item.label}", sdfg=sdfg)
-            branches.add_branch(f"{kind} == {revolve.RESTORE}", restore)
-            copy_from = restore.add_state(f"restore_{item.label}", is_start_block=True)
-            for array in recorded.carried:
-                _copy_slot(copy_to, ctx.values[array], recorded.slots[array], arg, to_snapshot=True)
-                _copy_slot(copy_from, ctx.values[array], recorded.slots[array], arg, to_snapshot=False)
+            if revolve.ADVANCE in present:
+                advance = ControlFlowRegion(f"advance_{item.label}", sdfg=sdfg)
+                branches.add_branch(f"{kind} == {revolve.ADVANCE}", advance)
+                j = rev.fresh("gf_cj")
+                steps = LoopRegion(f"advance_steps_{item.label}", f"{j} < {arg}", j, f"{j} = 0", f"{j} = {j} + 1",
+                                   sdfg=sdfg)
+                advance.add_node(steps, is_start_block=True)
+                run = steps.add_state(f"step_{item.label}", is_start_block=True)
+                steps.add_state_before(run, f"step_at_{item.label}", is_start_block=True,
+                                       assignments={var: f"({recorded.first}) + ({recorded.step}) * ({at} + {j})"})
+                self._emit_step(run, node, fwd_state, ctx)
+            for which, to_snapshot in ((revolve.TAKESHOT, True), (revolve.RESTORE, False)):
+                if which not in present:
+                    continue
+                region = ControlFlowRegion(f"{revolve.KIND_NAMES[which]}_{item.label}", sdfg=sdfg)
+                branches.add_branch(f"{kind} == {which}", region)
+                copies = region.add_state(f"{revolve.KIND_NAMES[which]}_{item.label}", is_start_block=True)
+                for array in recorded.carried:
+                    _copy_slot(copies, ctx.values[array], recorded.slots[array], arg, to_snapshot)
 
             back = ControlFlowRegion(f"reverse_step_{item.label}", sdfg=sdfg)
             branches.add_branch(f"{kind} == {revolve.REVERSE}", back)
@@ -402,4 +408,5 @@ class CheckpointedLoop:
             array = ctx.values.get(e.data.data, e.data.data)
             if array not in writes:
                 writes[array] = state.add_write(array)
-            state.add_edge(call, conn, writes[array], None, dace.Memlet(data=array, subset=copy.deepcopy(e.data.subset)))
+            state.add_edge(call, conn, writes[array], None,
+                           dace.Memlet(data=array, subset=copy.deepcopy(e.data.subset)))

@@ -11,10 +11,13 @@ JAX `lax.scan` under `jit(grad)` (everything stored) and the same scan cut into 
 are wrapped in `jax.checkpoint` (recompute each block in the backward).
 
 Reported per configuration: the median time of a forward+backward call (after a warm-up call that
-compiles), the bytes gradflow forwards from its forward to its backward sweep (`forwarded_bytes`), and the
-peak resident memory above the process's level before the call, sampled every 0.2 ms from
-/proc/self/statm by a thread while the call runs (allocator caching may hide part of it; torch and JAX
-keep their own pools).
+compiles); the bytes gradflow forwards from its forward to its backward sweep (`forwarded_bytes`); the
+temporaries the call holds besides its arguments: for gradflow the bytes of the differentiated SDFG's
+transients (tape, snapshots, working copies, gradient buffers: DaCe allocates them for the call), for JAX
+XLA's `memory_analysis().temp_size_in_bytes`; and the peak resident memory above the process's level
+before the call, sampled every 0.2 ms from /proc/self/statm by a thread while the call runs. The last is
+the only measure for torch eager; it misses what an allocator keeps from earlier calls (DaCe allocates
+transients once, at initialisation, so gradflow's rows show almost nothing there).
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint.py [--n 20000] [--t 1000] [--snapshots 10] [--repeat 5]
 """
@@ -82,6 +85,7 @@ def gradflow_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict):
                                                                                               sizes=sizes))]:
         graph = ad_pipeline(Reverse(case.wrt, (case.of,), forwarding=policy))(Graph.of(case.to_sdfg())).unwrap()
         kept = forwarded_bytes(graph, sizes)
+        held = transient_bytes(graph.sdfg, sizes)
         f = gradflow.value_and_grad(case.program.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=policy)
         args = {k: np.copy(v) for k, v in inputs.items()}
 
@@ -90,7 +94,20 @@ def gradflow_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict):
                 args[k][...] = v
             return f(**args, T=t)
 
-        yield label, call, kept
+        yield label, call, kept, held
+
+
+def transient_bytes(sdfg, sizes: dict) -> int:
+    """Bytes of the SDFG's transients at `sizes` (DaCe allocates each for the call: what the fwd+bwd holds
+    besides its arguments), constants (schedule tables) excluded."""
+    import dace
+
+    values = {dace.symbolic.symbol(k): v for k, v in sizes.items()}
+    total = 0
+    for name, desc in sdfg.arrays.items():
+        if desc.transient and name not in sdfg.constants_prop:
+            total += int(dace.symbolic.pystr_to_symbolic(str(desc.total_size)).subs(values)) * desc.dtype.bytes
+    return total
 
 
 # ---- torch -----------------------------------------------------------------------------------------------
@@ -141,8 +158,8 @@ def torch_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict):
         loss(checkpoint_sequential(steps, snapshots, x0, use_reentrant=False)).backward()
         return x0.grad
 
-    yield "torch eager (stores all)", eager, None
-    yield f"torch checkpoint_sequential({snapshots} segments)", checkpointed, None
+    yield "torch eager (stores all)", eager, None, None
+    yield f"torch checkpoint_sequential({snapshots} segments)", checkpointed, None, None
 
 
 class _Step:
@@ -210,11 +227,12 @@ def jax_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict):
 
     for label, fn in [("jax scan (stores all)", plain), (f"jax checkpoint ({snapshots} blocks)", blocked)]:
         grad = jax.jit(jax.grad(fn, argnums=(0, 1)))
+        temp = grad.lower(x0, params).compile().memory_analysis().temp_size_in_bytes
 
         def call(grad=grad):
             return jax.block_until_ready(grad(x0, params))
 
-        yield label, call, None
+        yield label, call, None, temp
 
 
 def main() -> None:
@@ -224,21 +242,46 @@ def main() -> None:
     parser.add_argument("--snapshots", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--kernels", nargs="*", default=["jacobi_1d", "whole_array_update"])
+    parser.add_argument("--out", type=pathlib.Path, help="also write the report here (e.g. benchmarks/results/"
+                                                          "checkpoint.md)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    lines: list[str] = []
+
+    def report(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
     rng = np.random.default_rng(0)
     n, t, s = args.n, args.t, args.snapshots
-    print(f"N = {n}, T = {t}, snapshots/segments/blocks = {s}; one array = {8 * n} bytes")
+    report(versions())
+    report(f"N = {n}, T = {t}, snapshots/segments/blocks = {s}; one array = {8 * n} bytes")
     for kernel in args.kernels:
         inputs = {"A": rng.uniform(-1, 1, n), "S": np.zeros(1)}
         inputs.update({"B": rng.uniform(-1, 1, n)} if kernel == "jacobi_1d" else {"W": rng.uniform(0.5, 1.5, n)})
-        print(f"\n{kernel}")
-        print(f"  {'configuration':42s} {'fwd+bwd ms':>11s} {'forwarded B':>13s} {'peak RSS +B':>13s}")
+        report(f"\n{kernel}")
+        report(f"  {'configuration':42s} {'fwd+bwd ms':>11s} {'forwarded B':>13s} {'temporaries B':>14s} "
+              f"{'peak RSS +B':>13s}")
         for runs in (gradflow_runs, torch_runs, jax_runs):
-            for label, call, kept in runs(kernel, n, t, s, inputs):
+            for label, call, kept, held in runs(kernel, n, t, s, inputs):
                 seconds, peak = measure(call, args.repeat)
                 kept_text = "-" if kept is None else f"{kept:,}"
-                print(f"  {label:42s} {1e3 * seconds:11.2f} {kept_text:>13s} {peak:13,}", flush=True)
+                held_text = "-" if held is None else f"{held:,}"
+                report(f"  {label:42s} {1e3 * seconds:11.2f} {kept_text:>13s} {held_text:>14s} {peak:13,}")
+    if args.out is not None:
+        args.out.write_text("```\n" + "\n".join(lines) + "\n```\n")
+
+
+def versions() -> str:
+    import platform
+
+    import dace
+    import jax
+    import torch
+
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+            f"python {platform.python_version()}, dace {dace.__version__}, torch {torch.__version__}, "
+            f"jax {jax.__version__}, numpy {np.__version__}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,18 @@ def test_gradients_equal_store_all_for_every_snapshot_count(name: str, seed: int
             np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15, err_msg=f"d/d{x}, s={s}")
 
 
+def test_a_loop_that_does_not_run_records_and_reverses_nothing() -> None:
+    case = loops.CASES_BY_NAME["lp_seidel_2d"]  # its time loop runs T - 1 times
+    inputs = case.inputs(5)
+    results = []
+    for policy in (gradflow.STORE_ALL, gradflow.Forwarding.checkpoint(snapshots=2, sizes=_sizes(case.name, 1))):
+        results.append(_function(case.name, policy)(**{k: np.copy(v) for k, v in inputs.items()}, T=1))
+    (value, grads), (got_value, got) = results
+    np.testing.assert_allclose(got_value, value, rtol=1e-12)
+    for x in grads:
+        np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15)
+
+
 N, T = dace.symbol("N"), dace.symbol("T")
 
 
@@ -165,6 +177,31 @@ def test_a_linear_loop_still_restores_what_an_earlier_operation_reads(seed: int)
 @functools.cache
 def _program_function(policy: gradflow.Forwarding):
     return gradflow.value_and_grad(read_then_smooth.to_sdfg(), wrt="A", of="S", forwarding=policy)
+
+
+def test_split_forward_and_backward_carry_only_the_snapshots() -> None:
+    """`vjp`: the forward SDFG hands the snapshots to the backward SDFG, which reads its schedule from
+    constants (not forwarded); the gradients are those of the combined program under STORE_ALL."""
+    from gradflow.runtime.compile import compile_sdfg
+
+    case = loops.CASES_BY_NAME["lp_whole_array_update"]
+    t = KERNELS["lp_whole_array_update"]
+    result = gradflow.vjp(case.to_sdfg(), wrt=list(case.wrt), of=case.of,
+                          forwarding=gradflow.Forwarding.checkpoint(snapshots=2, sizes=_sizes(case.name, t)))
+    assert [a for a in result.saved if not a.startswith("gradflow_tape_top")] == ["gradflow_snap_A"]
+    inputs = case.inputs(3)
+    n = inputs["A"].shape[0]
+    values = {N: n, T: t}
+    fwd_args = {k: np.zeros(tuple(int(dace.symbolic.evaluate(x, values)) for x in d.shape))
+                for k, d in result.forward.arrays.items() if not d.transient and k not in inputs}
+    fwd_args.update({k: np.copy(v) for k, v in inputs.items()})
+    compile_sdfg(Graph.adopt(result.forward))(**fwd_args, N=n, T=t)
+    bwd_args = {k: fwd_args[k] for k in result.forwarded}
+    bwd_args.update(grad_S=np.ones(1), grad_A=np.full(n, np.nan), grad_W=np.full(n, np.nan))
+    compile_sdfg(Graph.adopt(result.backward))(**bwd_args, N=n, T=t)
+    _, expected = _run(case.name, gradflow.STORE_ALL, 3)
+    for x in case.wrt:
+        np.testing.assert_allclose(bwd_args[f"grad_{x}"], expected[x], rtol=1e-12, atol=1e-15)
 
 
 # ---- memory and re-executions ----------------------------------------------------------------------------
@@ -277,6 +314,13 @@ def test_a_step_reading_an_index_array_is_refused_when_named_and_skipped_by_defa
 def test_snapshot_count_must_be_a_positive_int(snapshots) -> None:
     with pytest.raises(gradflow.InvalidArgumentError, match="snapshots"):
         gradflow.Forwarding.checkpoint(snapshots=snapshots)
+
+
+def test_checkpointing_does_not_combine_with_a_budget_or_a_recompute_set() -> None:
+    with pytest.raises(gradflow.InvalidArgumentError, match="checkpoint policy cannot also"):
+        gradflow.Forwarding(snapshots=3, max_bytes=100)
+    with pytest.raises(gradflow.InvalidArgumentError, match="checkpoint policy cannot also"):
+        gradflow.Forwarding(snapshots=3, recompute="all")
 
 
 def test_policy_is_a_frozen_value_with_a_name() -> None:

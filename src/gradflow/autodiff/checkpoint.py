@@ -274,17 +274,16 @@ class CheckpointedLoop:
         return 0  # the snapshots are priced by the checkpoint policy itself, not by the budget planner
 
     def record(self, item, rev, loops: tuple) -> Snapshots:
-        if item.counted is None:
-            raise NotDifferentiableError(
-                f"loop '{item.label}' is not a counted for loop: checkpointing a while loop (online "
-                "checkpointing) is not supported", "checkpoint counted loops only, or store this loop's values "
-                "(give it a bound with Forwarding(loop_bounds=...))")
-        if loops:
-            raise NotDifferentiableError(f"loop '{item.label}' is inside another loop and cannot be checkpointed")
+        if item.counted is None or loops:  # `chosen_loops` outlines neither; a lowered `break` could make one
+            raise NotDifferentiableError(f"loop '{item.label}' is not a counted loop outside every other loop: it "
+                                         "cannot be checkpointed", "leave it out of Forwarding.checkpoint(loops=...)")
         policy = rev.spec.forwarding
         node = _step_node(item)
         state = item.body.items[0].site.state
+        c = item.counted
         trips = trip_count(item, dict(policy.sizes))
+        if trips == 0:  # the loop does not run: nothing to record or reverse
+            return Snapshots((), {}, (), 0, c.var, symbolic.symstr(c.start), c.step, 0)
         read_before = _read_before(item, rev)
         written = {e.data.data for e in state.out_edges(node) if not e.data.is_empty()}
         if read_before & written or backward_reads_state(node, state, rev):
@@ -293,14 +292,13 @@ class CheckpointedLoop:
         else:  # nothing to store: reverse the steps last to first, rerunning none
             carried, ahead = (), ()
             backward = tuple(revolve.Action(revolve.REVERSE, 0, p) for p in reversed(range(trips)))
-        c = item.counted
         first = symbolic.symstr(c.start)
         shots = [(a.position, a.arg) for a in ahead if a.kind == revolve.TAKESHOT]
         # The state the last step starts from: the schedule's own snapshot there when it takes one (then
         # never restored), else one more slot.
         current = next((slot for position, slot in shots if position == trips - 1), None)
         if current is None:
-            current = 1 + max([slot for a in backward if a.kind == revolve.TAKESHOT for slot in (a.arg,)]
+            current = 1 + max([a.arg for a in backward if a.kind == revolve.TAKESHOT]
                               + [slot for _, slot in shots], default=-1)
             shots.append((trips - 1, current))
         count = 1 + max([slot for _, slot in shots] + [a.arg for a in backward if a.kind == revolve.TAKESHOT])
@@ -310,7 +308,7 @@ class CheckpointedLoop:
             slots[array], _ = rev.sdfg.add_array(f"gradflow_snap_{array}", (count,) + tuple(desc.shape),
                                                  desc.dtype, transient=True, find_new_name=True)
             rev.stores[slots[array]] = f"<snapshots of {array}>"
-        if trips and carried:
+        if carried:
             loop = item.loop
             block = ConditionalBlock(f"snapshot_{item.label}", sdfg=rev.sdfg)
             old_start = loop.start_block

@@ -100,6 +100,11 @@ class Forwarding:
     snapshots: int | None = attrs.field(default=None, converter=_optional_snapshots)
     checkpoint_loops: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_labels)
 
+    def __attrs_post_init__(self) -> None:
+        if self.snapshots is not None and (self.max_bytes is not None or self.recompute):
+            raise InvalidArgumentError("a checkpoint policy cannot also set a byte budget or recompute arrays",
+                                       "use Forwarding.checkpoint(...) alone, or Forwarding.budget(...) alone")
+
     @staticmethod
     def budget(max_bytes: int, sizes: Mapping[str, int] | None = None,
                loop_bounds: Mapping[str, int] | None = None) -> "Forwarding":

@@ -106,6 +106,7 @@ def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRe
 def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
     """Nest the body of each chosen loop into one nested SDFG labelled `gradflow_step_<loop>` (in place,
     on the engine's private copy). Returns the labels of the outlined loops."""
+    from dace.sdfg.utils import set_nested_sdfg_parent_references
     from dace.transformation.helpers import nest_sdfg_subgraph
 
     done = []
@@ -117,6 +118,7 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
             blocks.append(loop.add_state_after(blocks[0], f"{loop.label}_end"))
         state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
         node = next(n for n in state.nodes() if isinstance(n, nd.NestedSDFG))
+        set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside
         node.label = f"{STEP}{loop.label}"
         node.sdfg.name = f"{STEP}{loop.label}"
         used = set(map(str, node.sdfg.used_symbols(all_symbols=False))) | {

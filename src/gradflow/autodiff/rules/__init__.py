@@ -46,7 +46,8 @@ def rule_modules() -> tuple:
     from gradflow.autodiff.rules import copies, elementwise, extremum, library, nested, product
     from gradflow.autodiff.rules.library import contraction, matmul, reduce, transpose
 
-    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction, control, checkpoint)
+    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction, control,
+            checkpoint)
 
 
 @functools.cache

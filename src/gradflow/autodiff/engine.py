@@ -32,7 +32,7 @@ from dace.sdfg.state import ControlFlowRegion, LoopRegion
 from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.cost import op_work
 from gradflow.analysis.loops import upper_bound
-from gradflow.autodiff import budget
+from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -133,6 +133,7 @@ class Reversal:
     recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
     tables: Any = None  # the ADTables of the build
     active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
+    tape_free: frozenset[int] = frozenset()  # operations inside loops whose control rule records their state
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -262,7 +263,7 @@ class Reversal:
                           recomputed: frozenset[str]) -> None:
         """Push what an operation overwrites when an operation reversed after it reads the old value."""
         for p, array in self.overwrite_sites(accesses):
-            if array in recomputed:
+            if array in recomputed or p.index in self.tape_free:  # (a checkpointed loop stores snapshots)
                 continue
             if not any(array in needs[q.index] and may_precede(q, p) for q in self.sites):
                 continue
@@ -329,6 +330,8 @@ def may_precede(q: OpSite, p: OpSite) -> bool:
 
 def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None) -> ADInterface:
     tables = tables if tables is not None else ADTables()
+    if spec.forwarding.snapshots is not None and spec.outermost:
+        checkpoint.outline(sdfg, spec.forwarding.checkpoint_loops)
     tree, sites = build_tree(sdfg)
     regions = region_items(tree)
     loops = {id(loop): item for item in regions for loop in item.encloses}
@@ -371,6 +374,8 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
     rev.arguments = frozenset(map(str, sdfg.free_symbols))
     rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
+    rev.tape_free = frozenset(s.index for s in sites if any(
+        getattr(_control_rule_for(tables, loops[id(loop)]).fn, "tape_free", False) for loop in s.loops))
     choice = None
     if spec.forwarding.max_bytes is not None:
         # The budget prices the control tape before the plan exists: every symbol of every operation is

@@ -60,6 +60,7 @@ def differentiated(name: str, policy: Forwarding = STORE_ALL) -> Graph:
     from gradflow.api import grad_graph
 
     case = case_named(name)
+    policy = case.forwarding if case.forwarding is not None else policy
     return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, bounded(case, policy))
 
 

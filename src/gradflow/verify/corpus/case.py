@@ -40,6 +40,9 @@ class Case:
     symbols: Mapping[str, int]
     description: str = ""
     loop_bounds: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: the forwarding policy the case is always differentiated under (None: the caller's), for policies
+    #: that are a property of the program (checkpointing, which needs the sizes of its loops)
+    forwarding: Any = None
 
     def to_sdfg(self, simplify: bool = True) -> dace.SDFG:
         """A fresh SDFG of the program (each call parses the program again)."""

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from dace.libraries.blas import Dot
 
+from gradflow.autodiff.forwarding import Forwarding
+
 from .case import BuiltProgram, Case, element_rows, list_dot, setitem, stack_rows
 from .unstructured import CASES as _UNSTRUCTURED
 
@@ -1033,6 +1035,9 @@ CASES: list[Case] = [
          "in-place recurrence A[i] = f(A[i-1], A[i])"),
     Case("lp_whole_array_update", lp_whole_array_update, _with_t(_t_whole_array_update, 4), ("A", "W"), "S",
          _i_whole_array_update, {"N": 7, "T": 4}, "A[:] = g(A) every iteration"),
+    Case("lp_whole_array_update_checkpointed", lp_whole_array_update, _with_t(_t_whole_array_update, 4), ("A", "W"),
+         "S", _i_whole_array_update, {"N": 7, "T": 4}, "the same, reversed by binomial checkpointing (2 snapshots)",
+         forwarding=Forwarding.checkpoint(snapshots=2, sizes={"N": 7, "T": 4})),
     Case("lp_map_of_loops", lp_map_of_loops, _t_map_of_loops, ("X",), "S",
          _inputs(X=(5, 6), Y=(5,)), {"N": 5, "M": 6}, "sequential loop inside a dace.map body"),
     Case("lp_map_with_branch", lp_map_with_branch, _t_map_with_branch, ("X",), "S", _i_if_else_in_map,

@@ -11,7 +11,7 @@ import pytest
 
 import gradflow
 from gradflow.autodiff.budget import BudgetError
-from gradflow.core.errors import GradflowError, InvalidArgumentError
+from gradflow.core.errors import GradflowError, InvalidArgumentError, NotDifferentiableError
 from gradflow.verify import programs
 
 SMALL = ["lp_softmax", "lp_if_else", "lp_trisolv", "lp_recurrence"]
@@ -98,3 +98,12 @@ def test_the_plan_is_printable() -> None:
     text = plan.describe(sizes)
     assert "kept for the backward sweep" in text and "recomputed in the backward sweep" in text
     assert f"total: {plan.total_bytes(sizes)} bytes kept" in text
+
+
+def test_a_while_loop_without_a_bound_cannot_be_priced_and_says_which() -> None:
+    # Its stacks would grow at run time: a byte budget cannot cover them, and the error names the loop.
+    with pytest.raises(NotDifferentiableError, match="no trip-count bound") as info:
+        programs.differentiated("lp_newton_sqrt", gradflow.Forwarding.budget(10**9, sizes={"N": 6}))
+    assert "loop_bounds" in str(info.value)
+    bounded = gradflow.Forwarding.budget(10**9, sizes={"N": 6}, loop_bounds={"*": 64})
+    assert programs.check("lp_newton_sqrt", 0, bounded) < 1e-9

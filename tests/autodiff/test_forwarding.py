@@ -66,11 +66,22 @@ def test_policies_are_frozen_values() -> None:
     assert gradflow.RECOMPUTE_ALL.name == "recompute_all" and gradflow.STORE_ALL.name == "store_all"
 
 
-def test_while_loop_without_bound_names_the_loop() -> None:
+def test_while_loop_needs_no_bound_and_a_bound_caps_it() -> None:
+    """Without a bound, what a while loop stores per iteration goes to growable stacks; with one, to
+    fixed-size stacks and the loop is stopped there (gradients of both are checked in the loop corpus:
+    lp_newton_sqrt and lp_newton_sqrt_capped)."""
     case = loops.CASES_BY_NAME["lp_newton_sqrt"]
-    with pytest.raises(gradflow.NotDifferentiableError, match=r"loop 'while_\d+'.*") as info:
-        gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of)
-    assert "loop_bounds" in str(info.value)
+    free = differentiated(case.name, gradflow.STORE_ALL).meta["ad"]
+    capped = differentiated(case.name, gradflow.STORE_ALL.with_loop_bounds(**BOUNDS)).meta["ad"]
+    assert free.heaps and not free.bounded_loops
+    assert not capped.heaps and [bound for _, bound in capped.bounded_loops] == [64]
+    f = gradflow.value_and_grad(case.program.to_sdfg(), wrt="A", of="S")
+    g = gradflow.value_and_grad(case.program.to_sdfg(), wrt="A", of="S",
+                                forwarding=gradflow.STORE_ALL.with_loop_bounds(**BOUNDS))
+    inputs = case.inputs(3)
+    (value, grad), (capped_value, capped_grad) = f(**inputs), g(**case.inputs(3))
+    assert value == capped_value
+    np.testing.assert_allclose(grad, capped_grad, rtol=1e-12)
 
 
 def test_while_loop_past_its_bound_raises() -> None:

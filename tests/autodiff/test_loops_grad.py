@@ -56,15 +56,18 @@ def test_corpus_covers_the_required_constructs() -> None:
     names = set(loops.CASES_BY_NAME)
     for required in ("lp_break_search", "lp_strided_step2_odd", "lp_negative_step", "lp_if_else", "lp_newton_sqrt",
                      "lp_triangular", "lp_map_of_loops", "lp_map_with_branch", "lp_map_inplace_rows",
-                     "lp_map_of_while", "lp_cholesky_dot", "lp_lu_slices", "lp_trisolv_dot", "lp_doitgen",
-                     "lp_covariance"):
+                     "lp_map_of_while", "lp_newton_sqrt_capped", "lp_map_of_while_capped", "lp_api_loop_branch",
+                     "lp_api_while_accumulate", "lp_api_edge_symbols", "lp_symbol_from_data", "lp_cholesky_dot",
+                     "lp_lu_slices", "lp_trisolv_dot", "lp_doitgen", "lp_covariance"):
         assert required in names
     assert len(names) >= 12
 
 
-@pytest.mark.parametrize("name", ["lp_if_else", "lp_softmax", "lp_triangular"])
+@pytest.mark.parametrize("name", ["lp_if_else", "lp_softmax", "lp_triangular", "lp_api_edge_symbols",
+                                  "lp_api_while_accumulate"])
 def test_torch_function_through_control_flow(name: str) -> None:
-    """The split forward/backward of a loop program (tape, recorded branches) works as an autograd Function."""
+    """The split forward/backward of a loop program (tape, recorded branches; for the while loop without a
+    bound, a backward that reruns the forward) works as an autograd Function."""
     import torch
 
     import gradflow.torch as gtorch

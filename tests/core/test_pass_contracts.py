@@ -17,11 +17,17 @@ from gradflow.autodiff.passes import Reverse, SplitVJP
 from gradflow.core.graph import Graph
 from gradflow.core.passes import registered_passes
 from gradflow.core.rule_table import RuleTable
-from gradflow.verify.corpus import dataflow, loops
+from gradflow.verify.corpus import dataflow, loops, unstructured
 
 
 def _breaks(g: Graph) -> int:
     return sum(isinstance(b, BreakBlock) for b in g.sdfg.all_control_flow_blocks())
+
+
+def _branching(g: Graph) -> int:
+    from gradflow.autodiff.lifting import branching_blocks
+
+    return len(branching_blocks(g.sdfg))
 
 
 def _views(g: Graph) -> int:
@@ -90,6 +96,7 @@ def _normalized(program) -> Graph:
 
 #: pass name -> (input builder, the pass to run, property of a graph, expected (before, after)).
 CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], object], tuple]] = {
+    "lift_control_flow": (lambda: Graph.of(unstructured.lp_api_loop_branch()), None, _branching, ("> 0", 0)),
     "lower_breaks": (lambda: Graph.of(loops.lp_break_search.to_sdfg()), None, _breaks, ("> 0", 0)),
     "remove_views": (lambda: Graph.of(dataflow.df_strided.to_sdfg()), None, _views, ("> 0", 0)),
     "expand_library_nodes": (lambda: Graph.of(dataflow.df_lib_sum.to_sdfg()),

@@ -6,7 +6,8 @@
   `break`, a map over a nested SDFG with loops;
 - a few programs through `to_sdfg(simplify=False)`, which keeps nested SDFGs (one per map body) and one
   state per statement;
-- SDFGs built with the SDFG API: a nested SDFG, a LoopRegion, a ConditionalBlock (`api_sdfgs()`).
+- SDFGs built with the SDFG API: a nested SDFG, a LoopRegion, a ConditionalBlock (`api_sdfgs()`), and a
+  loop around an if/else and a while loop written as conditional interstate edges (`unstructured.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from dace.properties import CodeBlock
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
-from gradflow.verify.corpus import dataflow, loops
+from gradflow.verify.corpus import dataflow, loops, unstructured
 
 _SIMPLIFIED = (
     dataflow.df_elementwise_chain,
@@ -155,8 +156,9 @@ def api_references() -> dict[str, tuple[dace.SDFG, Callable[[np.ndarray], float]
 
 
 def purity_corpus() -> list[dace.SDFG]:
-    """Fresh, diverse SDFGs (23 of them) for checking that passes never mutate their input."""
+    """Fresh, diverse SDFGs (25 of them) for checking that passes never mutate their input."""
     sdfgs = [p.to_sdfg(simplify=True) for p in _SIMPLIFIED]
     sdfgs += [p.to_sdfg(simplify=False) for p in _UNSIMPLIFIED]
     sdfgs += api_sdfgs()
+    sdfgs += [unstructured.lp_api_loop_branch(), unstructured.lp_api_while_accumulate()]  # conditional edges
     return sdfgs

@@ -45,6 +45,14 @@ def overwritten_before_read(sdfg: dace.SDFG, name: str) -> bool:
     return _region(sdfg, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.OVERWRITES
 
 
+def overwritten_before_read_in(sdfg: dace.SDFG, name: str, region: subsets.Range) -> bool:
+    """As `overwritten_before_read`, for the elements of `region` only (e.g. the part a loop body writes:
+    its other elements are never written, so their value is what the caller passed)."""
+    if name not in sdfg.arrays:
+        return False
+    return _region(sdfg, name, region) is _First.OVERWRITES
+
+
 def may_read_before_write(sdfg: dace.SDFG, name: str) -> bool:
     """False when no run of the program reads an element of `name` it has not written first: the array
     is overwritten before being read (as in `overwritten_before_read`) or not touched at all. What a

@@ -101,7 +101,7 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
         for b in seen:
             model.var(("need", b, p.index))
     candidates = {b for b, _ in rerun_at}
-    executions = {p.index: evaluate(rev.capacity(p.loops, register=False), sizes, f"the trip count around "
+    executions = {p.index: evaluate(rev.priced_capacity(p.loops), sizes, f"the trip count around "
                                     f"'{p.state.label}'") for p in sites}
     for key in [k for k in model.index if k[0] == "need"]:
         _, b, pi = key

@@ -1,8 +1,9 @@
-"""Control-flow reversal rules: the `control` table, keyed by region kind ("loop", "conditional").
+"""Control-flow reversal rules: the `control` table, keyed by item kind ("loop", "conditional",
+"assignment").
 
-A `ControlRule` says, for one kind of region of the control-flow tree (`structure.py`):
-- `restores(item)`: the symbols its reversal sets in every reversed iteration (so operations inside may
-  read them; anything else assigned on interstate edges is rejected by `check_symbols`);
+A `ControlRule` says, for one kind of item of the control-flow tree (`structure.py`):
+- `restores(item)`: the loop variables its reversal sets in every reversed iteration (so operations
+  inside may read them; `check_symbols` rejects reads of a loop variable elsewhere);
 - `tape_bytes(item, rev, loops)`: the bytes of the stacks `record` will create (the budget planner
   counts them; they do not depend on what is stored or recomputed);
 - `record(item, rev, loops)`: how it instruments the forward sweep (what it pushes on the tape; `loops` are
@@ -14,11 +15,14 @@ Built-in rules:
 - `CountedLoop` (a `for` loop with a constant step and bounds fixed during the loop): nothing recorded;
   reversed as a loop over the same values in reverse order, from the closed form of its last value;
 - `RecordedLoop` (any other loop: while, do-while, a lowered `break`, a `for` loop with a symbolic step):
-  its trip count, its loop variable and the symbols its body updates per iteration are pushed (those that
-  active operations read); reversed as a loop over the recorded trip count that pops them. When storage
-  inside it needed the user's bound, the loop is stopped there and sets `gradflow_overflow`;
+  its trip count and (when the backward sweep reads it) its loop variable per iteration are pushed;
+  reversed as a loop over the recorded trip count that pops them. When storage inside it needed the
+  user's bound, the loop is stopped there and sets `gradflow_overflow`;
 - `RecordedBranch` (a `ConditionalBlock`): the index of the branch taken is pushed; reversed as a
-  conditional on it.
+  conditional on it;
+- `RecordedAssignment` (symbols assigned on an interstate edge): the old values of those the backward
+  sweep reads are pushed before the edge and popped where the backward sweep crosses it, so every
+  symbol holds, wherever an operation is reversed, the value it had when the operation ran.
 """
 
 from __future__ import annotations
@@ -81,16 +85,15 @@ class RecordedTrips:
 
 @control_rule("loop")
 class RecordedLoop:
-    """Any loop that is not counted: its trip count (and per-iteration symbols) recorded on the tape."""
+    """Any loop that is not counted: its trip count (and its variable per iteration) recorded on the tape."""
 
     def restores(self, item) -> frozenset[str]:
-        return frozenset(_per_iteration(item))
+        return frozenset({item.loop.loop_variable} if item.loop.loop_variable else ())
 
     def tape_bytes(self, item, rev, loops: tuple):
-        per_iteration = [s for s in _per_iteration(item) if s in rev.used_symbols]
-        slots = rev.capacity(loops, register=False) + len(per_iteration) * rev.capacity(loops + (item.loop,),
-                                                                                        register=False)
-        return 8 * slots + 8 * (1 + len(per_iteration))
+        var = item.loop.loop_variable
+        per_iteration = rev.priced_capacity(loops + (item.loop,)) if var and var in rev.used_symbols else 0
+        return 8 * (rev.priced_capacity(loops) + per_iteration) + 8 * (2 if per_iteration else 1)
 
     def record(self, item, rev, loops: tuple) -> RecordedTrips:
         loop = item.loop
@@ -103,12 +106,12 @@ class RecordedLoop:
         tick = loop.add_state_before(loop.start_block, f"tick_{loop.label}", is_start_block=True,
                                      assignments={counter: f"{counter} + 1"})
         iteration = []
-        for sym in _per_iteration(item):
-            if sym in rev.used_symbols:
-                stack = rev.tape.new_stack(f"{sym}_{loop.label}", rev.capacity(inside), (), dace.int64)
-                rev.tape.push_symbol(loop, tick, stack, sym)
-                iteration.append((stack, sym))
-                rev.stores[stack.array] = f"<symbol {sym}>"
+        var = loop.loop_variable
+        if var and var in rev.used_symbols:
+            stack = rev.tape.new_stack(f"{var}_{loop.label}", rev.capacity(inside), (), dace.int64)
+            rev.tape.push_symbol(loop, tick, stack, var)
+            iteration.append((stack, var))
+            rev.stores[stack.array] = f"<symbol {var}>"
         trips = rev.tape.new_stack(f"trips_{loop.label}", rev.capacity(loops), (), dace.int64)
         rev.tape.push_symbol(region, loop, trips, counter)
         rev.stores[trips.array] = "<trip count>"
@@ -127,13 +130,6 @@ class RecordedLoop:
             for stack, sym in recorded.iteration:
                 rev.tape.pop_symbol(ctx, stack, sym)
             body(item.body)
-
-
-def _per_iteration(item) -> tuple[str, ...]:
-    """Symbols holding one value per iteration: the loop variable, and symbols the body updates at its end
-    (a lowered `break` turns a `for` loop's update into such an assignment)."""
-    var = item.loop.loop_variable
-    return tuple(dict.fromkeys(((var,) if var else ()) + tuple(item.iteration_symbols)))
 
 
 def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev) -> None:
@@ -171,7 +167,7 @@ class RecordedBranch:
         return frozenset()
 
     def tape_bytes(self, item, rev, loops: tuple):
-        return 8 * rev.capacity(loops, register=False) + 8
+        return 8 * rev.priced_capacity(loops) + 8
 
     def record(self, item, rev, loops: tuple) -> RecordedChoice:
         block = item.block
@@ -197,3 +193,39 @@ class RecordedBranch:
             block.add_branch(f"{recorded.symbol} == {j}", region)
             with ctx.inside(region):
                 body(child)
+
+
+@attrs.frozen
+class RecordedSymbols:
+    saved: tuple[tuple[Stack, str], ...]  # the stack of each recorded symbol's old values
+
+
+@control_rule("assignment")
+class RecordedAssignment:
+    """Symbols assigned on an interstate edge: old values pushed before it, popped where the backward
+    sweep crosses it (a symbol that nothing reversed reads is not recorded). Their values at the end of
+    the forward sweep are kept too (`Reversal.keep_final`), for the backward sweep to start from."""
+
+    def restores(self, item) -> frozenset[str]:
+        return frozenset()
+
+    def tape_bytes(self, item, rev, loops: tuple):
+        used = sum(1 for sym in item.symbols if sym in rev.used_symbols)
+        return used * (8 * rev.priced_capacity(loops) + 8 + 16)  # the stack, its top slot, the final value
+
+    def record(self, item, rev, loops: tuple) -> RecordedSymbols:
+        region = item.state.parent_graph
+        saved = []
+        for sym, dtype in zip(item.symbols, item.types):
+            if sym not in rev.used_symbols:
+                continue
+            stack = rev.tape.new_stack(f"{sym}_{item.label}", rev.capacity(loops), (), dtype)
+            rev.tape.push_symbol_before(region, item.state, stack, sym)
+            rev.stores[stack.array] = f"<symbol {sym}>"
+            rev.keep_final(sym, dtype)
+            saved.append((stack, sym))
+        return RecordedSymbols(tuple(saved))
+
+    def reverse(self, item, recorded: RecordedSymbols, rev, ctx: ReverseContext, body: Body) -> None:
+        for stack, sym in reversed(recorded.saved):
+            rev.tape.pop_symbol(ctx, stack, sym)

@@ -5,7 +5,8 @@ control flow (see `structure.py`). Output, in place on that private copy (the ca
 
 1. the forward sweep, instrumented to record on the tape (`tape.py`) what the backward sweep needs: the
    part of an array an operation is about to overwrite when an operation reversed later reads the old value
-   (here), and whatever the control rule of each loop or conditional records (`control.py`);
+   (here), whatever the control rule of each loop, conditional or symbol assignment records (`control.py`),
+   and the final values of the symbols the assignments record;
 2. a `ControlFlowRegion` named `gradflow_backward` after the forward sweep that loads the tape pointers,
    copies the arrays the tape restores into working copies (the forward's results stay as they are),
    zeroes the gradient buffers, seeds the gradient of `of`, and reverses the program: a sequence last to
@@ -31,7 +32,7 @@ from dace.sdfg.state import ControlFlowRegion, LoopRegion
 from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.cost import op_work
 from gradflow.analysis.loops import upper_bound
-from gradflow.autodiff import budget
+from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -39,8 +40,10 @@ from gradflow.autodiff.recompute import RecomputePlan, plan_recomputation
 from gradflow.autodiff.rules import (
     default_control_rules, default_library_rules, default_reverse_rules,
 )
-from gradflow.autodiff.structure import OPERATION, Seq, block_chain, build_tree, check_symbols, region_items
-from gradflow.autodiff.tape import Stack, Tape
+from gradflow.autodiff.structure import (
+    OPERATION, Seq, block_chain, build_tree, check_symbols, region_items, symbols_read,
+)
+from gradflow.autodiff.tape import Stack, Tape, release
 from gradflow.core.errors import NoRuleError, NotDifferentiableError
 from gradflow.core.rule_table import RuleTable
 
@@ -86,6 +89,8 @@ class ADInterface:
     backward_label: str = BACKWARD_LABEL
     rules_used: tuple[str, ...] = ()  # names of the reverse, library and control rules applied
     forwarding_plan: budget.ForwardingPlan | None = None  # what is kept and what is rerun (see budget.py)
+    #: heap records of the growable stacks (tape.py): their buffers live within one call of the SDFG
+    heaps: tuple[str, ...] = ()
 
 
 def _rule_for(tables: ADTables, site: OpSite):
@@ -119,12 +124,16 @@ class Reversal:
     loops: dict[int, Any]  # id(LoopRegion) -> LoopItem
     tape: Tape
     pops: dict[int, list[tuple[str, Stack, subsets.Range]]] = attrs.field(factory=dict)  # site -> restores
-    used_symbols: frozenset[str] = frozenset()  # symbols active operations read
+    used_symbols: frozenset[str] = frozenset()  # symbols the backward sweep reads (see `backward_symbols`)
+    arguments: frozenset[str] = frozenset()  # the free symbols of the program (given by its caller)
+    assigned: frozenset[str] = frozenset()  # symbols assigned on interstate edges of the program
+    finals: dict[str, Stack] = attrs.field(factory=dict)  # symbol -> stack of its value at the end
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
     recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
     tables: Any = None  # the ADTables of the build
     active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
+    tape_free: frozenset[int] = frozenset()  # operations inside loops whose control rule records their state
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -136,34 +145,62 @@ class Reversal:
         return f"{stem}{n}"
 
     def capacity(self, loops: Sequence[LoopRegion], register: bool = True):
-        """Slots needed by a site that runs once per iteration of `loops` (outermost first). `register=False`
-        only asks (a model pricing storage): a while loop's user bound is then not put into force."""
+        """Slots needed by a site that runs once per iteration of `loops` (outermost first); None when a
+        trip count has no bound before the program runs (the site then gets a growable stack).
+        `register=False` only asks (a model pricing storage): a while loop's user bound is then not put into
+        force."""
         cap = sympy.Integer(1)
         for k, loop in enumerate(loops):
-            cap = cap * self.trip_bound(loop, loops[:k], register)
+            bound = self.trip_bound(loop, loops[:k], register)
+            if bound is None:
+                return None
+            cap = cap * bound
         return cap
 
+    def priced_capacity(self, loops: Sequence[LoopRegion]):
+        """`capacity` for a model that prices storage: a loop without a bound (its stacks would grow at run
+        time) is a `NotDifferentiableError` naming it, since no byte count covers it."""
+        cap = self.capacity(loops, register=False)
+        if cap is None:
+            loop = next(l for k, l in enumerate(loops) if self.trip_bound(l, loops[:k], False) is None)
+            raise NotDifferentiableError(
+                f"loop '{loop.label}' has no trip-count bound before the program runs, so the bytes stored "
+                "inside it cannot be priced",
+                f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': <max iterations>}})")
+        return cap
+
+    def trips(self, loops: Sequence[LoopRegion]):
+        """How often a site inside `loops` runs, for reports: `capacity`, with a symbol `trips_<label>` for
+        each loop without a bound."""
+        count = sympy.Integer(1)
+        for k, loop in enumerate(loops):
+            bound = self.trip_bound(loop, loops[:k], register=False)
+            count = count * (bound if bound is not None else sympy.Symbol(f"trips_{loop.label}", positive=True))
+        return count
+
     def trip_bound(self, loop: LoopRegion, outer: Sequence[LoopRegion], register: bool = True):
-        """An upper bound of `loop`'s trip count valid for every iteration of `outer`; a while loop takes
-        the user's bound (and is then stopped there, see `user_bound`)."""
+        """An upper bound of `loop`'s trip count valid for every iteration of `outer`, in the program's
+        arguments; a while loop takes the user's bound if there is one (and is then stopped there, see
+        `user_bound`, unless `register=False`); None when there is none."""
         item = self.loops[id(loop)]
         counted = item.counted or item.bounded_by
         if counted is not None:
             numerator, divisor = counted.trip_count()
             bound = upper_bound(numerator, self._intervals(outer))
-            if bound is not None:
+            if bound is not None and {str(s) for s in bound.free_symbols} <= self.arguments:
                 return bound if divisor == 1 else symbolic.int_floor(bound, divisor)
         user = self.spec.forwarding.bound_of(loop.label)
         if user is not None and item.counted is None and not loop.loop_variable:
             if register:
                 self.bounded[id(loop)] = (loop, user)
             return user
-        raise NotDifferentiableError(
-            f"loop '{loop.label}' has a trip count gradflow cannot bound at compile time, and values "
-            "overwritten inside it must be stored per iteration",
-            f"for a while loop give a bound: forwarding=gradflow.Forwarding(loop_bounds={{'{loop.label}': <max "
-            "iterations>}) (or the key '*'); or recompute the overwritten arrays",
-        )
+        return None
+
+    def keep_final(self, symbol: str, dtype) -> None:
+        """Save `symbol`'s value at the end of the forward sweep for the backward sweep to start from."""
+        if symbol not in self.finals:
+            self.finals[symbol] = self.tape.new_stack(f"{symbol}_final", 1, (), dtype)
+            self.stores[self.finals[symbol].array] = f"<symbol {symbol}>"
 
     def worst_case(self, expr, loops: Sequence[LoopRegion]):
         """`expr` at its largest over the values the variables of `loops` take (e.g. the work of a map whose
@@ -187,7 +224,9 @@ class Reversal:
         return {form.var: form.interval() for form in forms if form is not None}
 
     def item_shape(self, site: OpSite, array: str, sub: subsets.Range) -> tuple:
-        loop_vars = {l.loop_variable for l in site.loops}
+        """The shape of one slot for `sub`: its size, where that depends on a loop variable or a symbol set at
+        run time the array's whole extent."""
+        loop_vars = {l.loop_variable for l in site.loops} | set(self.assigned)
         shape = []
         for d, size in enumerate(sub.size()):
             size = symbolic.pystr_to_symbolic(str(size))
@@ -215,7 +254,7 @@ class Reversal:
     def stack_bytes(self, site: OpSite, array: str, register: bool = True):
         """Bytes of the stack that saves what `site` overwrites of `array` (symbolic)."""
         item = self.item_shape(site, array, site.written_subset(array))
-        elements = self.capacity(site.loops, register)
+        elements = self.capacity(site.loops, register) if register else self.priced_capacity(site.loops)
         for extent in item:
             elements = elements * extent
         return elements * self.sdfg.arrays[array].dtype.bytes
@@ -224,7 +263,7 @@ class Reversal:
                           recomputed: frozenset[str]) -> None:
         """Push what an operation overwrites when an operation reversed after it reads the old value."""
         for p, array in self.overwrite_sites(accesses):
-            if array in recomputed:
+            if array in recomputed or p.index in self.tape_free:  # (a checkpointed loop stores snapshots)
                 continue
             if not any(array in needs[q.index] and may_precede(q, p) for q in self.sites):
                 continue
@@ -291,6 +330,8 @@ def may_precede(q: OpSite, p: OpSite) -> bool:
 
 def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None) -> ADInterface:
     tables = tables if tables is not None else ADTables()
+    if spec.forwarding.snapshots is not None and spec.outermost:
+        checkpoint.outline(sdfg, spec.forwarding.checkpoint_loops)
     tree, sites = build_tree(sdfg)
     regions = region_items(tree)
     loops = {id(loop): item for item in regions for loop in item.encloses}
@@ -300,7 +341,7 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     active = {s.index for s in sites if accesses[s.index].writes & act.carrying}
     restores = {id(loop): _control_rule_for(tables, item).fn.restores(item)
                 for item in regions for loop in item.encloses}
-    check_symbols(sdfg, sites, active, restores, loops.values())
+    check_symbols(sdfg, sites, active, restores, loops.values(), act.varied)
 
     buffers: dict[str, str] = {}
     grads: dict[str, str] = {}
@@ -331,26 +372,37 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
              for site, rule in zip(sites, rules)]
     rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
-    rev.used_symbols = frozenset(str(x) for site in sites if site.index in active for x in site.state.free_symbols)
+    rev.arguments = frozenset(map(str, sdfg.free_symbols))
+    rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
+    rev.tape_free = frozenset(s.index for s in sites if any(
+        getattr(_control_rule_for(tables, loops[id(loop)]).fn, "tape_free", False) for loop in s.loops))
     choice = None
     if spec.forwarding.max_bytes is not None:
+        # The budget prices the control tape before the plan exists: every symbol of every operation is
+        # taken as read by the backward sweep (a superset of what it reads, so the price is an upper bound).
+        rev.used_symbols = backward_symbols(sites, {s.index for s in sites}, {}, None, regions)
         choice = budget.choose(rev, needs, accesses, spec.forwarding.max_bytes, dict(spec.forwarding.sizes))
     recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding,
                                    choice.recompute if choice is not None else None)
     rev.record_overwrites(needs, accesses, recompute.arrays)
+    rev.used_symbols = backward_symbols(sites, active, rev.pops, recompute, regions)
     rev.record_regions(tree, (), tables, ctx)
 
     ctx.overflow_base = spec.overflow_base + len(rev.bounded)
 
     last = block_chain(sdfg)[-1] if sdfg.nodes() else None
-    saved = rev.tape.bracket(sdfg, last) if last is not None else None
+    for symbol, stack in rev.finals.items():
+        last = rev.tape.push_symbol(sdfg, last, stack, symbol)
+    unset = {s: "0" for s, stack in rev.finals.items()
+             if s not in rev.arguments and sdfg.arrays[stack.array].dtype not in (dace.float32, dace.float64)}
+    saved = rev.tape.bracket(sdfg, last, unset) if last is not None else None
     last = saved or last
     sdfg.add_node(region)
     if last is not None:
         sdfg.add_edge(last, region, dace.InterstateEdge())
     else:
         sdfg.start_block = sdfg.node_id(region)
-    sdfg.add_state_after(region, END_LABEL)
+    release(sdfg.add_state_after(region, END_LABEL), rev.tape.records())
 
     # Working copies of the arrays the tape restores, so the forward's results are left as they are.
     restored = sorted({array for entries in rev.pops.values() for array, _, _ in entries})
@@ -369,7 +421,10 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
                 fill(init, buffer, "1")
         elif not (spec.accumulate and array in spec.wrt):
             fill(init, buffer, "0")
+    for symbol, stack in reversed(rev.finals.items()):
+        rev.tape.pop_symbol(ctx, stack, symbol)
     rev.reverse(tree, ctx, rules, recompute)
+    _check_restored(region, rev)
     bounded = tuple((loop.label, bound) for loop, bound in rev.bounded.values()) + tuple(ctx.inner_bounded)
     if bounded:  # loops here or in nested SDFGs stop at a user bound and say so in gradflow_overflow
         if OVERFLOW not in sdfg.arrays:  # (the nested rule adds it when only nested loops are bounded)
@@ -378,9 +433,36 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
             set_flag(sdfg.add_state_before(sdfg.start_block, "gradflow_overflow_clear", is_start_block=True),
                      OVERFLOW, "0")
     sdfg.reset_cfg_list()
-    reruns = tuple((array, sites[p].state.label,
-                    rev.worst_case(op_work(q), q.loops) * rev.capacity(sites[p].loops, register=False))
+    reruns = tuple((array, sites[p].state.label, rev.worst_case(op_work(q), q.loops) * rev.trips(sites[p].loops))
                    for p, plan in sorted(recompute.before.items()) for array, q in plan)
     plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice, tuple(sorted(recompute.declined)))
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
-                       rules_used=tuple(ctx.rules_used), forwarding_plan=plan)
+                       rules_used=tuple(ctx.rules_used), forwarding_plan=plan, heaps=rev.tape.records())
+
+
+def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,
+                     regions: list) -> frozenset[str]:
+    """Symbols the backward sweep reads: those of the operations it reverses (active ones), restores from
+    the tape (their subsets) or reruns, and the bounds of the counted loops it reverses in closed form."""
+    rerun = {q.index for plan in recompute.before.values() for _, q in plan} if recompute is not None else set()
+    names = set()
+    for site in sites:
+        if site.index in active or site.index in pops or site.index in rerun:
+            names |= {str(x) for x in site.state.free_symbols}
+    for item in regions:
+        counted = getattr(item, "counted", None)
+        if counted is not None:
+            names |= {str(x) for x in (counted.start.free_symbols | counted.stop.free_symbols)}
+    return frozenset(names)
+
+
+def _check_restored(region: ControlFlowRegion, rev: Reversal) -> None:
+    """Every symbol the program assigns on interstate edges and the backward sweep reads is set from the
+    tape there (a guard: were one missed, its value at the end of the forward sweep would be used)."""
+    missed = sorted((symbols_read(region) & rev.assigned) - rev.tape.popped)
+    if missed:
+        raise NotDifferentiableError(
+            f"the backward sweep reads symbol(s) {', '.join(missed)}, assigned on interstate edges of the program, "
+            "without restoring them (gradflow does not record where they are assigned)",
+            "please report this program; as a workaround compute the value into an array instead",
+        )

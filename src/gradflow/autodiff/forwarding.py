@@ -15,11 +15,16 @@ the operation that reads it is reversed). The policies:
   the backward sweep, chosen exactly by a mixed-integer program (`budget.py`) at the given sizes; a budget
   below what any plan needs is a `BudgetError` stating that minimum.
 
+- `Forwarding.checkpoint(snapshots=s, loops=..., sizes={...})`: the named counted loops (default: every
+  outermost one) keep at most `s` snapshots of their loop-carried state and the backward re-advances
+  from them along a binomial (Revolve) schedule (`checkpoint.py`, `revolve.py`).
+
 `loop_bounds` gives, per loop label (the key `"*"`: any other loop), an upper bound on the trip count of
-while loops, whose trip count gradflow cannot bound itself, when values inside them must be stored per
-iteration. Such a loop stops after `bound` iterations and sets the program's extra output
-`gradflow_overflow` (one int64) to its 1-based number in `ADInterface.bounded_loops`; the gradients of
-that run are then invalid, and `value_and_grad` raises `LoopBoundError`.
+while loops: a memory cap. Without one, what a while loop stores per iteration goes to growable stacks
+(`tape.py`), which need no bound. With one, those stacks have a fixed size, the loop stops after `bound`
+iterations and sets the program's extra output `gradflow_overflow` (one int64) to its 1-based number in
+`ADInterface.bounded_loops`; the gradients of that run are then invalid, and `value_and_grad` raises
+`LoopBoundError`.
 """
 
 from __future__ import annotations
@@ -68,12 +73,38 @@ def _optional_bytes(value) -> int | None:
     return int(value)
 
 
+def _optional_snapshots(value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InvalidArgumentError(f"Forwarding.checkpoint(snapshots=...) takes a positive int, got {value!r}",
+                                   "e.g. gradflow.Forwarding.checkpoint(snapshots=10, sizes={'T': 1000})")
+    return int(value)
+
+
+def _optional_labels(value) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    labels = tuple(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
+    if not labels or not all(isinstance(v, str) for v in labels):
+        raise InvalidArgumentError(f"Forwarding.checkpoint(loops=...) takes loop labels, got {value!r}",
+                                   "e.g. loops=('for_40',); leave it out for every outermost counted loop")
+    return tuple(sorted(set(labels)))
+
+
 @attrs.frozen
 class Forwarding:
     recompute: frozenset[str] | str = attrs.field(default=frozenset(), converter=_frozen_set)
     loop_bounds: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
     max_bytes: int | None = attrs.field(default=None, converter=_optional_bytes)
     sizes: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
+    snapshots: int | None = attrs.field(default=None, converter=_optional_snapshots)
+    checkpoint_loops: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_labels)
+
+    def __attrs_post_init__(self) -> None:
+        if self.snapshots is not None and (self.max_bytes is not None or self.recompute):
+            raise InvalidArgumentError("a checkpoint policy cannot also set a byte budget or recompute arrays",
+                                       "use Forwarding.checkpoint(...) alone, or Forwarding.budget(...) alone")
 
     @staticmethod
     def budget(max_bytes: int, sizes: Mapping[str, int] | None = None,
@@ -82,8 +113,21 @@ class Forwarding:
         the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`)."""
         return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {})
 
+    @staticmethod
+    def checkpoint(snapshots: int, loops: Iterable[str] | None = None, sizes: Mapping[str, int] | None = None,
+                   loop_bounds: Mapping[str, int] | None = None) -> "Forwarding":
+        """Reverse the named loops (default: every outermost counted loop) by binomial checkpointing with
+        at most `snapshots` stored states, for the trip counts at these sizes (see `autodiff/checkpoint.py`)."""
+        if snapshots is None:
+            _optional_snapshots(0)  # the error message for a missing count
+        return Forwarding(snapshots=snapshots, checkpoint_loops=loops, sizes=sizes or {},
+                          loop_bounds=loop_bounds or {})
+
     @property
     def name(self) -> str:
+        if self.snapshots is not None:
+            loops = "" if self.checkpoint_loops is None else f", {', '.join(self.checkpoint_loops)}"
+            return f"checkpoint({self.snapshots}{loops})"
         if self.max_bytes is not None:
             return f"budget({self.max_bytes})"
         if self.recompute == ALL:

@@ -1,6 +1,8 @@
 """Normalization: the passes that run before reverse mode, each pure (Graph in, new Graph out), and
 `NORMALIZE`, the one pipeline of them that `ad_pipeline` and the nested-SDFG rule both use.
 
+- `lift_control_flow` (`lifting.py`): branches and loops written as conditional interstate edges become
+  `ConditionalBlock`s and `LoopRegion`s;
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
 - `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array, or the
   view becomes an array of its own;
@@ -185,17 +187,19 @@ class SplitOperations(Pass):
 
 def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     """The normalization pipeline; `library_rules` decides which library nodes stay whole (default: the
-    built-in table). Reverse mode needs its output: one operation per state, no views, no breaks."""
+    built-in table). Reverse mode needs its output: structured control flow, one operation per state, no
+    views, no breaks."""
     from gradflow.autodiff.conditional_writes import CompleteConditionalWrites
     from gradflow.autodiff.indirection import LowerIndirection
     from gradflow.autodiff.jumps import LowerBreaks
+    from gradflow.autodiff.lifting import LiftControlFlow
     from gradflow.autodiff.shapes import BoundTransientShapes
     from gradflow.autodiff.views import RemoveViews
     from gradflow.optimize.fusion import FuseMaps
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LowerBreaks(), RemoveViews(), expand, LowerIndirection(), CompleteConditionalWrites(),
-                     BoundTransientShapes(), FuseMaps(), CollapseMaps(), SplitOperations()))
+    return Pipeline((LiftControlFlow(), LowerBreaks(), RemoveViews(), expand, LowerIndirection(),
+                     CompleteConditionalWrites(), BoundTransientShapes(), FuseMaps(), CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

@@ -152,9 +152,15 @@ def kept_bytes(sdfg: dace.SDFG, interface: ADInterface) -> dict[str, object]:
 
 
 def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
-    """Forward and backward SDFGs from a combined one (both built from private copies)."""
+    """Forward and backward SDFGs from a combined one (both built from private copies).
+
+    The tape crosses from the forward to the backward SDFG as arrays. When it has growable stacks, whose
+    size only the run tells, it cannot: the backward SDFG then reruns the instrumented forward sweep itself,
+    from copies of the initial values of the arrays the forward writes (`_split_rerunning`)."""
     import copy
 
+    if interface.heaps:
+        return _split_rerunning(sdfg, interface)
     region = _backward_region(sdfg, interface)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
     used_backward = _arrays_used([region]) & set(sdfg.arrays)
@@ -207,6 +213,88 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         forwarded_bytes=nbytes,
         saved_sizes=saved_sizes,
     )
+
+
+def _split_rerunning(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
+    """The split for a tape with growable stacks. The forward SDFG is the instrumented forward sweep (its
+    heap buffers freed at its end) that also copies the initial value of every argument it writes into
+    `gradflow_init_<name>` (extra outputs, the only values it saves). The backward SDFG is the whole
+    combined SDFG started from those copies: it reruns the forward sweep, so the tape lives within its call;
+    the arguments it reads unchanged are forwarded as they are. Costs one more forward sweep per backward."""
+    import copy
+
+    from gradflow.autodiff.emit import copy_array
+    from gradflow.autodiff.engine import OVERFLOW
+    from gradflow.autodiff.tape import release
+
+    region = _backward_region(sdfg, interface)
+    gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
+    forward_blocks = [b for b in sdfg.nodes() if b is not region and b.label != END_LABEL]
+    written = sorted(a for a in _written_in(forward_blocks)
+                     if not sdfg.arrays[a].transient and a not in gradient_arrays and a != OVERFLOW
+                     and not isinstance(sdfg.arrays[a], dace.data.Scalar))
+    initial = {a: _free_name(sdfg, f"gradflow_init_{a}") for a in written}
+
+    fwd = copy.deepcopy(sdfg)
+    for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:
+        fwd.remove_node(block)
+    last = [b for b in fwd.nodes() if fwd.out_degree(b) == 0][0]
+    release(fwd.add_state_after(last, "gradflow_release"), interface.heaps)
+    for name in list(fwd.arrays):
+        if name in gradient_arrays:
+            fwd.remove_data(name, validate=False)
+    bwd = copy.deepcopy(sdfg)
+    for graph in (fwd, bwd):
+        start = graph.add_state_before(graph.start_block, "gradflow_initial_values", is_start_block=True)
+        for array, copy_name in initial.items():
+            desc = copy.deepcopy(sdfg.arrays[array])
+            desc.transient = False
+            graph.add_datadesc(copy_name, desc)
+            if graph is fwd:
+                copy_array(start, array, copy_name)
+            else:
+                copy_array(start, copy_name, array)
+                graph.arrays[array].transient = True
+    if OVERFLOW in bwd.arrays:  # the forward run reported it already
+        bwd.arrays[OVERFLOW].transient = True
+    fwd.name = f"{sdfg.name}_forward"
+    bwd.name = f"{sdfg.name}_backward"
+    fwd.reset_cfg_list()
+    bwd.reset_cfg_list()
+    saved = tuple(initial.values())
+    forwarded = tuple(sorted(a for a, d in bwd.arrays.items()
+                             if not d.transient and a not in gradient_arrays and a not in interface.grads.values()))
+    saved_sizes = {initial[a]: sdfg.arrays[a].total_size * sdfg.arrays[a].dtype.bytes for a in written}
+    nbytes = sum(int(v) for v in saved_sizes.values() if not getattr(v, "free_symbols", None))
+    return VJPResult(
+        forward=fwd,
+        backward=bwd,
+        wrt=interface.spec.wrt,
+        of=interface.spec.of,
+        grads=dict(interface.grads),
+        cotangents=dict(interface.cotangents),
+        forwarded=forwarded,
+        saved=saved,
+        forwarded_bytes=nbytes,
+        saved_sizes=saved_sizes,
+    )
+
+
+def _written_in(blocks) -> set[str]:
+    """Arrays written by the states of `blocks` (and the nested SDFGs in them, through their connectors)."""
+    names = set()
+    for block in blocks:
+        states = [block] if isinstance(block, dace.SDFGState) else [
+            b for b in block.all_control_flow_blocks() if isinstance(b, dace.SDFGState)]
+        for state in states:
+            names |= {n.data for n in state.data_nodes() if state.in_degree(n) > 0}
+    return names
+
+
+def _free_name(sdfg: dace.SDFG, name: str) -> str:
+    while name in sdfg.arrays:
+        name += "_"
+    return name
 
 
 def forwarded_bytes(graph: Graph, symbols: dict[str, int] | None = None) -> int:

@@ -4,8 +4,8 @@ Array R can be recomputed for an operation P that reads it (in its reverse) when
 Q (the last operation before P that writes R):
 - sits in the same region and the same loops as P (so rerunning it at P's reverse sees the same loop
   variables), writes only R and all of R, without write-conflict resolution, and does not read R;
-- reads nothing that an operation between Q and P overwrites (so Q's inputs, as the backward sweep
-  holds them for P, are what Q read); inputs that are themselves recomputed must satisfy the same
+- reads nothing that an operation between Q and P overwrites, and no symbol that is reassigned between
+  them (so Q's inputs, as the backward sweep holds them for P, are what Q read); inputs that are themselves recomputed must satisfy the same
   conditions (chains such as `a = exp(x); b = sin(a)` are rerun in order).
 Then, right before P is reversed, the backward sweep runs a copy of Q that reads the backward's view of
 its inputs (working copies where the tape restores them) and writes a backward-local `gradflow_re_R`,
@@ -21,6 +21,7 @@ import copy
 
 import attrs
 import dace
+from dace.sdfg.state import LoopRegion, SDFGState
 
 from gradflow.analysis.activity import OpAccess
 from gradflow.autodiff.context import OpSite, ReverseContext
@@ -93,6 +94,22 @@ class RecomputePlan:
                 ctx.values[array] = view
 
 
+def _assigned_between(first: SDFGState, last: SDFGState) -> set[str]:
+    """Symbols assigned (on interstate edges, or as loop variables) between two states of one chain."""
+    region, names, block = first.parent_graph, set(), first
+    while block is not last:
+        out = region.out_edges(block)
+        if not out:
+            break
+        names |= set(out[0].data.assignments)
+        block = out[0].dst
+        if block is not last and not isinstance(block, SDFGState):
+            names |= {k for e in block.all_interstate_edges() for k in e.data.assignments}
+            names |= {b.loop_variable for b in [block, *block.all_control_flow_blocks()]
+                      if isinstance(b, LoopRegion) and b.loop_variable}
+    return names
+
+
 @attrs.frozen(eq=False)
 class Recomputability:
     """Where each array is defined, and whether rerunning that definition rebuilds it for an operation:
@@ -123,6 +140,8 @@ class Recomputability:
         between = set().union(set(), *(self.accesses[s.index].writes for s in self.sites[q.index + 1: target.index]))
         if self.accesses[q.index].reads & between:
             return None
+        if {str(x) for x in q.state.free_symbols} & _assigned_between(q.state, target.state):
+            return None  # a symbol it reads may have another value by then
         return q
 
     def chain(self, array: str, reader: OpSite, target: OpSite, wanted: set, strict: bool,

@@ -1,16 +1,22 @@
-"""The control-flow tree that reverse mode walks: sequences of operations, loops and branches.
+"""The control-flow tree that reverse mode walks: sequences of operations, loops, branches and symbol
+assignments.
 
 DaCe 2.0 SDFGs are structured: a region is a chain of blocks, and a block is a state, a `LoopRegion`,
-a `ConditionalBlock` (if/elif/else over sub-regions) or a plain nested region. `build_tree` reads that
+a `ConditionalBlock` (if/elif/else over sub-regions) or a plain nested region (`lift_control_flow` raises
+SDFGs that branch through conditional interstate edges into this form first). `build_tree` reads that
 structure once into a tree and numbers every operation in program order (`OpSite.index`); everything
-the engine decides later (activity, what to record, how to reverse) works on the tree.
+the engine decides later (activity, what to record, how to reverse) works on the tree. An interstate edge
+of a chain that assigns symbols is an item of its own (`AssignItem`), between the items of the blocks it
+joins: the backward sweep restores the symbols' old values where it crosses it.
 
-Unstructured control flow (a region whose blocks branch through conditional interstate edges),
-`break`/`continue`/`return` blocks, and symbols assigned on interstate edges that the differentiated
-code itself uses are rejected here, with the block named.
+Control flow that is still unstructured, `break`/`continue`/`return` blocks, loop variables read outside
+their loop, and values that reach the differentiated code through symbols are rejected here, with the
+block named.
 """
 
 from __future__ import annotations
+
+import re
 
 import attrs
 import dace
@@ -23,7 +29,7 @@ from gradflow.core.errors import NotDifferentiableError
 
 
 #: `kind` of an operation item; region items are keyed by their kind in the `control` rule table.
-OPERATION, LOOP, CONDITIONAL = "operation", "loop", "conditional"
+OPERATION, LOOP, CONDITIONAL, ASSIGNMENT = "operation", "loop", "conditional", "assignment"
 
 
 @attrs.frozen(eq=False)
@@ -41,7 +47,7 @@ class LoopItem:
     body: "Seq"
     depth: int  # number of loops around this one
     # Non-counted loops only: symbols the body assigns on its last edge (a loop variable updated at the end
-    # of each iteration; they hold one value per iteration), and a counted loop bounding the trip count.
+    # of each iteration, as `lower_breaks` leaves it), and a counted loop bounding the trip count by them.
     iteration_symbols: tuple[str, ...] = ()
     bounded_by: CountedLoop | None = None
     kind = LOOP
@@ -76,6 +82,24 @@ class BranchItem:
     @property
     def label(self) -> str:
         return self.block.label
+
+
+@attrs.frozen(eq=False)
+class AssignItem:
+    """Symbols assigned on the interstate edge that leaves `state`, an empty state of its own (so what the
+    forward sweep records before the assignment has a fixed place, whatever is inserted around it)."""
+
+    state: SDFGState
+    symbols: tuple[str, ...]
+    types: tuple  # DaCe type of each symbol
+    depth: int
+    kind = ASSIGNMENT
+    children = ()
+    encloses = ()
+
+    @property
+    def label(self) -> str:
+        return self.state.label
 
 
 @attrs.frozen(eq=False)
@@ -115,13 +139,52 @@ def _assigned_symbols(region: ControlFlowRegion) -> frozenset[str]:
     return frozenset(names)
 
 
+def assigned_types(sdfg: dace.SDFG) -> dict[str, dace.typeclass]:
+    """The type DaCe infers for every symbol assigned on an interstate edge of `sdfg` (int64 when it cannot
+    tell)."""
+    types: dict[str, dace.typeclass] = dict(sdfg.symbols)
+    edges = list(sdfg.all_interstate_edges())
+    for _ in range(2):  # a symbol may be assigned from one assigned on a later edge
+        for edge in edges:
+            for name, dtype in edge.data.new_symbols(sdfg, types).items():
+                types[name] = dtype
+    return {k: (v if isinstance(v, dace.typeclass) and v in _TYPES else dace.int64)
+            for k, v in types.items() if any(k in e.data.assignments for e in edges)}
+
+
+_TYPES = (dace.int8, dace.int16, dace.int32, dace.int64, dace.uint8, dace.uint16, dace.uint32, dace.uint64,
+          dace.bool_, dace.float32, dace.float64)
+
+
+def _isolate(region: ControlFlowRegion, edge) -> SDFGState:
+    """Give the assigning `edge` an empty state of its own as source; returns that state."""
+    own = region.add_state(f"assign_{edge.src.label}")
+    region.remove_edge(edge)
+    region.add_edge(edge.src, own, dace.InterstateEdge())
+    region.add_edge(own, edge.dst, edge.data)
+    return own
+
+
 def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
-    """The control-flow tree of `sdfg` and its operations in program order."""
+    """The control-flow tree of `sdfg` and its operations in program order.
+
+    Edits `sdfg` in one way (the engine calls it on its private copy): every interstate edge of a chain
+    that assigns symbols gets an empty state of its own as source (`AssignItem.state`)."""
     sites: list[OpSite] = []
+    types = assigned_types(sdfg)
 
     def walk(region: ControlFlowRegion, loops: tuple) -> Seq:
         items = []
+        isolated = set()
+        for block in block_chain(region)[:-1]:
+            edge = region.out_edges(block)[0]
+            if edge.data.assignments:
+                isolated.add(id(_isolate(region, edge)))
         for block in block_chain(region):
+            if id(block) in isolated:
+                names = tuple(region.out_edges(block)[0].data.assignments)
+                items.append(AssignItem(block, names, tuple(types.get(n, dace.int64) for n in names), len(loops)))
+                continue
             if isinstance(block, SDFGState):
                 ops = decompose(block)
                 if len(ops) > 1:
@@ -179,31 +242,76 @@ def region_items(seq: Seq) -> list:
 
 
 def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], restores: dict[int, frozenset[str]],
-                  loops) -> None:
-    """Reject symbols that an active operation reads but the backward sweep does not restore: symbols
-    assigned on interstate edges, and loop variables. `restores` maps `id(LoopRegion)` to the symbols the
-    control rule of that loop sets in each reversed iteration (a counted loop's variable, the pushed
-    per-iteration symbols of a recorded loop); they are exempt inside that loop. `loops`: the `LoopItem`s."""
+                  loops, varied: frozenset[str]) -> None:
+    """Reject what the backward sweep cannot restore or differentiate through symbols:
+
+    - a loop variable read by an active operation outside the loops whose control rule sets it in every
+      reversed iteration (`restores`: `id(LoopRegion)` -> symbols; a counted loop's variable, a recorded
+      loop's variable); `loops`: the `LoopItem`s;
+    - a floating-point symbol assigned (directly or through other symbols) from an array that depends on
+      `wrt` (`varied`) and read by an operation: the value would reach the result without a gradient.
+    Symbols assigned on interstate edges are otherwise restored by the `assignment` control rule."""
     loop_vars = {item.loop.loop_variable: item.loop.label for item in loops if item.loop.loop_variable}
-    assigned = set(loop_vars)
-    for edge in sdfg.all_interstate_edges():
-        assigned |= set(edge.data.assignments)
     for site in sites:
         if site.index not in active:
             continue
         exempt = set().union(*(restores.get(id(loop), frozenset()) for loop in site.loops))
-        used = ({str(s) for s in site.state.free_symbols} & assigned) - exempt
+        used = {str(s) for s in site.state.free_symbols} - exempt
         unrestored = sorted(used & set(loop_vars))
         if unrestored:
             var = unrestored[0]
             raise NotDifferentiableError(
-                f"loop '{loop_vars[var]}' is not a counted for-loop (its step is not a constant or its bounds "
-                f"change inside it), and state '{site.state.label}' reads its variable '{var}'; the backward "
-                "sweep does not restore it yet",
+                f"state '{site.state.label}' reads the variable '{var}' of loop '{loop_vars[var]}' outside that "
+                "loop (its value after the loop); the backward sweep does not restore it there",
+                "copy the value into an array (a tasklet) inside the loop",
             )
+    carriers = data_symbols(sdfg, varied)
+    for site in sites:
+        used = sorted({str(s) for s in site.state.free_symbols} & set(carriers))
         if used:
             raise NotDifferentiableError(
-                f"state '{site.state.label}' reads symbol(s) {', '.join(sorted(used))} assigned on an interstate "
-                "edge; the backward sweep does not restore such symbols yet",
-                "compute the value into an array (a tasklet) instead of an interstate assignment",
+                f"state '{site.state.label}' reads symbol '{used[0]}', which holds a floating-point value computed "
+                f"from '{carriers[used[0]]}' (an array that depends on the differentiated inputs); gradflow does not "
+                "differentiate through symbols",
+                "keep the value in an array (a tasklet or a one-element transient) instead of an interstate "
+                "assignment",
             )
+
+
+def data_symbols(sdfg: dace.SDFG, varied: frozenset[str]) -> dict[str, str]:
+    """Floating-point symbols assigned on interstate edges from arrays in `varied` (directly or through
+    other such symbols) -> the array their value comes from."""
+    types = assigned_types(sdfg)
+    edges = [e for e in sdfg.all_interstate_edges() if e.data.assignments]
+    found: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for edge in edges:
+            for name, expr in edge.data.assignments.items():
+                if name in found or types.get(name) not in (dace.float32, dace.float64):
+                    continue
+                read = set(re.findall(r"[A-Za-z_]\w*", str(expr)))
+                source = sorted(read & set(varied)) or sorted(found[s] for s in read & set(found))
+                if source:
+                    found[name] = source[0]
+                    changed = True
+    return found
+
+
+def symbols_read(region: ControlFlowRegion) -> set[str]:
+    """Symbols read anywhere in `region`: by its states, interstate edges, loop headers and branch
+    conditions."""
+    read = set()
+    for block in region.all_control_flow_blocks():
+        if isinstance(block, SDFGState):
+            read |= {str(x) for x in block.free_symbols}
+        elif isinstance(block, LoopRegion):
+            for code in (block.loop_condition, block.init_statement, block.update_statement):
+                if code is not None:
+                    read |= set(code.get_free_symbols())
+        elif isinstance(block, ConditionalBlock):
+            read |= {s for cond, _ in block.branches if cond is not None for s in cond.get_free_symbols()}
+    for edge in region.all_interstate_edges():
+        read |= set(map(str, edge.data.read_symbols()))
+    return read

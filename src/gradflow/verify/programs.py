@@ -21,8 +21,6 @@ from gradflow.verify.corpus import dataflow, loops
 from gradflow.verify.corpus.case import Case, run_compiled, torch_grads, torch_value
 
 RTOL, ATOL = 1e-9, 1e-12
-#: Trip-count bound for the corpus's while loops (the Newton iteration converges in well under 64 steps).
-LOOP_BOUNDS = {"*": 64}
 OVERFLOW = "gradflow_overflow"
 
 
@@ -51,9 +49,9 @@ def case_named(name: str, missing=KeyError) -> Case:
     return missing
 
 
-def bounded(policy: Forwarding) -> Forwarding:
-    """`policy` with the corpus's while-loop bound (only loops that store values inside use it)."""
-    return policy.with_loop_bounds(**LOOP_BOUNDS)
+def bounded(case: Case, policy: Forwarding) -> Forwarding:
+    """`policy` with the case's while-loop bounds, if it has any (else while loops get a growable tape)."""
+    return policy.with_loop_bounds(**case.loop_bounds) if case.loop_bounds else policy
 
 
 @functools.cache
@@ -62,7 +60,8 @@ def differentiated(name: str, policy: Forwarding = STORE_ALL) -> Graph:
     from gradflow.api import grad_graph
 
     case = case_named(name)
-    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, bounded(policy))
+    policy = case.forwarding if case.forwarding is not None else policy
+    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, bounded(case, policy))
 
 
 @functools.cache
@@ -85,7 +84,7 @@ def check(name: str, seed: int, policy: Forwarding = STORE_ALL) -> float:
         extra[OVERFLOW] = np.full(1, -1, dtype=np.int64)
     arrays = run_compiled(case, _compiled(name, policy), {**inputs, **extra})
     if OVERFLOW in graph.sdfg.arrays and arrays[OVERFLOW][0] != 0:
-        raise CheckFailure(f"{name}: a while loop ran past its bound of {LOOP_BOUNDS['*']}")
+        raise CheckFailure(f"{name}: a while loop ran past its bound ({dict(case.loop_bounds)})")
     worst = agree(arrays[case.of][0], torch_value(case, inputs), rtol=RTOL, atol=ATOL, what=f"{name}: value")
     expected = torch_grads(case, inputs)
     for x in case.wrt:

@@ -42,11 +42,12 @@ class ReverseRule(Protocol):
 def rule_modules() -> tuple:
     """The explicit list of modules whose marked rules form the built-in tables (module order is rule
     order). Imported here, not at the top, because the rule modules import this one for their verbs."""
-    from gradflow.autodiff import control
+    from gradflow.autodiff import checkpoint, control
     from gradflow.autodiff.rules import copies, elementwise, extremum, library, nested, product
     from gradflow.autodiff.rules.library import contraction, matmul, reduce, transpose
 
-    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction, control)
+    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction, control,
+            checkpoint)
 
 
 @functools.cache

@@ -15,6 +15,8 @@ Conventions (every corpus module follows them):
 - `wrt` names arrays whose initial values the gradient is taken with respect to. A program may update a
   `wrt` array in place; the gradient is with respect to the value it had when the program was called.
 - `symbols` gives a value to every symbol of the program; sizes in `make_inputs` agree with it.
+- `loop_bounds` (usually empty) caps the trip counts of while loops (`Forwarding.loop_bounds`): the case
+  is differentiated with a fixed-size tape instead of a growable one.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class Case:
     make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]
     symbols: Mapping[str, int]
     description: str = ""
+    loop_bounds: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: the forwarding policy the case is always differentiated under (None: the caller's), for policies
+    #: that are a property of the program (checkpointing, which needs the sizes of its loops)
+    forwarding: Any = None
 
     def to_sdfg(self, simplify: bool = True) -> dace.SDFG:
         """A fresh SDFG of the program (each call parses the program again)."""

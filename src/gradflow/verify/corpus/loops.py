@@ -1,6 +1,7 @@
 """Loop corpus: PolyBench / NPBench-style kernels with Python loops (LoopRegions), data-dependent
-conditions (ConditionalBlocks) and a data-dependent while loop, each paired with a PyTorch reference
-written with Python loops. See `case.py` for the conventions of `Case`.
+conditions (ConditionalBlocks) and data-dependent while loops, each paired with a PyTorch reference
+written with Python loops, plus the API-built cases of `unstructured.py` (conditional interstate edges,
+symbols assigned on edges). See `case.py` for the conventions of `Case`.
 
 The torch references never write into a tensor that autograd may have saved: every write goes through
 `setitem` (a functional copy) or into Python lists of 0-d tensors.
@@ -13,7 +14,10 @@ import numpy as np
 import torch
 from dace.libraries.blas import Dot
 
+from gradflow.autodiff.forwarding import Forwarding
+
 from .case import BuiltProgram, Case, element_rows, list_dot, setitem, stack_rows
+from .unstructured import CASES as _UNSTRUCTURED
 
 N = dace.symbol("N")
 M = dace.symbol("M")
@@ -731,7 +735,8 @@ def _t_map_inplace_rows(A, W, S, **_):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# a data-dependent while loop inside a dace.map body (values stored per iteration need a loop bound)
+# a data-dependent while loop inside a dace.map body (values stored per iteration: a growable tape, or a
+# fixed one when the user bounds the loop)
 
 
 @dace.program
@@ -1009,7 +1014,9 @@ CASES: list[Case] = [
     Case("lp_vadv_sweeps", lp_vadv_sweeps, _t_vadv_sweeps, ("a", "b", "c", "d"), "S", _i_vadv_sweeps,
          {"N": 4, "K": 7}, "vadv-style tridiagonal solve: forward sweep, backward sweep"),
     Case("lp_newton_sqrt", lp_newton_sqrt, _t_newton_sqrt, ("A",), "S", _i_newton_sqrt, {"N": 6},
-         "Newton sqrt, while loop with a data-dependent tolerance condition"),
+         "Newton sqrt, while loop with a data-dependent tolerance condition (growable tape, no bound)"),
+    Case("lp_newton_sqrt_capped", lp_newton_sqrt, _t_newton_sqrt, ("A",), "S", _i_newton_sqrt, {"N": 6},
+         "Newton sqrt with a user bound of 64 iterations: a fixed-size tape", loop_bounds={"*": 64}),
     Case("lp_strided_step2", lp_strided_step2, _t_strided_step2, ("X", "Y"), "S", _i_strided(10),
          {"N": 10}, "for i in range(0, N, 2), N even, loop-carried S"),
     Case("lp_strided_step2_odd", lp_strided_step2_odd, _t_strided_step2, ("X", "Y"), "S", _i_strided(9),
@@ -1028,6 +1035,9 @@ CASES: list[Case] = [
          "in-place recurrence A[i] = f(A[i-1], A[i])"),
     Case("lp_whole_array_update", lp_whole_array_update, _with_t(_t_whole_array_update, 4), ("A", "W"), "S",
          _i_whole_array_update, {"N": 7, "T": 4}, "A[:] = g(A) every iteration"),
+    Case("lp_whole_array_update_checkpointed", lp_whole_array_update, _with_t(_t_whole_array_update, 4), ("A", "W"),
+         "S", _i_whole_array_update, {"N": 7, "T": 4}, "the same, reversed by binomial checkpointing (2 snapshots)",
+         forwarding=Forwarding.checkpoint(snapshots=2, sizes={"N": 7, "T": 4})),
     Case("lp_map_of_loops", lp_map_of_loops, _t_map_of_loops, ("X",), "S",
          _inputs(X=(5, 6), Y=(5,)), {"N": 5, "M": 6}, "sequential loop inside a dace.map body"),
     Case("lp_map_with_branch", lp_map_with_branch, _t_map_with_branch, ("X",), "S", _i_if_else_in_map,
@@ -1039,11 +1049,14 @@ CASES: list[Case] = [
     Case("lp_map_inplace_rows", lp_map_inplace_rows, _t_map_inplace_rows, ("A", "W"), "S",
          _inputs(A=(4, 6), W=(4, 6)), {"N": 4, "M": 6}, "a dace.map body updating its row in place (in/out)"),
     Case("lp_map_of_while", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
-         "a data-dependent while loop inside a dace.map body (bounded)"),
+         "a data-dependent while loop inside a dace.map body (growable tape in the nested SDFG)"),
+    Case("lp_map_of_while_capped", lp_map_of_while, _t_map_of_while, ("X",), "S", _i_map_of_while, {"N": 6},
+         "a data-dependent while loop inside a dace.map body, bounded by the user", loop_bounds={"*": 64}),
     Case("lp_masked_normalise", lp_masked_normalise, _t_masked_normalise, ("X", "W"), "S", _i_masked_normalise,
          {"N": 6, "M": 4}, "sd[sd <= 0.5] = 1.0, columns divided in place in a loop, a gather X[i, idx[j]] in a map"),
     Case("lp_indexed_updates", lp_indexed_updates, _t_indexed_updates, ("A", "V"), "S", _i_indexed_updates,
          {"N": 6, "M": 7}, "S += A[idx[i]] * V[i]; A[idx[i]] = f(A[idx[i]], V[i]) in a for loop, duplicates"),
+    *_UNSTRUCTURED,
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

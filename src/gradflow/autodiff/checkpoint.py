@@ -1,0 +1,412 @@
+"""Checkpointed loops: a counted loop's forward keeps a few snapshots, its backward re-advances (Revolve).
+
+Under `Forwarding.checkpoint(snapshots=s, ...)` a chosen loop is reversed without a per-iteration tape:
+
+1. `outline` (run by the engine before it builds the control-flow tree) nests the loop body into one
+   nested SDFG, the *step*: a function of the arrays the body reads and writes, the loop variable and the
+   other symbols. The loop's body is then one operation, which records nothing on the tape (the engine
+   skips sites of loops whose rule says `tape_free`).
+2. `CheckpointedLoop` (a `loop` control rule, chosen for outlined loops) computes the Revolve schedule
+   (`revolve.py`) for the trip count at the sizes given to the policy. The forward sweep stores the
+   loop-carried state at the positions where the schedule's forward phase takes snapshots (at most `s`)
+   and the state the last step starts from (what Revolve holds in memory at its first turn).
+3. The backward sweep interprets the rest of the schedule, emitted as constant int tables: a loop over
+   actions with one branch per kind: *advance* n steps (the step, rerun on working copies), *takeshot*
+   and *restore* (copies between the working copies and snapshot slots), *reverse* one step (the nested
+   rule's vjp of the step: its forward with a one-iteration tape, then its backward; gradients of arrays
+   the step only reads accumulate across steps).
+
+Loop-carried state: the arrays the step writes that it may read before writing them in an iteration,
+and the arrays an operation before the loop reads (their working copies must hold the loop's initial
+values once it is reversed). An array the step overwrites before reading (jacobi's `B`) is not stored:
+its unwritten elements keep their initial values, and its written ones are recomputed.
+
+The backward sweep writes its own snapshots into the slots the forward filled (the snapshot array is
+consumed, like Revolve's checkpoints): a split backward runs once per forward run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import attrs
+import dace
+import sympy
+from dace import symbolic
+from dace.sdfg import nodes as nd
+from dace.sdfg.graph import SubgraphView
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
+
+from gradflow.analysis.writes import overwritten_before_read_in
+from gradflow.autodiff import revolve
+from gradflow.autodiff.context import ReverseContext
+from gradflow.autodiff.emit import copy_array
+from gradflow.autodiff.rules import control_rule
+from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
+
+STEP = "gradflow_step_"
+
+
+def _loops_around(block) -> list[LoopRegion]:
+    found, graph = [], block.parent_graph
+    while graph is not None and not isinstance(graph, dace.SDFG):
+        if isinstance(graph, LoopRegion):
+            found.append(graph)
+        graph = graph.parent_graph
+    return found
+
+
+def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
+    """Why the body of `loop` cannot become a checkpointed step (None: it can)."""
+    assigned = sorted({k for e in loop.all_interstate_edges(recursive=True) for k in e.data.assignments})
+    if assigned:
+        return f"its body assigns symbols on interstate edges ({', '.join(assigned)})"
+    states = [b for b in loop.all_control_flow_blocks(recursive=True) if isinstance(b, dace.SDFGState)]
+    indices = sorted({n.data for st in states for n in st.data_nodes()
+                      if st.out_degree(n) and sdfg.arrays[n.data].dtype in (dace.int32, dace.int64)})
+    if indices:  # a gather through an index array inside the step gave wrong gradients (not yet diagnosed)
+        return f"its body reads the integer array(s) {', '.join(indices)} (indices are not supported in a step yet)"
+    return None
+
+
+def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRegion]:
+    """The loops a checkpoint policy names (`labels`), or all outermost counted `for` loops (None)."""
+    from gradflow.autodiff.structure import _assigned_symbols
+    from gradflow.analysis.loops import counted_loop
+
+    loops = [b for b in sdfg.all_control_flow_regions() if isinstance(b, LoopRegion)]
+    if labels is None:
+        return [loop for loop in loops if not _loops_around(loop)
+                and counted_loop(loop, _assigned_symbols(loop)) is not None and unsupported(sdfg, loop) is None]
+    by_label = {loop.label: loop for loop in loops}
+    missing = sorted(set(labels) - set(by_label))
+    if missing:
+        raise InvalidArgumentError(
+            f"Forwarding.checkpoint(loops=...) names {', '.join(map(repr, missing))}, which is not a loop of the "
+            f"program; its loops: {', '.join(sorted(by_label)) or '(none)'}",
+            "name loops by their label (gradflow show prints them), or leave loops out for all outermost loops")
+    chosen = [by_label[label] for label in labels]
+    for loop in chosen:
+        if counted_loop(loop, _assigned_symbols(loop)) is None:
+            raise NotDifferentiableError(
+                f"loop '{loop.label}' is not a counted for loop: checkpointing a while loop (online "
+                "checkpointing) is not supported", "checkpoint counted loops only, or store this loop's values "
+                "(give it a bound with Forwarding(loop_bounds=...))")
+        outer = _loops_around(loop)
+        if outer:
+            raise NotDifferentiableError(
+                f"loop '{loop.label}' is inside loop '{outer[0].label}': only loops outside every other loop "
+                "can be checkpointed", f"checkpoint '{outer[-1].label}' instead")
+        reason = unsupported(sdfg, loop)
+        if reason is not None:
+            raise NotDifferentiableError(f"loop '{loop.label}' cannot be checkpointed: {reason}",
+                                         "checkpoint another loop, or store this one (leave it out of loops=)")
+    return chosen
+
+
+def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
+    """Nest the body of each chosen loop into one nested SDFG labelled `gradflow_step_<loop>` (in place,
+    on the engine's private copy). Returns the labels of the outlined loops."""
+    from dace.sdfg.utils import set_nested_sdfg_parent_references
+    from dace.transformation.helpers import nest_sdfg_subgraph
+
+    done = []
+    for loop in chosen_loops(sdfg, labels):
+        blocks = list(loop.nodes())
+        if not blocks:
+            continue
+        if len(blocks) == 1 and isinstance(blocks[0], dace.SDFGState):  # DaCe nests two blocks or more
+            blocks.append(loop.add_state_after(blocks[0], f"{loop.label}_end"))
+        state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
+        node = next(n for n in state.nodes() if isinstance(n, nd.NestedSDFG))
+        set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside
+        node.label = f"{STEP}{loop.label}"
+        node.sdfg.name = f"{STEP}{loop.label}"
+        used = set(map(str, node.sdfg.used_symbols(all_symbols=False))) | {
+            str(sym) for desc in node.sdfg.arrays.values() for sym in desc.free_symbols}
+        for sym in sorted(set(node.symbol_mapping) - used):  # DaCe maps every outer symbol
+            del node.symbol_mapping[sym]
+            node.sdfg.symbols.pop(sym, None)
+        for sym in sorted(used - set(node.symbol_mapping)):  # the loop variable, when the body reads it
+            node.symbol_mapping[sym] = sym
+            if sym not in node.sdfg.symbols:
+                node.sdfg.add_symbol(sym, dace.int64)
+        state.label = f"{STEP}{loop.label}"
+        done.append(loop.label)
+    sdfg.reset_cfg_list()
+    return tuple(done)
+
+
+def _step_node(item) -> nd.NestedSDFG | None:
+    if len(item.body.items) != 1 or item.body.items[0].kind != "operation":
+        return None
+    members = item.body.items[0].site.members()
+    steps = [n for n in members if isinstance(n, nd.NestedSDFG) and n.label.startswith(STEP)]
+    return steps[0] if len(steps) == 1 else None
+
+
+def _is_outlined(item) -> bool:
+    return _step_node(item) is not None
+
+
+@attrs.frozen
+class Snapshots:
+    """What the forward recorded for one checkpointed loop, and what its reversal interprets."""
+
+    carried: tuple[str, ...]  # arrays stored per snapshot
+    slots: dict  # carried array -> its snapshot array (one row per slot)
+    backward: tuple  # the Revolve actions after the forward phase
+    trips: int
+    var: str
+    first: str  # the loop variable's first value
+    step: int
+    current: int  # the slot holding the state the last step starts from
+
+
+def trip_count(item, sizes: dict[str, int]) -> int:
+    numerator, divisor = item.counted.trip_count()
+    value = symbolic.pystr_to_symbolic(str(numerator)).subs({symbolic.symbol(k): v for k, v in sizes.items()})
+    free = sorted(map(str, getattr(value, "free_symbols", ())))
+    if free:
+        raise InvalidArgumentError(
+            f"checkpointed loop '{item.label}' runs a number of times that depends on {', '.join(free)}; the "
+            "Revolve schedule is computed for a concrete trip count",
+            "pass the sizes: gradflow.Forwarding.checkpoint(snapshots=..., sizes={"
+            + ", ".join(f"{f!r}: ..." for f in free) + "})")
+    return max(int(sympy.floor(value / divisor)), 0)
+
+
+def _read_before(item, rev) -> frozenset[str]:
+    """Arrays an operation before the loop reads (reversed after it: they need the loop's initial values)."""
+    first = item.body.items[0].site.index
+    return frozenset(a for site in rev.sites if site.index < first for a in site.read_arrays())
+
+
+def _carried(node: nd.NestedSDFG, state, read_before: frozenset[str]) -> tuple[str, ...]:
+    """Arrays the step writes whose value at the start of an iteration matters (module doc)."""
+    outs = {e.data.data: e.src_conn for e in state.out_edges(node) if not e.data.is_empty()}
+    carried = []
+    for array, conn in sorted(outs.items()):
+        reads_it = conn in node.in_connectors
+        if array in read_before or (reads_it and not overwritten_before_read_in(node.sdfg, conn,
+                                                                              _written_box(node.sdfg, conn))):
+            carried.append(array)
+    return tuple(carried)
+
+
+def backward_reads_state(node: nd.NestedSDFG, state, rev) -> bool:
+    """Whether the step's vjp (built as the nested rule builds it, storing everything) reads any forward
+    value other than arrays the step only reads. When it does not (a linear stencil such as jacobi's),
+    nothing needs to be stored and every step is reversed without rerunning any."""
+    import copy
+
+    from gradflow.analysis.activity import is_float
+    from gradflow.autodiff.engine import ADSpec, build_reverse
+    from gradflow.autodiff.forwarding import STORE_ALL
+    from gradflow.autodiff.normalize import normalize_pipeline
+    from gradflow.autodiff.passes import _arrays_used
+    from gradflow.autodiff.rules.nested import IN, PREFIX, _inner_region, _split_inout
+    from gradflow.core.graph import Graph
+    from gradflow.core.passes import unwrap_or_raise
+
+    ins = {e.dst_conn: e for e in state.in_edges(node) if e.dst_conn and not e.data.is_empty()}
+    outs = {e.src_conn for e in state.out_edges(node) if e.src_conn and not e.data.is_empty()}
+    shared = sorted(set(ins) & outs)
+    where = f"checkpointed step '{node.label}'"
+    source = copy.deepcopy(node.sdfg)
+    _split_inout(source, {c: _inner_region(node, ins[c].data, where) for c in shared})
+    inner = unwrap_or_raise(normalize_pipeline(rev.tables.library)(Graph.adopt(source))).editable()
+    wrt = tuple(IN + c if c in shared else c for c in sorted(ins) if is_float(node.sdfg.arrays[c]))
+    of = tuple(c for c in sorted(outs) if is_float(node.sdfg.arrays[c]))
+    policy = STORE_ALL.with_loop_bounds(**dict(rev.spec.forwarding.loop_bounds))
+    interface = build_reverse(inner, ADSpec(wrt, of, "vjp", PREFIX, policy, accumulate=True, outermost=False),
+                              rev.tables)
+    region = next(b for b in inner.nodes() if b.label == interface.backward_label)
+    forward = [b for b in inner.nodes() if b is not region]
+    grads = set(interface.buffers.values()) | set(interface.cotangents.values())
+    read = (_arrays_used([region]) & _arrays_used(forward)) - grads
+    return bool(read - {c for c in ins if c not in outs})
+
+
+def _written_box(sdfg: dace.SDFG, name: str):
+    """The bounding box of what `sdfg` writes to `name` (the whole array when it cannot tell)."""
+    from dace import subsets
+
+    box = None
+    for state in sdfg.states():
+        for n in state.data_nodes():
+            if n.data != name:
+                continue
+            for e in state.in_edges(n):
+                sub = e.data.get_dst_subset(e, state) if not e.data.is_empty() else None
+                if sub is None:
+                    return subsets.Range.from_array(sdfg.arrays[name])
+                box = sub if box is None else subsets.union(box, sub)
+    return box if isinstance(box, subsets.Range) else subsets.Range.from_array(sdfg.arrays[name])
+
+
+def _copy_slot(state, array: str, snap: str, slot: str, to_snapshot: bool) -> None:
+    """snap[slot, ...] <-> array[...] as one copy edge."""
+    desc = state.sdfg.arrays[array]
+    whole = ", ".join(f"0:{symbolic.symstr(s)}" for s in desc.shape)
+    slot_memlet = dace.Memlet(f"{snap}[{slot}, {whole}]")
+    if to_snapshot:
+        state.add_nedge(state.add_read(array), state.add_write(snap),
+                        dace.Memlet(data=array, subset=whole, other_subset=slot_memlet.subset))
+    else:
+        state.add_nedge(state.add_read(snap), state.add_write(array),
+                        dace.Memlet(data=snap, subset=slot_memlet.subset, other_subset=whole))
+
+
+def _constant_table(sdfg: dace.SDFG, stem: str, values: list[int]) -> str:
+    name, desc = sdfg.add_array(stem, (max(len(values), 1),), dace.int64, transient=True, find_new_name=True)
+    sdfg.add_constant(name, np.array(values or [0], dtype=np.int64), desc)
+    return name
+
+
+@control_rule("loop", priority=20, applies=_is_outlined)
+class CheckpointedLoop:
+    """A counted loop whose body was outlined into a step (`outline`): Revolve checkpointing."""
+
+    tape_free = True  # the engine records nothing for the operations inside
+
+    def restores(self, item) -> frozenset[str]:
+        return frozenset({item.counted.var}) if item.counted is not None else frozenset()
+
+    def tape_bytes(self, item, rev, loops: tuple):
+        return 0  # the snapshots are priced by the checkpoint policy itself, not by the budget planner
+
+    def record(self, item, rev, loops: tuple) -> Snapshots:
+        if item.counted is None or loops:  # `chosen_loops` outlines neither; a lowered `break` could make one
+            raise NotDifferentiableError(f"loop '{item.label}' is not a counted loop outside every other loop: it "
+                                         "cannot be checkpointed", "leave it out of Forwarding.checkpoint(loops=...)")
+        policy = rev.spec.forwarding
+        node = _step_node(item)
+        state = item.body.items[0].site.state
+        c = item.counted
+        trips = trip_count(item, dict(policy.sizes))
+        if trips == 0:  # the loop does not run: nothing to record or reverse
+            return Snapshots((), {}, (), 0, c.var, symbolic.symstr(c.start), c.step, 0)
+        read_before = _read_before(item, rev)
+        written = {e.data.data for e in state.out_edges(node) if not e.data.is_empty()}
+        if read_before & written or backward_reads_state(node, state, rev):
+            carried = _carried(node, state, read_before)
+            ahead, backward = revolve.forward_phase(revolve.schedule(trips, policy.snapshots))
+        else:  # nothing to store: reverse the steps last to first, rerunning none
+            carried, ahead = (), ()
+            backward = tuple(revolve.Action(revolve.REVERSE, 0, p) for p in reversed(range(trips)))
+        first = symbolic.symstr(c.start)
+        shots = [(a.position, a.arg) for a in ahead if a.kind == revolve.TAKESHOT]
+        # The state the last step starts from: the schedule's own snapshot there when it takes one (then
+        # never restored), else one more slot.
+        current = next((slot for position, slot in shots if position == trips - 1), None)
+        if current is None:
+            current = 1 + max([a.arg for a in backward if a.kind == revolve.TAKESHOT]
+                              + [slot for _, slot in shots], default=-1)
+            shots.append((trips - 1, current))
+        count = 1 + max([slot for _, slot in shots] + [a.arg for a in backward if a.kind == revolve.TAKESHOT])
+        slots = {}
+        for array in carried:
+            desc = rev.sdfg.arrays[array]
+            slots[array], _ = rev.sdfg.add_array(f"gradflow_snap_{array}", (count,) + tuple(desc.shape),
+                                                 desc.dtype, transient=True, find_new_name=True)
+            rev.stores[slots[array]] = f"<snapshots of {array}>"
+        if carried:
+            loop = item.loop
+            block = ConditionalBlock(f"snapshot_{item.label}", sdfg=rev.sdfg)
+            old_start = loop.start_block
+            loop.add_node(block, is_start_block=True)
+            loop.add_edge(block, old_start, dace.InterstateEdge())
+            for position, slot in shots:
+                branch = ControlFlowRegion(f"snapshot_{item.label}_{slot}", sdfg=rev.sdfg)
+                block.add_branch(f"{c.var} == ({first}) + ({c.step}) * ({position})", branch)
+                take = branch.add_state(f"take_{item.label}_{slot}", is_start_block=True)
+                for array in carried:
+                    _copy_slot(take, array, slots[array], str(slot), to_snapshot=True)
+        return Snapshots(carried, slots, backward, trips, c.var, first, c.step, current)
+
+    def reverse(self, item, recorded: Snapshots, rev, ctx: ReverseContext, body) -> None:
+        if not recorded.trips:
+            return
+        sdfg = ctx.sdfg
+        node = _step_node(item)
+        fwd_state = item.body.items[0].site.state
+        written = sorted({e.data.data for e in fwd_state.out_edges(node) if not e.data.is_empty()})
+        actions = recorded.backward
+        present = {a.kind for a in actions}
+        # Working copies the reruns may write: never the forward's own arrays. (Without reruns or snapshots
+        # the steps' vjps only read arrays no step writes: nothing to set up.)
+        setup = ctx.new_state(f"checkpoint_setup_{item.label}")
+        for array in written if recorded.carried or revolve.ADVANCE in present else ():
+            if ctx.values.get(array, array) == array:
+                desc = sdfg.arrays[array]
+                work, _ = sdfg.add_array(f"gradflow_work_{array}", desc.shape, desc.dtype, transient=True,
+                                         find_new_name=True)
+                if array not in recorded.carried:
+                    copy_array(setup, array, work)  # not stored: its unwritten elements are the loop's input
+                ctx.values[array] = work
+        for array in recorded.carried:  # the state the last step starts from
+            _copy_slot(setup, ctx.values[array], recorded.slots[array], str(recorded.current), to_snapshot=False)
+
+        kinds = _constant_table(sdfg, f"gradflow_actions_{item.label}", [a.kind for a in actions])
+        args = _constant_table(sdfg, f"gradflow_args_{item.label}", [a.arg for a in actions])
+        positions = _constant_table(sdfg, f"gradflow_positions_{item.label}", [a.position for a in actions])
+        k, kind, arg, at = rev.fresh("gf_ca"), rev.fresh("gf_ck"), rev.fresh("gf_cg"), rev.fresh("gf_cp")
+        var = recorded.var
+        here = f"({recorded.first}) + ({recorded.step}) * {at}"
+
+        interpreter = LoopRegion(f"checkpoint_{item.label}", f"{k} < {len(actions)}", k, f"{k} = 0", f"{k} = {k} + 1",
+                                 sdfg=sdfg)
+        ctx.add_block(interpreter)
+        with ctx.inside(interpreter):
+            ctx.new_state(f"action_{item.label}", {kind: f"{kinds}[{k}]", arg: f"{args}[{k}]",
+                                                    at: f"{positions}[{k}]"})
+            branches = ConditionalBlock(f"dispatch_{item.label}", sdfg=sdfg)
+            ctx.add_block(branches)
+
+            if revolve.ADVANCE in present:
+                advance = ControlFlowRegion(f"advance_{item.label}", sdfg=sdfg)
+                branches.add_branch(f"{kind} == {revolve.ADVANCE}", advance)
+                j = rev.fresh("gf_cj")
+                steps = LoopRegion(f"advance_steps_{item.label}", f"{j} < {arg}", j, f"{j} = 0", f"{j} = {j} + 1",
+                                   sdfg=sdfg)
+                advance.add_node(steps, is_start_block=True)
+                run = steps.add_state(f"step_{item.label}", is_start_block=True)
+                steps.add_state_before(run, f"step_at_{item.label}", is_start_block=True,
+                                       assignments={var: f"({recorded.first}) + ({recorded.step}) * ({at} + {j})"})
+                self._emit_step(run, node, fwd_state, ctx)
+            for which, to_snapshot in ((revolve.TAKESHOT, True), (revolve.RESTORE, False)):
+                if which not in present:
+                    continue
+                region = ControlFlowRegion(f"{revolve.KIND_NAMES[which]}_{item.label}", sdfg=sdfg)
+                branches.add_branch(f"{kind} == {which}", region)
+                copies = region.add_state(f"{revolve.KIND_NAMES[which]}_{item.label}", is_start_block=True)
+                for array in recorded.carried:
+                    _copy_slot(copies, ctx.values[array], recorded.slots[array], arg, to_snapshot)
+
+            back = ControlFlowRegion(f"reverse_step_{item.label}", sdfg=sdfg)
+            branches.add_branch(f"{kind} == {revolve.REVERSE}", back)
+            with ctx.inside(back):
+                ctx.new_state(f"reverse_at_{item.label}", {var: here})
+                body(item.body)
+
+    @staticmethod
+    def _emit_step(state, node: nd.NestedSDFG, fwd_state, ctx: ReverseContext) -> None:
+        """One forward step on the working copies (a copy of the outlined body)."""
+        import copy
+
+        ins = {e.dst_conn: e for e in fwd_state.in_edges(node) if e.dst_conn and not e.data.is_empty()}
+        outs = {e.src_conn: e for e in fwd_state.out_edges(node) if e.src_conn and not e.data.is_empty()}
+        call = state.add_nested_sdfg(copy.deepcopy(node.sdfg), set(ins), set(outs), dict(node.symbol_mapping),
+                                     name=f"rerun_{node.label}")
+        reads, writes = {}, {}
+        for conn, e in sorted(ins.items()):
+            array = ctx.values.get(e.data.data, e.data.data)
+            if array not in reads:
+                reads[array] = state.add_read(array)
+            state.add_edge(reads[array], None, call, conn, dace.Memlet(data=array, subset=copy.deepcopy(e.data.subset)))
+        for conn, e in sorted(outs.items()):
+            array = ctx.values.get(e.data.data, e.data.data)
+            if array not in writes:
+                writes[array] = state.add_write(array)
+            state.add_edge(call, conn, writes[array], None,
+                           dace.Memlet(data=array, subset=copy.deepcopy(e.data.subset)))

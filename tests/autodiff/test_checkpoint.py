@@ -1,0 +1,329 @@
+"""Checkpointed loops: the Revolve schedule, and gradients and memory of `Forwarding.checkpoint`.
+
+The schedule is checked by simulating it (every step reversed once, last to first, from the state it
+started from; never more than `s` snapshots) and by counting its advances against the closed form of the
+binomial bound, computed here from Griewank & Walther's formula, and against a brute-force optimum on
+small cases. The programs are differentiated once per snapshot count (the schedule is compiled in) and
+checked against `STORE_ALL` on data hypothesis varies.
+"""
+
+from __future__ import annotations
+
+import functools
+from math import comb
+
+import dace
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import gradflow
+from gradflow.autodiff import revolve
+from gradflow.autodiff.passes import Reverse, ad_pipeline, forwarded_bytes
+from gradflow.core.graph import Graph
+from gradflow.verify.corpus import loops
+
+# ---- the schedule ----------------------------------------------------------------------------------------
+
+
+def binomial_bound(steps: int, snapshots: int) -> int:
+    """t(l, s) = r*l - C(s + r, s + 1), r the least repetition number with C(s + r, s) >= l."""
+    r = 0
+    while comb(snapshots + r, snapshots) < steps:
+        r += 1
+    return r * steps - comb(snapshots + r, snapshots + 1)
+
+
+@functools.cache
+def brute_force(steps: int, snapshots: int) -> int:
+    """The fewest advances over every split (the recursion Revolve's bound solves), by exhaustion."""
+    if steps <= 1:
+        return 0
+    if snapshots == 1:
+        return steps * (steps - 1) // 2
+    return min(m + brute_force(steps - m, snapshots - 1) + brute_force(m, snapshots) for m in range(1, steps))
+
+
+def simulate(actions, steps: int, snapshots: int) -> tuple[list[int], int]:
+    """Run a schedule on a model where the state is its step index: the steps reversed in order, and the
+    advances. Fails on a step reversed from the wrong state or a slot out of range or never filled."""
+    current: int | None = 0
+    slots: dict[int, int] = {}
+    reversed_steps, advanced = [], 0
+    for a in actions:
+        assert current is None or a.kind == revolve.RESTORE or a.position == current, a
+        if a.kind == revolve.ADVANCE:
+            assert current is not None and a.arg >= 1
+            current += a.arg
+            advanced += a.arg
+        elif a.kind == revolve.TAKESHOT:
+            assert 0 <= a.arg < snapshots, f"slot {a.arg} with {snapshots} snapshots"
+            slots[a.arg] = current
+        elif a.kind == revolve.RESTORE:
+            assert slots.get(a.arg) == a.position, f"{a}: slot holds {slots.get(a.arg)}"
+            current = slots[a.arg]
+        else:
+            assert a.kind == revolve.REVERSE and current is not None
+            reversed_steps.append(current)
+            current = None
+    return reversed_steps, advanced
+
+
+@pytest.mark.parametrize("snapshots", range(1, 9))
+def test_schedule_reverses_every_step_once_with_the_binomial_number_of_advances(snapshots: int) -> None:
+    for steps in range(0, 61):
+        actions = revolve.schedule(steps, snapshots)
+        order, advanced = simulate(actions, steps, snapshots)
+        assert order == list(reversed(range(steps)))
+        assert advanced == binomial_bound(steps, snapshots) == revolve.advances(actions)
+        if steps <= 24 and snapshots <= 4:
+            assert advanced == brute_force(steps, snapshots)
+
+
+def test_forward_phase_ends_at_the_last_step() -> None:
+    ahead, rest = revolve.forward_phase(revolve.schedule(1000, 10))
+    assert {a.kind for a in ahead} <= {revolve.ADVANCE, revolve.TAKESHOT}
+    assert rest[0] == revolve.Action(revolve.REVERSE, 0, 999)
+    assert revolve.advances(ahead) == 999
+    assert revolve.advances(rest) == binomial_bound(1000, 10) - 999
+
+
+@pytest.mark.parametrize("steps, snapshots", [(-1, 2), (3, 0), (2.5, 2), (4, True)])
+def test_schedule_rejects_bad_arguments(steps, snapshots) -> None:
+    with pytest.raises(gradflow.InvalidArgumentError):
+        revolve.schedule(steps, snapshots)
+
+
+# ---- gradients -------------------------------------------------------------------------------------------
+
+#: (kernel, trip count symbol value): time loops of the loop corpus; seidel's loop runs T - 1 times.
+KERNELS = {"lp_jacobi_1d": 4, "lp_whole_array_update": 5, "lp_seidel_2d": 4}
+
+
+def _trips(name: str) -> int:
+    return KERNELS[name] - (1 if name == "lp_seidel_2d" else 0)
+
+
+def _sizes(name: str, t: int) -> dict[str, int]:
+    return {**dict(loops.CASES_BY_NAME[name].symbols), "T": t}
+
+
+@functools.cache
+def _function(name: str, policy: gradflow.Forwarding):
+    case = loops.CASES_BY_NAME[name]
+    return gradflow.value_and_grad(case.program.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=policy)
+
+
+def _run(name: str, policy: gradflow.Forwarding, seed: int):
+    case = loops.CASES_BY_NAME[name]
+    inputs = {k: np.copy(v) for k, v in case.inputs(seed).items()}
+    value, grads = _function(name, policy)(**inputs, T=KERNELS[name])
+    return value, grads
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_gradients_equal_store_all_for_every_snapshot_count(name: str, seed: int) -> None:
+    value, grads = _run(name, gradflow.STORE_ALL, seed)
+    for s in range(1, _trips(name) + 1):
+        policy = gradflow.Forwarding.checkpoint(snapshots=s, sizes=_sizes(name, KERNELS[name]))
+        got_value, got = _run(name, policy, seed)
+        np.testing.assert_allclose(got_value, value, rtol=1e-12, atol=0)
+        assert set(got) == set(grads)
+        for x in grads:
+            np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15, err_msg=f"d/d{x}, s={s}")
+
+
+def test_a_loop_that_does_not_run_records_and_reverses_nothing() -> None:
+    case = loops.CASES_BY_NAME["lp_seidel_2d"]  # its time loop runs T - 1 times
+    inputs = case.inputs(5)
+    results = []
+    for policy in (gradflow.STORE_ALL, gradflow.Forwarding.checkpoint(snapshots=2, sizes=_sizes(case.name, 1))):
+        results.append(_function(case.name, policy)(**{k: np.copy(v) for k, v in inputs.items()}, T=1))
+    (value, grads), (got_value, got) = results
+    np.testing.assert_allclose(got_value, value, rtol=1e-12)
+    for x in grads:
+        np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15)
+
+
+N, T = dace.symbol("N"), dace.symbol("T")
+
+
+@dace.program
+def read_then_smooth(A: dace.float64[N], S: dace.float64[1]):
+    S[0] = np.sum(A * A * A)  # read before the loop: its reverse needs A's initial value
+    for t in range(T):
+        A[1:N - 1] = 0.5 * A[1:N - 1] + 0.25 * A[2:N]  # linear: the step's own vjp reads no value
+    for i in range(N):
+        S[0] += A[i] * (i + 1.0)
+
+
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_linear_loop_still_restores_what_an_earlier_operation_reads(seed: int) -> None:
+    a = np.random.default_rng(seed).uniform(-1, 1, 6)
+    results = []
+    for policy in (gradflow.STORE_ALL, gradflow.Forwarding.checkpoint(snapshots=1, sizes={"T": 3, "N": 6})):
+        f = _program_function(policy)
+        results.append(f(A=a.copy(), S=np.zeros(1), T=3))
+    (value, grad), (got_value, got) = results
+    np.testing.assert_allclose(got_value, value, rtol=1e-12)
+    np.testing.assert_allclose(got, grad, rtol=1e-12, atol=1e-15)
+
+
+@functools.cache
+def _program_function(policy: gradflow.Forwarding):
+    return gradflow.value_and_grad(read_then_smooth.to_sdfg(), wrt="A", of="S", forwarding=policy)
+
+
+def test_split_forward_and_backward_carry_only_the_snapshots() -> None:
+    """`vjp`: the forward SDFG hands the snapshots to the backward SDFG, which reads its schedule from
+    constants (not forwarded); the gradients are those of the combined program under STORE_ALL."""
+    from gradflow.runtime.compile import compile_sdfg
+
+    case = loops.CASES_BY_NAME["lp_whole_array_update"]
+    t = KERNELS["lp_whole_array_update"]
+    result = gradflow.vjp(case.to_sdfg(), wrt=list(case.wrt), of=case.of,
+                          forwarding=gradflow.Forwarding.checkpoint(snapshots=2, sizes=_sizes(case.name, t)))
+    assert [a for a in result.saved if not a.startswith("gradflow_tape_top")] == ["gradflow_snap_A"]
+    inputs = case.inputs(3)
+    n = inputs["A"].shape[0]
+    values = {N: n, T: t}
+    fwd_args = {k: np.zeros(tuple(int(dace.symbolic.evaluate(x, values)) for x in d.shape))
+                for k, d in result.forward.arrays.items() if not d.transient and k not in inputs}
+    fwd_args.update({k: np.copy(v) for k, v in inputs.items()})
+    compile_sdfg(Graph.adopt(result.forward))(**fwd_args, N=n, T=t)
+    bwd_args = {k: fwd_args[k] for k in result.forwarded}
+    bwd_args.update(grad_S=np.ones(1), grad_A=np.full(n, np.nan), grad_W=np.full(n, np.nan))
+    compile_sdfg(Graph.adopt(result.backward))(**bwd_args, N=n, T=t)
+    _, expected = _run(case.name, gradflow.STORE_ALL, 3)
+    for x in case.wrt:
+        np.testing.assert_allclose(bwd_args[f"grad_{x}"], expected[x], rtol=1e-12, atol=1e-15)
+
+
+# ---- memory and re-executions ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _graph(name: str, policy: gradflow.Forwarding) -> Graph:
+    case = loops.CASES_BY_NAME[name]
+    return ad_pipeline(Reverse(case.wrt, (case.of,), forwarding=policy))(Graph.of(case.to_sdfg())).unwrap()
+
+
+def _reexecutions(graph: Graph) -> int:
+    """Advances the backward's action tables hold (each advance reruns one step)."""
+    constants = graph.sdfg.constants_prop
+    total = 0
+    for name in [n for n in constants if n.startswith("gradflow_actions_")]:
+        kinds = np.asarray(constants[name][1])
+        args = np.asarray(constants[name.replace("gradflow_actions_", "gradflow_args_")][1])
+        total += int(args[kinds == revolve.ADVANCE].sum())
+    return total
+
+
+@pytest.mark.parametrize("name", ["lp_jacobi_1d", "lp_whole_array_update"])
+def test_thousand_steps_with_ten_snapshots_forward_at_most_eleven_arrays(name: str) -> None:
+    sizes = _sizes(name, 1000)
+    array_bytes = 8 * sizes["N"]
+    checkpointed = _graph(name, gradflow.Forwarding.checkpoint(snapshots=10, sizes=sizes))
+    stored = forwarded_bytes(_graph(name, gradflow.STORE_ALL), sizes)
+    kept = forwarded_bytes(checkpointed, sizes)
+    assert kept <= 11 * array_bytes, f"{kept} bytes forwarded, {array_bytes} per array"
+    assert kept < stored
+    assert "CheckpointedLoop" in checkpointed.meta["ad"].rules_used
+
+
+def test_reexecutions_are_the_binomial_bound_when_the_step_needs_its_state() -> None:
+    sizes = _sizes("lp_whole_array_update", 1000)
+    graph = _graph("lp_whole_array_update", gradflow.Forwarding.checkpoint(snapshots=10, sizes=sizes))
+    # The forward sweep runs the first 999 advances of the schedule; the backward reruns the rest.
+    assert _reexecutions(graph) == binomial_bound(1000, 10) - 999
+    assert forwarded_bytes(graph, sizes) == 11 * 8 * sizes["N"]
+
+
+def test_a_linear_step_is_reversed_without_snapshots_or_reruns() -> None:
+    """jacobi_1d's step is linear: its vjp reads no forward value, so nothing is stored or rerun."""
+    sizes = _sizes("lp_jacobi_1d", 1000)
+    graph = _graph("lp_jacobi_1d", gradflow.Forwarding.checkpoint(snapshots=10, sizes=sizes))
+    assert "CheckpointedLoop" in graph.meta["ad"].rules_used
+    assert _reexecutions(graph) == 0
+    assert not {"<snapshots of A>", "<snapshots of B>"} & set(graph.meta["ad"].stores.values())
+
+
+# ---- errors ----------------------------------------------------------------------------------------------
+
+
+def test_symbolic_trip_count_without_sizes_is_an_error_naming_the_symbol() -> None:
+    case = loops.CASES_BY_NAME["lp_whole_array_update"]
+    with pytest.raises(gradflow.InvalidArgumentError, match=r"loop 'for_\d+'.*depends on T") as info:
+        gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=3))
+    assert "sizes=" in info.value.hint
+
+
+def test_unknown_loop_label_is_an_error_listing_the_loops() -> None:
+    case = loops.CASES_BY_NAME["lp_whole_array_update"]
+    with pytest.raises(gradflow.InvalidArgumentError, match=r"'nope', which is not a loop.*for_\d+"):
+        gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=3, loops=["nope"], sizes={"T": 4}))
+
+
+def test_a_while_loop_cannot_be_checkpointed_yet() -> None:
+    case = loops.CASES_BY_NAME["lp_newton_sqrt"]
+    sdfg = case.to_sdfg()
+    label = next(r.label for r in sdfg.all_control_flow_regions() if r.label.startswith("while"))
+    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}'.*online checkpointing"):
+        gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=3, loops=[label]))
+
+
+def _loop_label(sdfg, predicate) -> str:
+    from dace.sdfg.state import LoopRegion
+
+    return next(r.label for r in sdfg.all_control_flow_regions() if isinstance(r, LoopRegion) and predicate(r))
+
+
+def test_a_loop_inside_another_cannot_be_checkpointed() -> None:
+    from dace.sdfg.state import LoopRegion
+
+    case = loops.CASES_BY_NAME["lp_seidel_2d"]
+    sdfg = case.to_sdfg()
+    label = _loop_label(sdfg, lambda r: isinstance(r.parent_graph, LoopRegion))
+    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}' is inside loop 'for_\d+'"):
+        gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=2, loops=[label], sizes={"T": 4}))
+
+
+def test_a_step_reading_an_index_array_is_refused_when_named_and_skipped_by_default() -> None:
+    case = loops.CASES_BY_NAME["lp_masked_normalise"]
+    sdfg = case.to_sdfg()
+    label = _loop_label(sdfg, lambda r: any(n.data == "idx" for st in r.all_control_flow_blocks(recursive=True)
+                                            if hasattr(st, "data_nodes") for n in st.data_nodes()))
+    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}' cannot be checkpointed.*idx"):
+        gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of,
+                      forwarding=gradflow.Forwarding.checkpoint(snapshots=2, loops=[label], sizes=dict(case.symbols)))
+    graph = gradflow.api.grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None,
+                                    gradflow.Forwarding.checkpoint(snapshots=2, sizes=dict(case.symbols)))
+    assert "CheckpointedLoop" in graph.meta["ad"].rules_used  # the other loop is checkpointed
+
+
+@pytest.mark.parametrize("snapshots", [0, -2, 1.5, True, None])
+def test_snapshot_count_must_be_a_positive_int(snapshots) -> None:
+    with pytest.raises(gradflow.InvalidArgumentError, match="snapshots"):
+        gradflow.Forwarding.checkpoint(snapshots=snapshots)
+
+
+def test_checkpointing_does_not_combine_with_a_budget_or_a_recompute_set() -> None:
+    with pytest.raises(gradflow.InvalidArgumentError, match="checkpoint policy cannot also"):
+        gradflow.Forwarding(snapshots=3, max_bytes=100)
+    with pytest.raises(gradflow.InvalidArgumentError, match="checkpoint policy cannot also"):
+        gradflow.Forwarding(snapshots=3, recompute="all")
+
+
+def test_policy_is_a_frozen_value_with_a_name() -> None:
+    a = gradflow.Forwarding.checkpoint(snapshots=4, loops=["b", "a"], sizes={"T": 9})
+    assert a == gradflow.Forwarding.checkpoint(snapshots=4, loops=("a", "b"), sizes={"T": 9})
+    assert a.name == "checkpoint(4, a, b)" and gradflow.Forwarding.checkpoint(snapshots=2).name == "checkpoint(2)"

@@ -364,13 +364,10 @@ def _check_channel_params(x: Tensor, per_channel) -> None:
         same_extent(t.shape[0], channels, "a per-channel input and the channels of the data")
 
 
-@onnx_rule("SoftmaxCrossEntropyLoss")
-def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
-    """loss[n, d] = -w[t] * log_softmax(x)[n, t, d] with t = label[n, d] (0 where t == ignore_index)."""
+def _loss_inputs(lw: Lowering, node: Node) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Scores (N, C, d1, ...), labels (N, d1, ...) and optional class weights (C,) of a loss node, checked."""
     x, lab = lw.get(node.inputs[0]), lw.get(node.inputs[1])
     wt = lw.get(node.input(2)) if node.input(2) else None
-    red = node.attr("reduction", "mean")
-    ignore = node.attr("ignore_index")
     if x.rank < 2 or lab.rank != x.rank - 1:
         raise InvalidNode(f"scores of shape {tuple(x.shape)} need labels of rank {x.rank - 1} (N, d1, ...), got "
                           f"{tuple(lab.shape)}")
@@ -378,6 +375,13 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
                [x.shape[0], *x.shape[2:]], lab.shape)
     if wt is not None:
         _same_dims(f"weights of shape {tuple(wt.shape)} for {x.shape[1]} classes", [x.shape[1]], wt.shape)
+    return x, lab, wt
+
+
+@onnx_rule("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
+    """The negative log-likelihood of log_softmax(x) along the classes (axis 1)."""
+    x, lab, wt = _loss_inputs(lw, node)
     axes = [1]
     keep = kept_shape(x, axes)
     kidx = lambda idx: ["0" if k == 1 else q for k, q in enumerate(idx)]  # noqa: E731
@@ -392,34 +396,54 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
         logp = lw.temp(x.shape, x.dtype, "logp")
     lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (mx, kidx(p)), "s": (s, kidx(p))},
            "o = a - m - log(s)", {"o": (logp, p, None)})
+    _negative_log_likelihood(lw, node, logp, lab, wt)
+
+
+@onnx_rule("NegativeLogLikelihoodLoss")
+def negative_log_likelihood(lw: Lowering, node: Node) -> None:
+    x, lab, wt = _loss_inputs(lw, node)
+    _negative_log_likelihood(lw, node, x, lab, wt)
+
+
+def _negative_log_likelihood(lw: Lowering, node: Node, logp: Tensor, lab: Tensor, wt: Tensor | None) -> None:
+    """loss[n, d] = -w[t] * logp[n, t, d] with t = label[n, d] (0 where t == ignore_index), reduced.
+
+    The labels are checked in a map of their own (it writes only the error flag). The pick itself is a sum
+    over the classes of `logp[n, c, d]` where c == t: affine reads the AD engine differentiates exactly
+    (the gradient lands on the labelled class), at the cost of one pass over the classes, as the softmax
+    before it already makes."""
+    red = node.attr("reduction", "mean")
+    ignore = node.attr("ignore_index")
+    C = logp.shape[1]
     lp = params("p", lab.rank)
-    full_idx = [lp[0], "g0", *lp[1:]]
     # a label is a class index in [0, C) (never wrapped), or ignore_index (then nothing is read)
     used = f"(t != {int(ignore)})" if ignore is not None else "True"
-    lines, err = lw.checked(node.where, [Checked(f"(t if {used} else 0)", x.shape[1],
+    lines, err = lw.checked(node.where, [Checked(f"(t if {used} else 0)", C,
                                                  f"class label from input '{node.input(1)}'", wraps=False)])
-    ok = f"ok and {used}"
-    ins = {"lp": (logp, None), "t": (lab, lp)}
+    lw.map(node.label, list(zip(lp, lab.shape)), {"t": (lab, lp)}, "\n".join(lines), err)
+    per = lw.output(node.outputs[0], lab.shape, logp.dtype) if red == "none" else lw.temp(lab.shape, logp.dtype,
+                                                                                          "loss")
+    wsum = lw.temp(lab.shape, logp.dtype, "weight")
+    lw.fill(node.label, per, "0")
+    lw.fill(node.label, wsum, "0")
+    hit = f"(t == c and {used})"
+    ins = {"lp": (logp, [lp[0], "c", *lp[1:]]), "t": (lab, lp)}
+    wexpr = "1.0"
     if wt is not None:
-        ins["w"] = (wt, None)
-        wexpr = sub("w", wt, ["g0"])
-    else:
-        wexpr = "1.0"
-    per = lw.output(node.outputs[0], lab.shape, x.dtype) if red == "none" else lw.temp(lab.shape, x.dtype, "loss")
-    wsum = lw.temp(lab.shape, x.dtype, "weight")
-    code = lines + [f"o = (-{wexpr} * {sub('lp', logp, full_idx)}) if ({ok}) else 0",
-                    f"v = {wexpr} if ({ok}) else 0"]
-    lw.map(node.label, list(zip(lp, lab.shape)), ins, "\n".join(code),
-           {"o": (per, lp, None), "v": (wsum, lp, None), **err})
+        ins["w"] = (wt, ["c"])
+        wexpr = "w"
+    lw.map(node.label, [*zip(lp, lab.shape), ("c", C)], ins,
+           f"o = (-{wexpr} * lp) if {hit} else 0\nv = {wexpr} if {hit} else 0",
+           {"o": (per, lp, SUM), "v": (wsum, lp, SUM)})
     if red == "none":
         return
-    out = lw.output(node.outputs[0], (), x.dtype)
-    total = lw.temp((), x.dtype, "total")
+    out = lw.output(node.outputs[0], (), logp.dtype)
+    total = lw.temp((), logp.dtype, "total")
     reduce_into(lw, node.label, per, list(range(lab.rank)), False, "sum", total)
     if red == "sum":
         lw.map(node.label, [], {"a": (total, ["0"])}, "o = a", {"o": (out, ["0"], None)})
         return
-    wtot = lw.temp((), x.dtype, "wtotal")
+    wtot = lw.temp((), logp.dtype, "wtotal")
     reduce_into(lw, node.label, wsum, list(range(lab.rank)), False, "sum", wtot)
     lw.map(node.label, [], {"a": (total, ["0"]), "b": (wtot, ["0"])}, "o = a / b", {"o": (out, ["0"], None)})
 

@@ -227,7 +227,7 @@ def _attrs_proto(node: Node) -> list[onnx.AttributeProto]:
 def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
     where = node.name or f"{node.label} (unnamed)"
     for name in node.inputs:
-        if name and name not in lw.tensors:
+        if name and not lw.defined(name):
             raise MalformedModelError(f"node '{where}' ({node.op_type}) reads '{name}', which is not defined before it")
     lw.node = node
     try:
@@ -259,7 +259,7 @@ def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
             (exc.tensor,),
         ) from None
     for out in node.outputs:
-        if out and out not in lw.tensors:
+        if out and not lw.defined(out):
             raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, f"output '{out}' not produced")
 
 

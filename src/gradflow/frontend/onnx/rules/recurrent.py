@@ -28,8 +28,6 @@ def _check_lstm(node: Node) -> None:
         raise RuleUnsupported("attribute 'clip'")
     if node.attr("input_forget", 0):
         raise RuleUnsupported("input_forget=1 (coupled input and forget gates)")
-    if node.input(4):
-        raise RuleUnsupported("input 'sequence_lens' (sequences of different lengths)")
 
 
 @onnx_rule("LSTM", opsets=(7, LATEST_OPSET))  # LSTM-1 had `output_sequence`
@@ -46,6 +44,10 @@ def lstm(lw: Lowering, node: Node) -> None:
     T, B = (x.shape[0], x.shape[1]) if layout == 0 else (x.shape[1], x.shape[0])
     if not isinstance(T, int):
         raise RuleUnsupported("a symbolic sequence length (the recurrence is unrolled while lowering)")
+    if node.input(4):  # known while lowering (a graph input specialises the program)
+        lens = np.asarray(lw.value(node.input(4))).reshape(-1)
+        if any(int(v) != T for v in lens):
+            raise RuleUnsupported(f"sequence_lens {lens.tolist()} shorter than the sequence ({T} steps)")
     I = x.shape[2]
     D = 2 if direction == "bidirectional" else 1
     for what, t, shape in (("W", w, (D, 4 * H, I)), ("R", r, (D, 4 * H, H))):

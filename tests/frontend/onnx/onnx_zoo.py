@@ -88,6 +88,19 @@ class EmbeddingLSTMCell(nn.Module):
         return self.head(h)
 
 
+class BiLSTM(nn.Module):
+    """A bidirectional nn.LSTM on float inputs (both directions of ONNX's LSTM), a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, 0] + out[:, -1])
+
+
 def _mlp():
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, CLASSES)), torch.randn(3, 6)
 
@@ -147,12 +160,17 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
     "embedding_lstmcell": _lstm_cell,
 }
 
+#: models beyond the issue's eight, for ops the eight use in one form only
+EXTRA: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    "bidirectional_lstm": lambda: (BiLSTM(), torch.randn(2, 3, 3)),
+}
+
 
 def build(name: str, seed: int = 0) -> tuple[WithLoss, torch.Tensor, torch.Tensor]:
     """The loss module (float64, training mode), an example input and integer targets."""
     torch.manual_seed(seed)
     with torch.random.fork_rng():
-        net, x = MODELS[name]()
+        net, x = {**MODELS, **EXTRA}[name]()
     loss = WithLoss(net).double().train()
     x = x.double() if x.is_floating_point() else x
     target = torch.randint(0, CLASSES, (x.shape[0],))

@@ -20,7 +20,7 @@ from returns.result import Failure, Success
 
 from gradflow.core import progress
 from gradflow.core.checks import ERROR_FLAG, SITES, IndexSite
-from gradflow.core.errors import GradflowError
+from gradflow.core.errors import ORIGINS, GradflowError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.core.rule_table import RuleTable
@@ -68,6 +68,8 @@ class Signature:
     weights: tuple[Port, ...] = ()  # float initializers: ONNX name -> SDFG array (values in `params`)
     #: the checks of indices read from data (numbered from 1 in the `ERROR_FLAG` array, when there is one)
     sites: tuple[IndexSite, ...] = ()
+    #: node label (the prefix of every state, map and tasklet its rule made) -> "ONNX node '<name>' (<op>)"
+    origins: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)), repr=False)
 
     @property
     def error_flag(self) -> str:
@@ -144,8 +146,11 @@ def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[da
         if vi.name not in taken and vi.name not in lw.pending_outputs:
             lw.pending_outputs[vi.name] = namer("out", vi.name)
 
+    origins = {}
     for proto_node in graph.node:
-        _lower_node(lw, table, Node.of(proto_node, namer("n", proto_node.name or proto_node.op_type), model.opset))
+        node = Node.of(proto_node, namer("n", proto_node.name or proto_node.op_type), model.opset)
+        origins[node.label] = node.where
+        _lower_node(lw, table, node)
 
     lw.node = None
     outputs: list[Port] = []
@@ -172,7 +177,7 @@ def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[da
         used.add(t.array)
         outputs.append(Port(vi.name, t.array, t.shape, t.dtype))
     sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())),
-                    weights=tuple(weights), sites=tuple(lw.sites))
+                    weights=tuple(weights), sites=tuple(lw.sites), origins=origins)
     lw.sdfg.validate()
     return lw.sdfg, sig
 
@@ -288,7 +293,8 @@ class OnnxLower(Pass):
             sdfg, sig = lower_model(model, self.table or default_table(), self.max_tensor_bytes)
         except GradflowError as err:
             return Failure(err)
-        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig, SITES: sig.sites}))
+        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig, SITES: sig.sites,
+                                          ORIGINS: sig.origins}))
 
 
 def model_graph(model: OnnxModel) -> Graph:

@@ -62,7 +62,7 @@ def _grad_fn(name: str):
     model, xs, ls = _loss_model(*LOSSES[name])
     prog = gradflow.onnx.load(model)
     sig = prog.signature
-    fn = gradflow.value_and_grad(prog.graph, wrt=sig.inputs[0].array, of=sig.outputs[0].array)
+    fn = gradflow.value_and_grad(prog.graph, wrt=[sig.inputs[0].array], of=sig.outputs[0].array)
     return prog, fn, xs, ls
 
 
@@ -92,7 +92,8 @@ def test_loss_gradient_matches_torch(name: str, seed: int) -> None:
         t.reshape(-1)[0] = ignore  # one ignored element, the others labelled
         t.reshape(-1)[-1] = (ignore + 1) % C
     sig = prog.signature
-    value, grads = fn(**{sig.inputs[0].array: x, sig.inputs[1].array: t})
+    weights = {k: np.array(v) for k, v in prog.weights.items()}
+    value, grads = fn(**{sig.inputs[0].array: x, sig.inputs[1].array: t}, **weights)
     xt = torch.from_numpy(x).requires_grad_(True)
     want = _torch_loss(name, xt, torch.from_numpy(t))
     want.backward()
@@ -111,7 +112,7 @@ def _embedding():
         initializer=[helper.make_tensor("W", DOUBLE, (5, 3), np.linspace(-1, 1, 15).tolist())])
     prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     (weight,) = prog.signature.weights
-    fn = gradflow.value_and_grad(prog.graph, wrt=weight.array, of=prog.signature.outputs[0].array)
+    fn = gradflow.value_and_grad(prog.graph, wrt=[weight.array], of=prog.signature.outputs[0].array)
     return prog, weight.array, fn
 
 
@@ -139,3 +140,4 @@ def test_a_not_differentiable_op_is_named_by_its_onnx_node() -> None:
     prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     with pytest.raises(NotDifferentiableError, match=r"ONNX node 'pick_best' \(TopK\)"):
         gradflow.grad(prog.graph, wrt=prog.signature.inputs[0].array, of=prog.signature.outputs[0].array)
+

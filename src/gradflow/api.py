@@ -17,7 +17,9 @@ from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
-from gradflow.core.errors import ORIGINS, InvalidArgumentError, LoopBoundError, UnknownArrayError, describe, with_origins
+from gradflow.core.errors import (
+    ORIGINS, InvalidArgumentError, LoopBoundError, UnknownArrayError, describe, with_origins,
+)
 from gradflow.core.graph import Graph
 from gradflow.core.names import check_identifiers, identifier_problem
 from gradflow.core.passes import Pipeline, unwrap_or_raise

@@ -149,4 +149,5 @@ def with_origins(error: GradflowError, origins: Mapping[str, str]) -> GradflowEr
              if re.search(rf"(?<![A-Za-z0-9]){re.escape(label)}(?![A-Za-z0-9])", error.message)]
     if not found:
         return error
-    return attrs.evolve(error, message=f"{error.message} (in the code generated for {', '.join(dict.fromkeys(found))})")
+    sources = ", ".join(dict.fromkeys(found))
+    return attrs.evolve(error, message=f"{error.message} (in the code generated for {sources})")

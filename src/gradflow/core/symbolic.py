@@ -195,10 +195,16 @@ class TaskletMeaning:
     writes: tuple[IndexedWrite, ...]
 
 
+def _is_truth(value: sympy.Basic) -> bool:
+    """Whether `value` is a truth value (a comparison, a logical formula, true/false); a Symbol is not, though
+    SymPy counts it as Boolean too."""
+    return isinstance(value, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
+                              sympy.logic.boolalg.BooleanAtom))
+
+
 def _truth(value: sympy.Basic) -> sympy.Basic:
     """Python's truth value of `value` (`if x:` means `x != 0` for a number)."""
-    if isinstance(value, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
-                          sympy.logic.boolalg.BooleanAtom)):
+    if _is_truth(value):
         return value
     return sympy.Ne(value, 0)
 
@@ -206,8 +212,7 @@ def _truth(value: sympy.Basic) -> sympy.Basic:
 def _select(test: sympy.Basic, a: sympy.Basic, b: sympy.Basic) -> sympy.Basic:
     """`a if test else b`: a Boolean when both are truth values (a flag set in a branch, `ok = False`, can
     then be tested again, which SymPy refuses for a Piecewise), else a Piecewise."""
-    boolean = sympy.logic.boolalg.Boolean
-    if isinstance(a, boolean) and isinstance(b, boolean):
+    if _is_truth(a) and _is_truth(b):
         return sympy.ITE(test, a, b)
     return sympy.Piecewise((a, test), (b, True))
 

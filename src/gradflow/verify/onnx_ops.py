@@ -50,8 +50,8 @@ def _split_then_pick(split: list[int] | int | None, axis: int, keepdims: int, po
             inits.append(helper.make_tensor(f"pos{k}", TensorProto.INT64, (), [pos]))
             nodes.append(helper.make_node("SequenceAt", ["seq", f"pos{k}"], [f"y{k}"]))
             outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None))
-        graph = helper.make_graph(nodes, "split_then_pick", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                                  outs, initializer=inits)
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+        graph = helper.make_graph(nodes, "split_then_pick", [x], outs, initializer=inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model = shape_inference.infer_shapes(model, strict_mode=True)
         return model, [np.random.default_rng(0).standard_normal(shape).astype(np.float32)]

@@ -135,7 +135,8 @@ def test_a_not_differentiable_op_is_named_by_its_onnx_node() -> None:
     graph = helper.make_graph(
         [helper.make_node("TopK", ["x", "k"], ["v", "i"], name="pick_best"),
          helper.make_node("ReduceSum", ["v"], ["out"], keepdims=0)],
-        "topk", [helper.make_tensor_value_info("x", DOUBLE, (2, 5))], [helper.make_tensor_value_info("out", DOUBLE, ())],
+        "topk", [helper.make_tensor_value_info("x", DOUBLE, (2, 5))],
+        [helper.make_tensor_value_info("out", DOUBLE, ())],
         initializer=[helper.make_tensor("k", TensorProto.INT64, (1,), [2])])
     prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     with pytest.raises(NotDifferentiableError, match=r"ONNX node 'pick_best' \(TopK\)"):

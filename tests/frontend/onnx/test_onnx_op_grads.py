@@ -130,15 +130,24 @@ def test_embedding_gradient_scatter_adds_over_duplicate_and_negative_indices(idx
     np.testing.assert_allclose(grads[array], wt.grad.numpy(), rtol=1e-12, atol=0)
 
 
-def test_a_not_differentiable_op_is_named_by_its_onnx_node() -> None:
-    """TopK's lowering (a loop inside a tasklet) has no reverse: the error names the ONNX node and op."""
-    graph = helper.make_graph(
-        [helper.make_node("TopK", ["x", "k"], ["v", "i"], name="pick_best"),
-         helper.make_node("ReduceSum", ["v"], ["out"], keepdims=0)],
-        "topk", [helper.make_tensor_value_info("x", DOUBLE, (2, 5))],
-        [helper.make_tensor_value_info("out", DOUBLE, ())],
-        initializer=[helper.make_tensor("k", TensorProto.INT64, (1,), [2])])
-    prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
-    with pytest.raises(NotDifferentiableError, match=r"ONNX node 'pick_best' \(TopK\)"):
-        gradflow.grad(prog.graph, wrt=prog.signature.inputs[0].array, of=prog.signature.outputs[0].array)
+#: a node no reverse rule handles -> what the message names: TopK's tasklet (a loop inside it), the array
+#: ScatterElements's tasklet reads whole
+NOT_DIFFERENTIABLE = {
+    "TopK": (helper.make_node("TopK", ["x", "k"], ["y", "i"], name="pick_best"), "pick_best"),
+    "ScatterElements": (helper.make_node("ScatterElements", ["x", "k2", "u"], ["y"], axis=1, name="put"), "put"),
+}
 
+
+@pytest.mark.parametrize("op", sorted(NOT_DIFFERENTIABLE))
+def test_a_not_differentiable_op_is_named_by_its_onnx_node(op: str) -> None:
+    node, name = NOT_DIFFERENTIABLE[op]
+    graph = helper.make_graph(
+        [node, helper.make_node("ReduceSum", ["y"], ["out"], keepdims=0)],
+        "not_differentiable", [helper.make_tensor_value_info("x", DOUBLE, (2, 5))],
+        [helper.make_tensor_value_info("out", DOUBLE, ())],
+        initializer=[helper.make_tensor("k", TensorProto.INT64, (1,), [2]),
+                     helper.make_tensor("k2", TensorProto.INT64, (2, 1), [4, 0]),
+                     helper.make_tensor("u", DOUBLE, (2, 1), [1.0, 2.0])])
+    prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    with pytest.raises(NotDifferentiableError, match=rf"ONNX node '{name}' \({op}\)"):
+        gradflow.grad(prog.graph, wrt=prog.signature.inputs[0].array, of=prog.signature.outputs[0].array)

@@ -225,6 +225,7 @@ class Lowering:
         self.sites: list[IndexSite] = []  # the checks of data-dependent indices, numbered from 1
         self._flag: Tensor | None = None
         self.node = None  # the ONNX node being lowered (a `table.Node`), for messages
+        self.array_origins: dict[str, str] = {}  # array -> the ONNX node whose rule created it, for messages
 
     # -- arrays -----------------------------------------------------------------------------------
     def add_array(self, name: str, shape: Sequence[Dim], dtype: np.dtype, what: str, transient: bool = True) -> None:
@@ -236,6 +237,7 @@ class Lowering:
                 raise InvalidNode(f"{what} would have a negative extent {tuple(shape)}")
         if self.node is not None:
             what = f"{what} of {self.node.where}"
+            self.array_origins[name] = self.node.where
         limits.check_static(shape, storage_dtype(dtype), what, self.max_bytes)
         self.sdfg.add_array(name, shape, dace_type(dtype), transient=transient)
 

@@ -68,7 +68,8 @@ class Signature:
     weights: tuple[Port, ...] = ()  # float initializers: ONNX name -> SDFG array (values in `params`)
     #: the checks of indices read from data (numbered from 1 in the `ERROR_FLAG` array, when there is one)
     sites: tuple[IndexSite, ...] = ()
-    #: node label (the prefix of every state, map and tasklet its rule made) -> "ONNX node '<name>' (<op>)"
+    #: node label (the prefix of every state, map and tasklet its rule made) and every array a rule made
+    #: -> "ONNX node '<name>' (<op>)"
     origins: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)), repr=False)
 
     @property
@@ -177,7 +178,7 @@ def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[da
         used.add(t.array)
         outputs.append(Port(vi.name, t.array, t.shape, t.dtype))
     sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())),
-                    weights=tuple(weights), sites=tuple(lw.sites), origins=origins)
+                    weights=tuple(weights), sites=tuple(lw.sites), origins={**lw.array_origins, **origins})
     lw.sdfg.validate()
     return lw.sdfg, sig
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradflow.frontend.onnx.builder import InvalidNode, Lowering, RuleUnsupported, Tensor, params, same_extent
+from gradflow.frontend.onnx.builder import InvalidNode, Lowering, RuleUnsupported, Tensor, same_extent
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
 SUM = "lambda a, b: a + b"

@@ -1,6 +1,7 @@
 """Gradients through the lowerings the model zoo needs, op by op, against torch.autograd (float64):
 SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (every reduction, class weights, ignore_index),
 Gather with indices read from data (an embedding: scatter-add backward, duplicates and negative indices),
+pools whose windows read padding (MaxPool, AveragePool with and without counting the padding, ceil_mode),
 and an error about an op the AD cannot differentiate names the ONNX node.
 
 Each model structure is lowered and compiled once (`_grad_fn`); hypothesis varies the data.
@@ -128,6 +129,53 @@ def test_embedding_gradient_scatter_adds_over_duplicate_and_negative_indices(idx
     want.backward()
     assert float(np.asarray(value).reshape(-1)[0]) == pytest.approx(want.item(), rel=1e-12)
     np.testing.assert_allclose(grads[array], wt.grad.numpy(), rtol=1e-12, atol=0)
+
+
+#: name -> (ONNX pool node with padding, the same pool in torch, output shape): windows that read padding
+POOLS = {
+    "maxpool_pad": (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                    lambda x: F.max_pool2d(x, 3, 2, padding=1), (1, 2, 3, 3)),
+    "maxpool_pad_end_ceil": (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                              pads=[0, 0, 1, 1], ceil_mode=1),
+                             lambda x: F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float("-inf")), 3, 2, ceil_mode=True),
+                             (1, 2, 3, 3)),
+    "avgpool_pad_excluded": (helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                             lambda x: F.avg_pool2d(x, 3, 1, padding=1, count_include_pad=False), (1, 2, 5, 5)),
+    "avgpool_pad_counted": (helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                             pads=[1, 1, 1, 1], count_include_pad=1),
+                            lambda x: F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=True), (1, 2, 3, 3)),
+}
+
+
+@functools.cache
+def _pool(name: str):
+    """sum(pool(x) * cot) for a fixed cotangent, so every output element's gradient counts differently."""
+    graph = helper.make_graph(
+        [POOLS[name][0], helper.make_node("Mul", ["y", "cot"], ["w"]),
+         helper.make_node("ReduceSum", ["w"], ["out"], keepdims=0)],
+        "pool", [helper.make_tensor_value_info("x", DOUBLE, (1, 2, 5, 5)),
+                 helper.make_tensor_value_info("cot", DOUBLE, POOLS[name][2])],
+        [helper.make_tensor_value_info("out", DOUBLE, ())])
+    prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    sig = prog.signature
+    fn = gradflow.value_and_grad(prog.graph, wrt=[sig.inputs[0].array], of=sig.outputs[0].array)
+    return prog, fn
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_padded_pool_gradient_matches_torch(name: str, seed: int) -> None:
+    prog, fn = _pool(name)
+    sig = prog.signature
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 2, 5, 5))
+    xt = torch.from_numpy(x).requires_grad_(True)
+    y = POOLS[name][1](xt)
+    cot = rng.standard_normal(tuple(y.shape))
+    (y * torch.from_numpy(cot)).sum().backward()
+    _, grads = fn(**{sig.inputs[0].array: x, sig.inputs[1].array: cot})
+    np.testing.assert_allclose(grads[sig.inputs[0].array], xt.grad.numpy(), rtol=1e-12, atol=1e-15)
 
 
 #: a node no reverse rule handles -> what the message names: TopK's tasklet (a loop inside it), the array

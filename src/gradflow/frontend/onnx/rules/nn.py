@@ -160,12 +160,12 @@ def conv(lw: Lowering, node: Node) -> None:
     lw.map(node.label, ranges, ins, "o = x * w", {"o": (out, ["n", "m", *op], SUM)})
 
 
-def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int]) -> Tensor:
-    """x with `begin` / `end` zeros around its spatial dims (a new transient)."""
+def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int], fill: str = "0") -> Tensor:
+    """x with `begin` / `end` elements `fill` (zeros) around its spatial dims (a new transient)."""
     n = x.rank - 2
     shape = [*x.shape[:2], *(norm_dim(x.shape[2 + k] + begin[k] + end[k]) for k in range(n))]
     xp = lw.temp(shape, x.dtype, "padded")
-    lw.fill(node.label, xp, "0")
+    lw.fill(node.label, xp, fill)
     p = params("p", x.rank)
     dst = [p[0], p[1], *(f"{p[2 + k]} + {begin[k]}" for k in range(n))]
     lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, "o = a", {"o": (xp, dst, None)})
@@ -255,15 +255,23 @@ def pool(lw: Lowering, node: Node) -> None:
     read = sub("x", x, ["n", "c", *sp])
     oidx = ["n", "c", *op]
     inside = _window_inside(x.shape[2:], out_sp, ks, st, dil, begin)
-    # Every window inside the input: an affine read, no guard (plain dataflow for the AD engine).
-    x_in = {"x": (x, ["n", "c", *sp])} if inside else {"x": (x, None)}
+    src, src_sp = x, sp
+    if not inside and storage_dtype(x.dtype).kind == "f" and _every_window_holds_input(x.shape[2:], out_sp, ks, st, dil,
+                                                                                      begin):
+        # Windows read padding: pool over a padded copy instead (zeros; for MaxPool the lowest finite value,
+        # which a window that holds at least one input element never returns), so every read is affine.
+        src = _padded_for_windows(lw, node, x, out_sp, ks, st, dil, begin)
+        src_sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
+        read, inside = sub("x", src, ["n", "c", *src_sp]), True
+    # Every window inside the (padded) input: an affine read, no guard (plain dataflow for the AD engine).
+    x_in = {"x": (src, ["n", "c", *src_sp])} if inside else {"x": (x, None)}
 
     def guarded(expr: str, outside: str) -> str:
         return expr.replace(read, "x") if inside else f"({expr} if ({inb}) else {outside})"
 
     if node.op_type == "MaxPool":
         if inside:  # start from each window's first element (no -inf literal for the AD engine to parse)
-            lw.copy_indexed(node.label, x, out, ["n", "c", *(f"{op[k]} * {st[k]}" for k in range(n))], oidx)
+            lw.copy_indexed(node.label, src, out, ["n", "c", *(f"{op[k]} * {st[k]}" for k in range(n))], oidx)
         else:
             lw.fill(node.label, out, _lowest(x.dtype))
         lw.map(node.label, ranges, x_in, f"o = {guarded(read, _lowest(x.dtype))}",
@@ -280,6 +288,7 @@ def pool(lw: Lowering, node: Node) -> None:
             else:
                 for d, s in zip(x.shape[2:], sp):
                     flat = f"({flat}) * ({dstr(d)}) + ({s})"
+            read = sub("x", x, ["n", "c", *sp])
             lw.map(node.label, ranges, {"x": (x, None), "m": (out, oidx), "ii": (ind, oidx)},
                    f"io = ({flat}) if (({inb}) and ii < 0 and {read} == m) else ii", {"io": (ind, oidx, None)},
                    sequential=True)
@@ -306,6 +315,23 @@ def pool(lw: Lowering, node: Node) -> None:
            {"o": (acc, oidx, SUM), "k": (cnt, oidx, SUM)})
     q = params("p", out.rank)
     lw.map(node.label, list(zip(q, out.shape)), {"a": (acc, q), "b": (cnt, q)}, "o = a / b", {"o": (out, q, None)})
+
+
+def _every_window_holds_input(spatial, out_sp, ks, st, dil, begin) -> bool:
+    """Static extents, and every window (dilation can skip the input) reads at least one input element."""
+    if not all(isinstance(d, int) for d in (*spatial, *out_sp)):
+        return False
+    return all(any(0 <= o * s + k * dl - b < d for k in range(kk)) for d, out, kk, s, dl, b in
+               zip(spatial, out_sp, ks, st, dil, begin) for o in range(out))
+
+
+def _padded_for_windows(lw: Lowering, node: Node, x: Tensor, out_sp, ks, st, dil, begin) -> Tensor:
+    """x padded so that every window position of a pool (`begin` before, what the last window needs after)
+    is an element: zeros, or for MaxPool the lowest finite value of the type."""
+    end = [max(0, (o - 1) * s + (k - 1) * dl + 1 - b - d)
+           for o, s, k, dl, b, d in zip(out_sp, st, ks, dil, begin, x.shape[2:])]
+    fill = repr(float(np.finfo(storage_dtype(x.dtype)).min)) if node.op_type == "MaxPool" else "0"
+    return _zero_padded(lw, node, x, begin, end, fill)
 
 
 @onnx_rule("GlobalAveragePool", "GlobalMaxPool")

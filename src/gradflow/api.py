@@ -18,7 +18,9 @@ from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
-from gradflow.core.errors import InvalidArgumentError, LoopBoundError, UnknownArrayError, describe
+from gradflow.core.errors import (
+    ORIGINS, InvalidArgumentError, LoopBoundError, UnknownArrayError, describe, with_origins,
+)
 from gradflow.core.graph import Graph
 from gradflow.core.names import check_identifiers, identifier_problem
 from gradflow.core.passes import Pipeline, unwrap_or_raise
@@ -140,7 +142,7 @@ def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | Non
     call = object()
     if graph.sdfg is not _sdfg_of(program):
         graph._lend(call)
-    result = unwrap_or_raise(pipe(graph))
+    result = _run(pipe, graph)
     if result.sdfg is not _sdfg_of(program):
         result._lend(call)
     final = optimized(result, optimize)
@@ -153,6 +155,13 @@ def _sdfg_of(program: Any) -> dace.SDFG | None:
     if isinstance(program, Graph):
         return program.sdfg
     return program if isinstance(program, dace.SDFG) else None
+
+
+def _run(pipe: Pipeline, graph: Graph) -> Graph:
+    """The AD pipeline's result, or its error naming where generated code came from (an ONNX node)."""
+    origins = graph.meta.get(ORIGINS)
+    result = pipe(graph)
+    return unwrap_or_raise(result.alt(lambda e: with_origins(e, origins)) if origins else result)
 
 
 def optimization(optimize: bool | Pipeline) -> Pipeline | None:
@@ -225,7 +234,7 @@ def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, pref
     graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=False)
     forwarding = forwarding if forwarding is not None else STORE_ALL
     pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix, forwarding)) + SplitVJP()
-    graph = unwrap_or_raise(pipe(graph))
+    graph = _run(pipe, graph)
     sites = graph.meta.get(SITES)
     result = attrs.evolve(graph.meta["vjp"], index_sites=tuple(sites)) if sites else graph.meta["vjp"]
     if optimization(optimize) is None:

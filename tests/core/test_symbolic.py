@@ -73,3 +73,11 @@ def test_indexed_reads_and_writes() -> None:
 def test_unsupported_statements_are_named(code: str, why: str) -> None:
     with pytest.raises(UnsupportedCode, match=why):
         read_tasklet(code, ["x"], ["o", "p"], "tasklet 'T'")
+
+
+def test_a_flag_set_in_a_branch_can_be_tested_again() -> None:
+    """The index checks the ONNX lowering generates: `ok` cleared in a branch, then tested (issue 14)."""
+    code = "ok = True\nif ok and (x < 0 or x >= 4):\n    ok = False\no = (y * 2.0) if ok else 0"
+    o = parse_tasklet(code, ["x", "y"], ["o"])["o"]
+    assert [_value(o, x=xv, y=3.0) for xv in (-1.0, 0.0, 3.0, 4.0)] == [0.0, 6.0, 6.0, 0.0]
+    assert float(sympy.diff(o, y).subs({x: 1.0})) == 2.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 import dace
 import networkx as nx
+import numpy as np
 import sympy
 from dace import dtypes, subsets
 from gradflow.core.symbolic import reduction_type
@@ -192,6 +193,8 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
             outer = e.dst is exit_ or (exit_ is None and isinstance(e.dst, nd.AccessNode))
             value, condition = write.value.xreplace(subst), write.condition.xreplace(subst)
             wcr = _wcr_kind(e.data.wcr)
+            if condition != sympy.true and wcr != "sum" and not _carries_gradient(state, e.data.data):
+                continue  # e.g. a failed index check recording itself in an int64 error flag
             if condition != sympy.true:
                 if wcr != "sum":
                     raise NotDifferentiableError(
@@ -203,6 +206,12 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
             exprs.append(value)
     _check_writes(where, outputs)
     return ElementFunction(tuple(inputs), tuple(outputs), tuple(exprs), entry, str(head))
+
+
+def _carries_gradient(state: SDFGState, array: str) -> bool:
+    """Whether values of `array` can carry a gradient at all (floating point); writes into other arrays
+    (integer indices, error flags) are no part of any element's derivative."""
+    return np.dtype(state.sdfg.arrays[array].dtype.type).kind in "fc"
 
 
 def _indirect_port(state: SDFGState, where: str, tasklet: str, edge, element: Element, subst: dict,

@@ -7,7 +7,8 @@ Each record is also an `Exception` subclass, so the public API can raise it unch
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Mapping, Sequence
 
 import attrs
 
@@ -135,3 +136,18 @@ class ResourceLimitError(GradflowError):
 def render(error: GradflowError) -> str:
     """The one place that turns an error value into text."""
     return f"{type(error).__name__}: {error.render()}"
+
+
+#: The `Graph.meta` key of a graph's origins: generated label -> what it was generated for (e.g.
+#: "ONNX node 'fc1' (Gemm)"), so an error about generated code can name the source the user wrote.
+ORIGINS = "origins"
+
+
+def with_origins(error: GradflowError, origins: Mapping[str, str]) -> GradflowError:
+    """`error` with the sources of the generated labels its message mentions appended (itself if none)."""
+    found = [where for label, where in origins.items()
+             if re.search(rf"(?<![A-Za-z0-9]){re.escape(label)}(?![A-Za-z0-9])", error.message)]
+    if not found:
+        return error
+    sources = ", ".join(dict.fromkeys(found))
+    return attrs.evolve(error, message=f"{error.message} (in the code generated for {sources})")

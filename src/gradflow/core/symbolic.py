@@ -126,7 +126,7 @@ class _ExprReader:
             values = [self.read(v) for v in node.values]
             return sympy.And(*values) if isinstance(node.op, ast.And) else sympy.Or(*values)
         if isinstance(node, ast.IfExp):
-            return sympy.Piecewise((self.read(node.body), _truth(self.read(node.test))), (self.read(node.orelse), True))
+            return _select(_truth(self.read(node.test)), self.read(node.body), self.read(node.orelse))
         if isinstance(node, ast.Subscript) and self.element is not None:
             return self.element(node)
         if isinstance(node, ast.Call):
@@ -196,12 +196,26 @@ class TaskletMeaning:
     writes: tuple[IndexedWrite, ...]
 
 
+def _is_truth(value: sympy.Basic) -> bool:
+    """Whether `value` is a truth value (a comparison, a logical formula, true/false); a Symbol is not, though
+    SymPy counts it as Boolean too."""
+    return isinstance(value, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
+                              sympy.logic.boolalg.BooleanAtom))
+
+
 def _truth(value: sympy.Basic) -> sympy.Basic:
     """Python's truth value of `value` (`if x:` means `x != 0` for a number)."""
-    if isinstance(value, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
-                          sympy.logic.boolalg.BooleanAtom)):
+    if _is_truth(value):
         return value
     return sympy.Ne(value, 0)
+
+
+def _select(test: sympy.Basic, a: sympy.Basic, b: sympy.Basic) -> sympy.Basic:
+    """`a if test else b`: a Boolean when both are truth values (a flag set in a branch, `ok = False`, can
+    then be tested again, which SymPy refuses for a Piecewise), else a Piecewise."""
+    if _is_truth(a) and _is_truth(b):
+        return sympy.ITE(test, a, b)
+    return sympy.Piecewise((a, test), (b, True))
 
 
 class _Interpreter:
@@ -288,7 +302,7 @@ class _Interpreter:
                 continue
             a = unassigned(name) if a is None else a
             b = unassigned(name) if b is None else b
-            merged[name] = sympy.Piecewise((a, test), (b, True))
+            merged[name] = _select(test, a, b)
         return merged
 
     def assign(self, targets: list[ast.expr], value_node: ast.expr, env: dict, condition: sympy.Basic,
@@ -446,6 +460,9 @@ class _Printer:
             return "(" + " or ".join(self(a) for a in e.args) + ")"
         if isinstance(e, sympy.Not):
             return f"(not {self(e.args[0])})"
+        if isinstance(e, sympy.ITE):  # SymPy's own form of some merged truth values (see `_select`)
+            test, a, b = (self(v) for v in e.args)
+            return f"({a} if {test} else {b})"
         fn = self.FUNCS.get(type(e))
         if fn is not None:
             return f"{fn}({', '.join(self(a) for a in e.args)})"

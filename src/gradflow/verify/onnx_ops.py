@@ -33,8 +33,43 @@ class WrittenCase:
     atol: float = 1e-6
 
 
-#: op type -> written cases, for op types without backend node tests.
-WRITTEN: dict[str, tuple[WrittenCase, ...]] = {}
+def _split_then_pick(split: list[int] | int | None, axis: int, keepdims: int, positions: list[int],
+                     shape: tuple[int, ...]) -> Callable[[], tuple[Any, list[np.ndarray]]]:
+    """A model SplitToSequence -> SequenceAt (one output per position): the backend node tests of both ops
+    return sequences, which gradflow does not represent as graph outputs."""
+
+    def build():
+        from onnx import TensorProto, helper, shape_inference
+
+        inits = [] if split is None else [helper.make_tensor("split", TensorProto.INT64, np.shape(split),
+                                                             np.asarray(split).reshape(-1).tolist())]
+        nodes = [helper.make_node("SplitToSequence", ["x"] + ([] if split is None else ["split"]), ["seq"], axis=axis,
+                                  keepdims=keepdims)]
+        outs = []
+        for k, pos in enumerate(positions):
+            inits.append(helper.make_tensor(f"pos{k}", TensorProto.INT64, (), [pos]))
+            nodes.append(helper.make_node("SequenceAt", ["seq", f"pos{k}"], [f"y{k}"]))
+            outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None))
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+        graph = helper.make_graph(nodes, "split_then_pick", [x], outs, initializer=inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        model = shape_inference.infer_shapes(model, strict_mode=True)
+        return model, [np.random.default_rng(0).standard_normal(shape).astype(np.float32)]
+
+    return build
+
+
+#: op type -> written cases, for op types without backend node tests (or whose tests gradflow cannot run).
+WRITTEN: dict[str, tuple[WrittenCase, ...]] = {
+    "SplitToSequence": (
+        WrittenCase("written_split_to_sequence_chunks", "SplitToSequence", _split_then_pick(2, 1, 1, [0, -1], (3, 5))),
+        WrittenCase("written_split_to_sequence_sizes", "SplitToSequence",
+                    _split_then_pick([1, 3], 0, 1, [1, 0], (4, 2))),
+    ),
+    "SequenceAt": (
+        WrittenCase("written_sequence_at_no_keepdims", "SequenceAt", _split_then_pick(None, 0, 0, [2, -3], (3, 4))),
+    ),
+}
 
 
 def _supported(case: Any) -> bool:

@@ -216,6 +216,8 @@ class Lowering:
         self.prologue = self.sdfg.add_state("prologue", is_start_block=True)
         self._last = self.prologue
         self.tensors: dict[str, Tensor] = {}
+        #: sequence values known while lowering (their elements are tensors of the program), by ONNX name
+        self.sequences: dict[str, tuple[Tensor, ...]] = {}
         self.init_values: dict[str, np.ndarray] = {}
         self.params: dict[str, np.ndarray] = {}
         self.pending_outputs: dict[str, str] = {}  # ONNX name -> reserved non-transient array name
@@ -223,6 +225,7 @@ class Lowering:
         self.sites: list[IndexSite] = []  # the checks of data-dependent indices, numbered from 1
         self._flag: Tensor | None = None
         self.node = None  # the ONNX node being lowered (a `table.Node`), for messages
+        self.array_origins: dict[str, str] = {}  # array -> the ONNX node whose rule created it, for messages
 
     # -- arrays -----------------------------------------------------------------------------------
     def add_array(self, name: str, shape: Sequence[Dim], dtype: np.dtype, what: str, transient: bool = True) -> None:
@@ -234,6 +237,7 @@ class Lowering:
                 raise InvalidNode(f"{what} would have a negative extent {tuple(shape)}")
         if self.node is not None:
             what = f"{what} of {self.node.where}"
+            self.array_origins[name] = self.node.where
         limits.check_static(shape, storage_dtype(dtype), what, self.max_bytes)
         self.sdfg.add_array(name, shape, dace_type(dtype), transient=transient)
 
@@ -339,6 +343,20 @@ class Lowering:
     def set(self, name: str, tensor: Tensor) -> None:
         if name:
             self.tensors[name] = tensor
+
+    def defined(self, name: str) -> bool:
+        """Whether value `name` exists yet: a tensor or a sequence."""
+        return name in self.tensors or name in self.sequences
+
+    def set_sequence(self, name: str, elements: Sequence[Tensor]) -> None:
+        """Record sequence value `name` as the tensors it holds (sequence ops are resolved while lowering)."""
+        if name:
+            self.sequences[name] = tuple(elements)
+
+    def sequence(self, name: str) -> tuple[Tensor, ...]:
+        if name not in self.sequences:
+            raise InvalidNode(f"input '{name}' is not a sequence")
+        return self.sequences[name]
 
     def set_value(self, name: str, value: np.ndarray, dtype: np.dtype | None = None) -> None:
         value = np.asarray(value)

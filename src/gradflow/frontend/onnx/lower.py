@@ -20,7 +20,7 @@ from returns.result import Failure, Success
 
 from gradflow.core import progress
 from gradflow.core.checks import ERROR_FLAG, SITES, IndexSite
-from gradflow.core.errors import GradflowError
+from gradflow.core.errors import ORIGINS, GradflowError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.core.rule_table import RuleTable
@@ -68,6 +68,9 @@ class Signature:
     weights: tuple[Port, ...] = ()  # float initializers: ONNX name -> SDFG array (values in `params`)
     #: the checks of indices read from data (numbered from 1 in the `ERROR_FLAG` array, when there is one)
     sites: tuple[IndexSite, ...] = ()
+    #: node label (the prefix of every state, map and tasklet its rule made) and every array a rule made
+    #: -> "ONNX node '<name>' (<op>)"
+    origins: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: MappingProxyType(dict(m)), repr=False)
 
     @property
     def error_flag(self) -> str:
@@ -144,8 +147,11 @@ def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[da
         if vi.name not in taken and vi.name not in lw.pending_outputs:
             lw.pending_outputs[vi.name] = namer("out", vi.name)
 
+    origins = {}
     for proto_node in graph.node:
-        _lower_node(lw, table, Node.of(proto_node, namer("n", proto_node.name or proto_node.op_type), model.opset))
+        node = Node.of(proto_node, namer("n", proto_node.name or proto_node.op_type), model.opset)
+        origins[node.label] = node.where
+        _lower_node(lw, table, node)
 
     lw.node = None
     outputs: list[Port] = []
@@ -172,7 +178,7 @@ def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[da
         used.add(t.array)
         outputs.append(Port(vi.name, t.array, t.shape, t.dtype))
     sig = Signature(tuple(inputs), tuple(outputs), lw.params, tuple(sorted(s.name for s in lw.symbols.values())),
-                    weights=tuple(weights), sites=tuple(lw.sites))
+                    weights=tuple(weights), sites=tuple(lw.sites), origins={**lw.array_origins, **origins})
     lw.sdfg.validate()
     return lw.sdfg, sig
 
@@ -227,7 +233,7 @@ def _attrs_proto(node: Node) -> list[onnx.AttributeProto]:
 def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
     where = node.name or f"{node.label} (unnamed)"
     for name in node.inputs:
-        if name and name not in lw.tensors:
+        if name and not lw.defined(name):
             raise MalformedModelError(f"node '{where}' ({node.op_type}) reads '{name}', which is not defined before it")
     lw.node = node
     try:
@@ -259,7 +265,7 @@ def _lower_node(lw: Lowering, table: RuleTable, node: Node) -> None:
             (exc.tensor,),
         ) from None
     for out in node.outputs:
-        if out and out not in lw.tensors:
+        if out and not lw.defined(out):
             raise UnsupportedOpError.build(node.op_type, where, node.domain, node.opset, f"output '{out}' not produced")
 
 
@@ -288,7 +294,8 @@ class OnnxLower(Pass):
             sdfg, sig = lower_model(model, self.table or default_table(), self.max_tensor_bytes)
         except GradflowError as err:
             return Failure(err)
-        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig, SITES: sig.sites}))
+        return Success(Graph.adopt(sdfg, {**graph.meta, "onnx_signature": sig, SITES: sig.sites,
+                                          ORIGINS: sig.origins}))
 
 
 def model_graph(model: OnnxModel) -> Graph:

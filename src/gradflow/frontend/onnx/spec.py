@@ -104,6 +104,9 @@ SPEC: Mapping[str, Mapping[str, Choice | AtLeast | Equation]] = MappingProxyType
     "ScatterElements": _SCATTER,
     "ScatterND": _SCATTER,
     "SoftmaxCrossEntropyLoss": {"reduction": Choice(("none", "sum", "mean"))},
+    "NegativeLogLikelihoodLoss": {"reduction": Choice(("none", "sum", "mean"))},
+    "LSTM": {"direction": Choice(("forward", "reverse", "bidirectional")), "layout": FLAG, "input_forget": FLAG,
+             "hidden_size": AtLeast(1)},
     "Resize": {
         "mode": Choice(("nearest", "linear", "cubic")),
         "coordinate_transformation_mode": Choice(

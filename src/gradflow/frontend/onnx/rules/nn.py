@@ -160,12 +160,12 @@ def conv(lw: Lowering, node: Node) -> None:
     lw.map(node.label, ranges, ins, "o = x * w", {"o": (out, ["n", "m", *op], SUM)})
 
 
-def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int]) -> Tensor:
-    """x with `begin` / `end` zeros around its spatial dims (a new transient)."""
+def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int], fill: str = "0") -> Tensor:
+    """x with `begin` / `end` elements `fill` (zeros) around its spatial dims (a new transient)."""
     n = x.rank - 2
     shape = [*x.shape[:2], *(norm_dim(x.shape[2 + k] + begin[k] + end[k]) for k in range(n))]
     xp = lw.temp(shape, x.dtype, "padded")
-    lw.fill(node.label, xp, "0")
+    lw.fill(node.label, xp, fill)
     p = params("p", x.rank)
     dst = [p[0], p[1], *(f"{p[2 + k]} + {begin[k]}" for k in range(n))]
     lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, "o = a", {"o": (xp, dst, None)})
@@ -255,15 +255,23 @@ def pool(lw: Lowering, node: Node) -> None:
     read = sub("x", x, ["n", "c", *sp])
     oidx = ["n", "c", *op]
     inside = _window_inside(x.shape[2:], out_sp, ks, st, dil, begin)
-    # Every window inside the input: an affine read, no guard (plain dataflow for the AD engine).
-    x_in = {"x": (x, ["n", "c", *sp])} if inside else {"x": (x, None)}
+    src, src_sp = x, sp
+    if not inside and storage_dtype(x.dtype).kind == "f" and _every_window_holds_input(x.shape[2:], out_sp, ks, st, dil,
+                                                                                      begin):
+        # Windows read padding: pool over a padded copy instead (zeros; for MaxPool the lowest finite value,
+        # which a window that holds at least one input element never returns), so every read is affine.
+        src = _padded_for_windows(lw, node, x, out_sp, ks, st, dil, begin)
+        src_sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
+        read, inside = sub("x", src, ["n", "c", *src_sp]), True
+    # Every window inside the (padded) input: an affine read, no guard (plain dataflow for the AD engine).
+    x_in = {"x": (src, ["n", "c", *src_sp])} if inside else {"x": (x, None)}
 
     def guarded(expr: str, outside: str) -> str:
         return expr.replace(read, "x") if inside else f"({expr} if ({inb}) else {outside})"
 
     if node.op_type == "MaxPool":
         if inside:  # start from each window's first element (no -inf literal for the AD engine to parse)
-            lw.copy_indexed(node.label, x, out, ["n", "c", *(f"{op[k]} * {st[k]}" for k in range(n))], oidx)
+            lw.copy_indexed(node.label, src, out, ["n", "c", *(f"{op[k]} * {st[k]}" for k in range(n))], oidx)
         else:
             lw.fill(node.label, out, _lowest(x.dtype))
         lw.map(node.label, ranges, x_in, f"o = {guarded(read, _lowest(x.dtype))}",
@@ -280,6 +288,7 @@ def pool(lw: Lowering, node: Node) -> None:
             else:
                 for d, s in zip(x.shape[2:], sp):
                     flat = f"({flat}) * ({dstr(d)}) + ({s})"
+            read = sub("x", x, ["n", "c", *sp])
             lw.map(node.label, ranges, {"x": (x, None), "m": (out, oidx), "ii": (ind, oidx)},
                    f"io = ({flat}) if (({inb}) and ii < 0 and {read} == m) else ii", {"io": (ind, oidx, None)},
                    sequential=True)
@@ -306,6 +315,23 @@ def pool(lw: Lowering, node: Node) -> None:
            {"o": (acc, oidx, SUM), "k": (cnt, oidx, SUM)})
     q = params("p", out.rank)
     lw.map(node.label, list(zip(q, out.shape)), {"a": (acc, q), "b": (cnt, q)}, "o = a / b", {"o": (out, q, None)})
+
+
+def _every_window_holds_input(spatial, out_sp, ks, st, dil, begin) -> bool:
+    """Static extents, and every window (dilation can skip the input) reads at least one input element."""
+    if not all(isinstance(d, int) for d in (*spatial, *out_sp)):
+        return False
+    return all(any(0 <= o * s + k * dl - b < d for k in range(kk)) for d, out, kk, s, dl, b in
+               zip(spatial, out_sp, ks, st, dil, begin) for o in range(out))
+
+
+def _padded_for_windows(lw: Lowering, node: Node, x: Tensor, out_sp, ks, st, dil, begin) -> Tensor:
+    """x padded so that every window position of a pool (`begin` before, what the last window needs after)
+    is an element: zeros, or for MaxPool the lowest finite value of the type."""
+    end = [max(0, (o - 1) * s + (k - 1) * dl + 1 - b - d)
+           for o, s, k, dl, b, d in zip(out_sp, st, ks, dil, begin, x.shape[2:])]
+    fill = repr(float(np.finfo(storage_dtype(x.dtype)).min)) if node.op_type == "MaxPool" else "0"
+    return _zero_padded(lw, node, x, begin, end, fill)
 
 
 @onnx_rule("GlobalAveragePool", "GlobalMaxPool")
@@ -364,13 +390,10 @@ def _check_channel_params(x: Tensor, per_channel) -> None:
         same_extent(t.shape[0], channels, "a per-channel input and the channels of the data")
 
 
-@onnx_rule("SoftmaxCrossEntropyLoss")
-def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
-    """loss[n, d] = -w[t] * log_softmax(x)[n, t, d] with t = label[n, d] (0 where t == ignore_index)."""
+def _loss_inputs(lw: Lowering, node: Node) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Scores (N, C, d1, ...), labels (N, d1, ...) and optional class weights (C,) of a loss node, checked."""
     x, lab = lw.get(node.inputs[0]), lw.get(node.inputs[1])
     wt = lw.get(node.input(2)) if node.input(2) else None
-    red = node.attr("reduction", "mean")
-    ignore = node.attr("ignore_index")
     if x.rank < 2 or lab.rank != x.rank - 1:
         raise InvalidNode(f"scores of shape {tuple(x.shape)} need labels of rank {x.rank - 1} (N, d1, ...), got "
                           f"{tuple(lab.shape)}")
@@ -378,6 +401,13 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
                [x.shape[0], *x.shape[2:]], lab.shape)
     if wt is not None:
         _same_dims(f"weights of shape {tuple(wt.shape)} for {x.shape[1]} classes", [x.shape[1]], wt.shape)
+    return x, lab, wt
+
+
+@onnx_rule("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
+    """The negative log-likelihood of log_softmax(x) along the classes (axis 1)."""
+    x, lab, wt = _loss_inputs(lw, node)
     axes = [1]
     keep = kept_shape(x, axes)
     kidx = lambda idx: ["0" if k == 1 else q for k, q in enumerate(idx)]  # noqa: E731
@@ -392,34 +422,54 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
         logp = lw.temp(x.shape, x.dtype, "logp")
     lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (mx, kidx(p)), "s": (s, kidx(p))},
            "o = a - m - log(s)", {"o": (logp, p, None)})
+    _negative_log_likelihood(lw, node, logp, lab, wt)
+
+
+@onnx_rule("NegativeLogLikelihoodLoss")
+def negative_log_likelihood(lw: Lowering, node: Node) -> None:
+    x, lab, wt = _loss_inputs(lw, node)
+    _negative_log_likelihood(lw, node, x, lab, wt)
+
+
+def _negative_log_likelihood(lw: Lowering, node: Node, logp: Tensor, lab: Tensor, wt: Tensor | None) -> None:
+    """loss[n, d] = -w[t] * logp[n, t, d] with t = label[n, d] (0 where t == ignore_index), reduced.
+
+    The labels are checked in a map of their own (it writes only the error flag). The pick itself is a sum
+    over the classes of `logp[n, c, d]` where c == t: affine reads the AD engine differentiates exactly
+    (the gradient lands on the labelled class), at the cost of one pass over the classes, as the softmax
+    before it already makes."""
+    red = node.attr("reduction", "mean")
+    ignore = node.attr("ignore_index")
+    C = logp.shape[1]
     lp = params("p", lab.rank)
-    full_idx = [lp[0], "g0", *lp[1:]]
     # a label is a class index in [0, C) (never wrapped), or ignore_index (then nothing is read)
     used = f"(t != {int(ignore)})" if ignore is not None else "True"
-    lines, err = lw.checked(node.where, [Checked(f"(t if {used} else 0)", x.shape[1],
+    lines, err = lw.checked(node.where, [Checked(f"(t if {used} else 0)", C,
                                                  f"class label from input '{node.input(1)}'", wraps=False)])
-    ok = f"ok and {used}"
-    ins = {"lp": (logp, None), "t": (lab, lp)}
+    lw.map(node.label, list(zip(lp, lab.shape)), {"t": (lab, lp)}, "\n".join(lines), err)
+    per = lw.output(node.outputs[0], lab.shape, logp.dtype) if red == "none" else lw.temp(lab.shape, logp.dtype,
+                                                                                          "loss")
+    wsum = lw.temp(lab.shape, logp.dtype, "weight")
+    lw.fill(node.label, per, "0")
+    lw.fill(node.label, wsum, "0")
+    hit = f"(t == c and {used})"
+    ins = {"lp": (logp, [lp[0], "c", *lp[1:]]), "t": (lab, lp)}
+    wexpr = "1.0"
     if wt is not None:
-        ins["w"] = (wt, None)
-        wexpr = sub("w", wt, ["g0"])
-    else:
-        wexpr = "1.0"
-    per = lw.output(node.outputs[0], lab.shape, x.dtype) if red == "none" else lw.temp(lab.shape, x.dtype, "loss")
-    wsum = lw.temp(lab.shape, x.dtype, "weight")
-    code = lines + [f"o = (-{wexpr} * {sub('lp', logp, full_idx)}) if ({ok}) else 0",
-                    f"v = {wexpr} if ({ok}) else 0"]
-    lw.map(node.label, list(zip(lp, lab.shape)), ins, "\n".join(code),
-           {"o": (per, lp, None), "v": (wsum, lp, None), **err})
+        ins["w"] = (wt, ["c"])
+        wexpr = "w"
+    lw.map(node.label, [*zip(lp, lab.shape), ("c", C)], ins,
+           f"o = (-{wexpr} * lp) if {hit} else 0\nv = {wexpr} if {hit} else 0",
+           {"o": (per, lp, SUM), "v": (wsum, lp, SUM)})
     if red == "none":
         return
-    out = lw.output(node.outputs[0], (), x.dtype)
-    total = lw.temp((), x.dtype, "total")
+    out = lw.output(node.outputs[0], (), logp.dtype)
+    total = lw.temp((), logp.dtype, "total")
     reduce_into(lw, node.label, per, list(range(lab.rank)), False, "sum", total)
     if red == "sum":
         lw.map(node.label, [], {"a": (total, ["0"])}, "o = a", {"o": (out, ["0"], None)})
         return
-    wtot = lw.temp((), x.dtype, "wtotal")
+    wtot = lw.temp((), logp.dtype, "wtotal")
     reduce_into(lw, node.label, wsum, list(range(lab.rank)), False, "sum", wtot)
     lw.map(node.label, [], {"a": (total, ["0"]), "b": (wtot, ["0"])}, "o = a / b", {"o": (out, ["0"], None)})
 

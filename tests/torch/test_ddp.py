@@ -1,7 +1,8 @@
 """`gradflow.torch.compile` inside `torch.nn.parallel.DistributedDataParallel` (gloo, 2 CPU processes).
 
 One spawn of two workers serves both tests (`_trained`): each worker trains, on its half of every batch,
-a compiled module wrapped in DDP and (for the BatchNorm model) the eager module wrapped in DDP, and sends
+a compiled module wrapped in DDP (rank 1's starting state is shifted: DDP's broadcast of rank 0's state
+must reach the compiled module) and, for the BatchNorm model, the eager module wrapped in DDP, and sends
 back the resulting state. The build cache is shared through GRADFLOW_CACHE, so the second worker to reach
 a structure finds it compiled.
 """
@@ -62,7 +63,12 @@ def _worker(rank: int, rendezvous: str, cache: str, results) -> None:
         for name, make, seed in (("mlp", _mlp, 2), ("bn", _bn_mlp, 3)):
             xs, ys = _data(seed)
             model = make()
-            fast = torch.nn.parallel.DistributedDataParallel(gt.compile(model, (xs[0, half],)))
+            compiled = gt.compile(model, (xs[0, half],))
+            if rank == 1:  # DDP's broadcast of rank 0's state at wrapping must reach the compiled module
+                with torch.no_grad():
+                    for t in model.state_dict().values():
+                        t.add_(1)
+            fast = torch.nn.parallel.DistributedDataParallel(compiled)
             _train(fast, xs[:, half], ys[:, half])
             out[name] = _state(model)
             if name == "bn":  # the eager module in DDP: BatchNorm statistics are per process, then broadcast

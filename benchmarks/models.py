@@ -86,7 +86,8 @@ class EmbedLSTM(torch.nn.Module):
 def _mobilenet():
     def block(cin, cout, stride):
         return [torch.nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), torch.nn.BatchNorm2d(cin),
-                torch.nn.ReLU6(), torch.nn.Conv2d(cin, cout, 1, bias=False), torch.nn.BatchNorm2d(cout), torch.nn.ReLU6()]
+                torch.nn.ReLU6(), torch.nn.Conv2d(cin, cout, 1, bias=False), torch.nn.BatchNorm2d(cout),
+                torch.nn.ReLU6()]
     return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU6(),
                                *block(16, 32, 2), *block(32, 32, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                                torch.nn.Linear(32, 10))
@@ -113,7 +114,8 @@ MODELS = {
     "resnet_block": (ResBlock, _floats((BATCH, 3, 16, 16)), "Conv+BN+ReLU stem, residual block, 16 ch, 3x16x16"),
     "layernorm_gelu_mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128),
                                                        torch.nn.GELU(), torch.nn.Linear(128, 64),
-                                                       torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 10)),
+                                                       torch.nn.LayerNorm(64), torch.nn.GELU(),
+                                                       torch.nn.Linear(64, 10)),
                            _floats((BATCH, 64)), "Linear/LayerNorm/GELU 64-128-64-10"),
     "embedding_lstmcell": (EmbedLSTMCell, _tokens((BATCH, 8)), "frozen Embedding(100, 32), LSTMCell(32, 64) x 8 steps"),
     "mobilenet_relu6": (_mobilenet, _floats((BATCH, 3, 16, 16)), "depthwise-separable blocks, BatchNorm, ReLU6"),

@@ -85,7 +85,8 @@ def main() -> None:
 
     opt_fast = torch.optim.SGD(fast.parameters(), lr=args.lr, momentum=0.9)
     opt_eager = torch.optim.SGD(eager.parameters(), lr=args.lr, momentum=0.9)
-    print(f"\n{'step':>4}  {'gradflow loss':>14}  {'torch loss':>14}  {'|diff|':>9}  {'gradflow ms':>11}  {'torch ms':>8}")
+    print(f"\n{'step':>4}  {'gradflow loss':>14}  {'torch loss':>14}  {'|diff|':>9}  {'gradflow ms':>11}  "
+          f"{'torch ms':>8}")
     times_fast, times_eager, worst = [], [], 0.0
     for k, (x, y) in enumerate(batches):
         loss_fast, t_fast = step(fast, opt_fast, x, y)

@@ -50,7 +50,8 @@ def train(model: torch.nn.Module, data, rank: int = 0, world: int = 1, log: bool
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()
         if log:
-            print(f"step {k:>2}  loss on rank {rank}'s half {loss.item():.6f}  {1e3 * (time.perf_counter() - start):6.2f} ms"
+            ms = 1e3 * (time.perf_counter() - start)
+            print(f"step {k:>2}  loss on rank {rank}'s half {loss.item():.6f}  {ms:6.2f} ms"
                   + ("  (builds the forward+backward)" if k == 0 else ""))
 
 

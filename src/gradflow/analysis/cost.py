@@ -7,7 +7,10 @@ work of rerunning definitions. Work is counted in element operations, the unit o
 - a top-level tasklet group: the number of tasklets;
 - a copy: the elements copied;
 - a library node: `2 m n k` for matrix products (`2 n` for dot products), else the elements it reads;
-- a nested SDFG: the elements it reads (it is never recomputed; the figure only orders).
+- a nested SDFG: the elements it reads (it is never recomputed; the figure only orders);
+- storing instead: `STORE_WORK` per element pushed on the tape (storage is not free: a stored value is
+  copied onto its stack in the forward sweep and back in the backward sweep, two element moves, where a
+  rerun of an element-wise definition is one).
 Expressions are symbolic in the program's sizes; `evaluate` substitutes the sizes the user gave.
 """
 
@@ -20,6 +23,9 @@ from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 
 from gradflow.core.errors import InvalidArgumentError
+
+#: element operations per element a tape stack holds: the push in the forward sweep, the pop in the backward
+STORE_WORK = 2
 
 
 def _volume(subset) -> sympy.Expr:

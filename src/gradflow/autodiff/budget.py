@@ -14,8 +14,8 @@ what the engine then does with S (`recompute.plan_recomputation`, `Reversal.reco
 - `t_b >= st[b,p]`: a temporary the backward reads is kept (its size); `u_w >= st[b,q]` for every q that
   may run before the overwrite w of b: w pushes the part it overwrites on the tape (the stack's size);
 - bytes: `sum size_b t_b + sum stack_w u_w + (the tape of the control flow, which S does not change)`.
-The objective is the work of the reruns plus that of the stacks (`cost.STORE_WORK` per element: the push
-and the pop; keeping a temporary alive costs nothing), so a plan that fits the budget stores only where
+The objective is the work of the reruns plus that of the stacks (`cost.STORE_WORK` per element, the push
+and the pop, calibrated by measurement; keeping a temporary alive costs nothing), so a plan that fits the budget stores only where
 storing is cheaper than rerunning; it adds the bytes with a tiny weight, so that among equally cheap plans
 the smallest wins.
 Everything is evaluated at the sizes the user gives (`sizes=`), symbolic sizes otherwise being unknown.

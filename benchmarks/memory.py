@@ -165,7 +165,8 @@ def main() -> None:
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS processes")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "memory.md")
     parser.add_argument("--worker", nargs=2, metavar=("KERNEL", "OUT"), help=argparse.SUPPRESS)
-    parser.add_argument("--rss", nargs=4, metavar=("SDFG", "ARRAYS", "SYMBOLS", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--rss", nargs=4, metavar=("SDFG", "ARRAYS", "ABOUT", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--report-only", action="store_true", help="rewrite --out from its .json records")
     args = parser.parse_args()
 
     import warnings
@@ -185,13 +186,19 @@ def main() -> None:
 
     from benchmarks.memorybench import report
 
+    if args.report_only:
+        records = json.loads(args.out.with_suffix(".json").read_text())
+        args.out.write_text(write_report(records, args, os.getloadavg(), "(from the records)"))
+        return
     chosen = select(args.corpus, args.only)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     load_before = os.getloadavg()
     records = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for b in chosen:
         rec = run_worker(b.name, args)
         records.append(rec)
+        args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=float))  # so far
         rows = rec.get("rows", {})
         cells = "  ".join(f"{n}={report.size(r.get('forwarded'))}/{report.ms(report.median(r, 'cpu'))}ms"
                           for n, r in rows.items())
@@ -199,7 +206,6 @@ def main() -> None:
               + (f"  problems: {'; '.join(p[:100] for p in report.problems(rec))}" if report.problems(rec) else ""),
               flush=True)
     text = write_report(records, args, load_before, started)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=float))
     print("\n" + text)

@@ -188,7 +188,11 @@ def main() -> None:
 
     if args.report_only:
         records = json.loads(args.out.with_suffix(".json").read_text())
-        args.out.write_text(write_report(records, args, os.getloadavg(), "(from the records)"))
+        missing = [b.name for b in select(args.corpus, args.only) if b.name not in {r["kernel"] for r in records}]
+        note = f"\n**Incomplete**: no record for {', '.join(missing)} (the run stopped first).\n" if missing else ""
+        text = write_report(records, args, os.getloadavg(), "(from the records)")
+        head, _, rest = text.partition("\n## Summary")
+        args.out.write_text(head + note + "\n## Summary" + rest)
         return
     chosen = select(args.corpus, args.only)
     started = datetime.datetime.now().isoformat(timespec="seconds")

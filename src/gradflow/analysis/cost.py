@@ -7,7 +7,13 @@ work of rerunning definitions. Work is counted in element operations, the unit o
 - a top-level tasklet group: the number of tasklets;
 - a copy: the elements copied;
 - a library node: `2 m n k` for matrix products (`2 n` for dot products), else the elements it reads;
-- a nested SDFG: the elements it reads (it is never recomputed; the figure only orders).
+- a nested SDFG: the elements it reads (it is never recomputed; the figure only orders);
+- storing instead: `STORE_WORK` per element pushed on the tape. Storage is not free: a stored value is
+  copied onto its stack in the forward sweep and back in the backward sweep, each time with the stack
+  top's bookkeeping, and inside scalar loops (where most stacks live) one element per iteration, where a
+  rerun adds an element operation to an iteration that runs anyway. Measured on the loop corpus
+  (`benchmarks/memory.py`, one thread): a push and pop cost 4-10 ns per element (lp_durbin, lp_go_fast),
+  an element operation of a rerun about 1 ns.
 Expressions are symbolic in the program's sizes; `evaluate` substitutes the sizes the user gave.
 """
 
@@ -20,6 +26,10 @@ from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 
 from gradflow.core.errors import InvalidArgumentError
+
+#: element operations per element a tape stack holds: its push in the forward sweep and pop in the backward
+#: (calibrated, see the module docstring; with 2, lp_go_fast's budget plans ran 1.9x slower than RECOMPUTE_ALL)
+STORE_WORK = 8
 
 
 def _volume(subset) -> sympy.Expr:

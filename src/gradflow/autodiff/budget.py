@@ -14,7 +14,10 @@ what the engine then does with S (`recompute.plan_recomputation`, `Reversal.reco
 - `t_b >= st[b,p]`: a temporary the backward reads is kept (its size); `u_w >= st[b,q]` for every q that
   may run before the overwrite w of b: w pushes the part it overwrites on the tape (the stack's size);
 - bytes: `sum size_b t_b + sum stack_w u_w + (the tape of the control flow, which S does not change)`.
-The objective adds the bytes with a tiny weight, so that among equally cheap plans the smallest wins.
+The objective is the work of the reruns plus that of the stacks (`cost.STORE_WORK` per element, the push
+and the pop, calibrated by measurement; keeping a temporary alive costs nothing), so a plan that fits the budget stores only where
+storing is cheaper than rerunning; it adds the bytes with a tiny weight, so that among equally cheap plans
+the smallest wins.
 Everything is evaluated at the sizes the user gives (`sizes=`), symbolic sizes otherwise being unknown.
 """
 
@@ -25,7 +28,7 @@ from typing import Mapping
 import attrs
 import numpy as np
 
-from gradflow.analysis.cost import evaluate, op_work
+from gradflow.analysis.cost import STORE_WORK, evaluate, op_work
 from gradflow.autodiff.recompute import Recomputability
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
 
@@ -41,7 +44,8 @@ class BudgetError(InvalidArgumentError):
 
 @attrs.frozen
 class Choice:
-    """The planner's answer: the recompute set, and what the model predicts for it."""
+    """The planner's answer: the recompute set, and what the model predicts for it (`predicted_cost`: the
+    work of the reruns plus that of the tape stacks, as `ForwardingPlan.total_cost` counts it)."""
 
     recompute: frozenset[str]
     predicted_bytes: int
@@ -131,8 +135,9 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
         for q in readers:
             model.row({key: 1, ("st", b, q.index): -1}, 0, np.inf)
         try:
-            bytes_of[key] = evaluate(rev.stack_bytes(w, b, register=False), sizes,
-                                     f"the stack of '{b}' at '{w.state.label}'") + TOP_SLOT
+            stack = evaluate(rev.stack_bytes(w, b, register=False), sizes, f"the stack of '{b}' at '{w.state.label}'")
+            bytes_of[key] = stack + TOP_SLOT
+            cost[key] = STORE_WORK * (stack // sdfg.arrays[b].dtype.bytes)
         except NotDifferentiableError:  # a loop without a bound around the overwrite: it cannot be stored
             never.add(key)
             model.var(key)
@@ -180,9 +185,9 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
 @attrs.frozen
 class ForwardingPlan:
     """What reaches the backward sweep and how, as built (`ADInterface.forwarding_plan`): the forward's
-    temporaries and tape stacks kept for it (bytes, symbolic), the definitions rerun for it (which array,
-    for which operation, the work of one rerun times how often that operation's reverse runs), and, under
-    a budget, what the planner predicted."""
+    temporaries and tape stacks kept for it (bytes, symbolic), the stacks of overwritten values among them
+    (elements, symbolic), the definitions rerun for it (which array, for which operation, the work of one
+    rerun times how often that operation's reverse runs), and, under a budget, what the planner predicted."""
 
     policy: str
     kept: tuple[tuple[str, object], ...] = ()
@@ -191,12 +196,21 @@ class ForwardingPlan:
     #: arrays stored although they could be rerun (`RECOMPUTE_ALL` declines a rerun that would keep larger
     #: overwritten arrays for the backward sweep than the value it saves)
     declined: tuple[str, ...] = ()
+    #: tape stacks of overwritten values and the elements each holds (the control flow's stacks are not here)
+    pushed: tuple[tuple[str, object], ...] = ()
 
     def total_bytes(self, sizes: Mapping[str, int]) -> int:
         return sum(evaluate(b, sizes, f"the size of '{a}'") for a, b in self.kept)
 
     def total_work(self, sizes: Mapping[str, int]) -> int:
         return sum(evaluate(w, sizes, f"the rerun of '{a}'") for a, _, w in self.reruns)
+
+    def total_pushed(self, sizes: Mapping[str, int]) -> int:
+        return sum(evaluate(n, sizes, f"the size of '{a}'") for a, n in self.pushed)
+
+    def total_cost(self, sizes: Mapping[str, int]) -> int:
+        """What the budget planner minimizes: rerun work plus `STORE_WORK` per element pushed on the tape."""
+        return self.total_work(sizes) + STORE_WORK * self.total_pushed(sizes)
 
     def describe(self, sizes: Mapping[str, int] | None = None) -> str:
         """A table a person reads: kept arrays and their bytes, reruns and their work, totals."""
@@ -211,10 +225,11 @@ class ForwardingPlan:
             lines.append(f"  stored although recomputable (the rerun would keep more): {', '.join(self.declined)}")
         if sizes is not None:
             lines.append(f"  total: {self.total_bytes(sizes)} bytes kept, {self.total_work(sizes)} element operations "
-                         "rerun")
+                         f"rerun, {self.total_pushed(sizes)} elements pushed on the tape (cost "
+                         f"{self.total_cost(sizes)})")
         if self.predicted is not None:
             lines.append(f"  planner: predicted {self.predicted.predicted_bytes} bytes, work "
-                         f"{self.predicted.predicted_cost}; least possible {self.predicted.minimum_bytes} bytes")
+                         f"{self.predicted.predicted_cost} (reruns and tape); least possible {self.predicted.minimum_bytes} bytes")
         return "\n".join(lines)
 
     def __str__(self) -> str:

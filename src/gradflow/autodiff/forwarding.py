@@ -13,7 +13,8 @@ the operation that reads it is reversed). The policies:
   which recomputation is not valid);
 - `Forwarding.budget(max_bytes, sizes={...})`: the least rerun work that keeps at most `max_bytes` for
   the backward sweep, chosen exactly by a mixed-integer program (`budget.py`) at the given sizes; a budget
-  below what any plan needs is a `BudgetError` stating that minimum.
+  below what any plan needs is a `BudgetError` stating that minimum. The inside of a nested SDFG, whose
+  tape lives in the backward sweep only, is stored (`Forwarding.inside_nested`).
 
 - `Forwarding.checkpoint(snapshots=s, loops=..., sizes={...})`: the named counted loops (default: every
   outermost one) keep at most `s` snapshots of their loop-carried state and the backward re-advances
@@ -133,6 +134,12 @@ class Forwarding:
         if self.recompute == ALL:
             return "recompute_all"
         return "store_all" if not self.recompute else f"recompute({', '.join(sorted(self.recompute))})"
+
+    def inside_nested(self) -> "Forwarding":
+        """The policy for a nested SDFG's own vjp. Its forward is rerun in the outer backward sweep, so its
+        tape lives there and is never forwarded: a byte budget does not constrain it (applied there, it
+        rejected programs that forward nothing), and its inside is stored as under `STORE_ALL`."""
+        return self if self.max_bytes is None else Forwarding(loop_bounds=self.loop_bounds)
 
     def bound_of(self, loop_label: str) -> int | None:
         bounds = dict(self.loop_bounds)

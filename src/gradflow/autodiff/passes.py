@@ -96,7 +96,10 @@ class Reverse(Pass):
         # (inspecting the stack each time): slow, and it would tie the fingerprint to gradflow's source.
         with dace.config.set_temporary("compiler", "lineinfo", value="none"):
             interface = build_reverse(sdfg, spec, self.tables)
-        plan = attrs.evolve(interface.forwarding_plan, kept=tuple(sorted(kept_bytes(sdfg, interface).items())))
+        pushed = tuple(sorted((stack, sdfg.arrays[stack].total_size) for stack, array in interface.stores.items()
+                              if not array.startswith("<")))  # "<trip count>" etc.: the control flow's stacks
+        plan = attrs.evolve(interface.forwarding_plan, kept=tuple(sorted(kept_bytes(sdfg, interface).items())),
+                            pushed=pushed)
         interface = attrs.evolve(interface, forwarding_plan=plan)
         error = check_graph(sdfg, self.name, thorough=True)
         if error is not None:

@@ -57,7 +57,10 @@ class FuseMaps(Pass):
             return Success(graph)
         sdfg = graph.editable()
         single_use = FindSingleUseData().apply_pass(sdfg, {})
-        fusion = ElementwiseMapFusion(_single_use_data=single_use)  # see DaCe's FullMapFusion
+        # (see DaCe's FullMapFusion) Edges into and out of the fused map are kept as they were rather than
+        # merged per array: merging would need a memlet propagation per fusion (most of the pass's time on
+        # stencils), and the kept memlets stay exact.
+        fusion = ElementwiseMapFusion(_single_use_data=single_use, never_consolidate_edges=True)
         applied = pattern_matching.PatternMatchAndApplyRepeated([fusion], permissive=False, validate=False,
                                                                 print_report=False, progress=False) \
             .apply_pass(sdfg, {FindSingleUseData.__name__: single_use})

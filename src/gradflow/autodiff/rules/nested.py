@@ -113,7 +113,7 @@ def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None
 def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict[str, subsets.Range],
                ctx: ReverseContext) -> tuple[dace.SDFG, bool]:
     """The nested SDFG (in/out connectors split) through the same normalization pipeline and engine (same
-    tables, same forwarding policy), in vjp mode with accumulating gradients; and whether it reports
+    tables, the forwarding policy for a nested inside: a byte budget does not apply), in vjp mode with accumulating gradients; and whether it reports
     bounded while loops through `gradflow_overflow`."""
     from gradflow.autodiff.engine import OVERFLOW, ADSpec, build_reverse
     from gradflow.autodiff.normalize import normalize_pipeline
@@ -125,8 +125,8 @@ def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict
     graph = unwrap_or_raise(normalize_pipeline(ctx.tables.library)(Graph.adopt(source)))
     inner = graph.sdfg  # built here from a private copy: no one else holds it
     base = ctx.overflow_base + len(ctx.inner_bounded)
-    spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding, accumulate=True, outermost=False,
-                  overflow_base=base)
+    spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding.inside_nested(), accumulate=True,
+                  outermost=False, overflow_base=base)
     interface = build_reverse(inner, spec, ctx.tables)
     for name in interface.rules_used:
         ctx.note_rule(name)

@@ -161,3 +161,22 @@ def test_a_while_loop_without_a_bound_cannot_be_priced_and_says_which() -> None:
     assert "loop_bounds" in str(info.value)
     bounded = gradflow.Forwarding.budget(10**9, sizes={"N": 6}, loop_bounds={"*": 64})
     assert programs.check("lp_newton_sqrt", 0, bounded) < 1e-9
+
+
+def test_a_call_costs_more_than_an_arithmetic_operation() -> None:
+    """lp_recurrence reruns sin(...) per element; priced as one element operation, budgets that
+    RECOMPUTE_ALL's plan fits reran it instead of keeping the stack, 1.08x slower than RECOMPUTE_ALL."""
+    import dace
+
+    from gradflow.analysis.cost import CALL_WORK, _tasklet_work
+
+    plain = dace.sdfg.nodes.Tasklet("t", {"a", "b"}, {"o"}, "o = a * b + a")
+    called = dace.sdfg.nodes.Tasklet("t", {"a"}, {"o"}, "o = sin(a) + max(a, 0.0)")
+    assert _tasklet_work(plain) == 1 and _tasklet_work(called) == 1 + CALL_WORK
+    assert CALL_WORK > STORE_WORK  # a stored element is cheaper than rerunning a call
+    name = "lp_recurrence"
+    sizes = {"N": 200000}
+    every = programs.differentiated(name, gradflow.RECOMPUTE_ALL)
+    fits = forwarded_bytes(every, sizes)
+    chosen = programs.differentiated(name, gradflow.Forwarding.budget(fits, sizes=sizes)).meta["ad"].recomputed
+    assert chosen == every.meta["ad"].recomputed

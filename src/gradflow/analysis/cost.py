@@ -2,9 +2,11 @@
 
 The store/recompute planner (`autodiff/budget.py`) weighs bytes kept for the backward sweep against the
 work of rerunning definitions. Work is counted in element operations, the unit of a memory-bound loop:
-- a map: its iteration count times the number of tasklets in its body (each does a few flops on the
-  elements it moves);
-- a top-level tasklet group: the number of tasklets;
+- a map: its iteration count times the work of the tasklets in its body: one per tasklet (a few flops on
+  the elements it moves), plus `CALL_WORK` per call of a function that costs more than an arithmetic
+  operation (`exp`, `sin`, `log`, `sqrt`, ...: 10-40 ns each, where a loaded element costs about 1 ns), so
+  that a planner does not rerun a `sin` per element to save a stack whose push and pop are cheaper;
+- a top-level tasklet group: the work of its tasklets;
 - a copy: the elements copied;
 - a library node: `2 m n k` for matrix products (`2 n` for dot products), else the elements it reads;
 - a nested SDFG: the elements it reads (it is never recomputed; the figure only orders);
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import dace
 import sympy
 from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
@@ -30,6 +33,28 @@ from gradflow.core.errors import InvalidArgumentError
 #: element operations per element a tape stack holds: its push in the forward sweep and pop in the backward
 #: (calibrated, see the module docstring; with 2, lp_go_fast's budget plans ran 1.9x slower than RECOMPUTE_ALL)
 STORE_WORK = 8
+
+#: element operations per call of a function in a tasklet (see the module docstring)
+CALL_WORK = 16
+
+
+def _tasklet_work(tasklet: nd.Tasklet) -> int:
+    """1, plus `CALL_WORK` per function call in the tasklet's (Python) code; C++ code counts as 1."""
+    import ast
+
+    if tasklet.code.language != dace.dtypes.Language.Python:
+        return 1
+    try:
+        tree = ast.parse(tasklet.code.as_string)
+    except SyntaxError:
+        return 1
+    calls = sum(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _CHEAP_CALLS)
+                for n in ast.walk(tree))
+    return 1 + CALL_WORK * calls
+
+
+#: calls that cost about an arithmetic operation (conversions, min/max, abs)
+_CHEAP_CALLS = frozenset({"min", "max", "abs", "float", "int", "bool", "round"})
 
 
 def _volume(subset) -> sympy.Expr:
@@ -77,10 +102,10 @@ def op_work(site) -> sympy.Expr:
         return _volume(edge.data.subset)
     if site.op.kind == "map":
         entry = next(n for n in members if isinstance(n, nd.MapEntry) and state.entry_node(n) is None)
-        tasklets = sum(isinstance(n, nd.Tasklet) for n in members)
+        tasklets = sum(_tasklet_work(n) for n in members if isinstance(n, nd.Tasklet))
         return sympy.sympify(entry.map.range.num_elements()) * max(tasklets, 1)
     if site.op.kind == "tasklet":
-        return sympy.Integer(sum(isinstance(n, nd.Tasklet) for n in members))
+        return sympy.Integer(sum(_tasklet_work(n) for n in members if isinstance(n, nd.Tasklet)))
     if site.op.kind == "library":
         node = members[0]
         if type(node).__name__ in ("MatMul", "Gemm", "Dot", "Gemv", "BatchedMatMul"):

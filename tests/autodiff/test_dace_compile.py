@@ -25,7 +25,7 @@ def _run(sdfg, arrays: dict, symbols: dict, tmp_path) -> dict:
 @pytest.mark.parametrize("name", [c.name for c in programs.cases()])
 def test_corpus_program(name: str, tmp_path) -> None:
     case = programs.case_named(name)
-    sdfg = gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=programs.bounded(gradflow.STORE_ALL))
+    sdfg = gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=programs.forwarding_of(case))
     inputs = case.inputs(2)
     arrays = {k: np.array(v, copy=True) for k, v in inputs.items()}
     arrays.update({f"grad_{x}": np.full_like(inputs[x], np.nan) for x in case.wrt})

@@ -35,7 +35,9 @@ def test_recompute_all_forwards_no_more_than_store_all(case) -> None:
     symbols = dict(case.symbols)
     store_bytes, recompute_bytes = forwarded_bytes(stored, symbols), forwarded_bytes(recomputed, symbols)
     assert recompute_bytes <= store_bytes
-    if store_bytes and recomputed.meta["ad"].recomputed:
+    # Growable stacks (loops without a bound before the run) are not forwarded (split_vjp reruns the forward
+    # in the backward), so what recomputing saves there does not show in forwarded bytes.
+    if store_bytes and recomputed.meta["ad"].recomputed and not stored.meta["ad"].heaps:
         assert recompute_bytes < store_bytes, f"recomputing {recomputed.meta['ad'].recomputed} saved nothing"
 
 

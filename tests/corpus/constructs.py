@@ -30,4 +30,6 @@ def constructs(sdfg: dace.SDFG) -> Counter:
         memlet = getattr(edge.data, "wcr", None)
         if memlet is not None:
             out["WCR"] += 1
+        if isinstance(edge.data, dace.InterstateEdge) and not edge.data.is_unconditional():
+            out["ConditionalEdge"] += 1  # unstructured control flow (branches and loops built with the API)
     return out

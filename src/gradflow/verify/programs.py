@@ -60,8 +60,13 @@ def differentiated(name: str, policy: Forwarding = STORE_ALL) -> Graph:
     from gradflow.api import grad_graph
 
     case = case_named(name)
-    policy = case.forwarding if case.forwarding is not None else policy
-    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, bounded(case, policy))
+    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, forwarding_of(case, policy))
+
+
+def forwarding_of(case: Case, policy: Forwarding = STORE_ALL) -> Forwarding:
+    """The policy a case is differentiated under: its own (checkpointing) if it has one, else `policy`, with
+    the case's while-loop bounds."""
+    return bounded(case, case.forwarding if case.forwarding is not None else policy)
 
 
 @functools.cache

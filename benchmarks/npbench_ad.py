@@ -268,7 +268,7 @@ def environment(load_before: tuple[float, ...]) -> str:
             f"numpy {numpy.__version__}, gradflow at commit {commit}\n"
             f"- BLAS for both sides' builds: {blas.describe()}\n"
             f"- load average (1, 5, 15 min) before / after the run: {_load(load_before)} / {_load(os.getloadavg())} "
-            "(times are wall-clock: a loaded machine inflates them; compare the two sides within one run)\n"
+            "(build times are wall-clock: a loaded machine inflates them; compare the two sides within one run)\n"
             f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n")
 
 

@@ -51,12 +51,18 @@ def test_lifting_raises_loops_and_branches_and_leaves_structured_programs_alone(
     assert LiftControlFlow()(structured).unwrap() is structured
 
 
-def test_irreducible_control_flow_names_its_blocks() -> None:
-    sdfg = _program("irreducible")
+def _fork(name: str):
+    """A program with blocks a (start), b (adds X[0] into S), c (multiplies S by it) and end, no edges yet."""
+    sdfg = _program(name)
     a = sdfg.add_state("a", is_start_block=True)
     b, c, end = sdfg.add_state("b"), sdfg.add_state("c"), sdfg.add_state("end")
     _accumulate(b, "o = s + x")
     _accumulate(c, "o = s * x")
+    return sdfg, (a, b, c, end)
+
+
+def test_irreducible_control_flow_names_its_blocks() -> None:
+    sdfg, (a, b, c, end) = _fork("irreducible")
     sdfg.add_edge(a, b, InterstateEdge("X[0] > 0"))
     sdfg.add_edge(a, c, InterstateEdge("not (X[0] > 0)"))  # the cycle b <-> c has two entries
     sdfg.add_edge(b, c, InterstateEdge("S[0] < 1.0"))
@@ -68,11 +74,7 @@ def test_irreducible_control_flow_names_its_blocks() -> None:
 
 
 def test_branches_that_may_all_be_false_are_rejected() -> None:
-    sdfg = _program("gap")
-    a = sdfg.add_state("a", is_start_block=True)
-    b, c, end = sdfg.add_state("b"), sdfg.add_state("c"), sdfg.add_state("end")
-    _accumulate(b, "o = s + x")
-    _accumulate(c, "o = s * x")
+    sdfg, (a, b, c, end) = _fork("gap")
     sdfg.add_edge(a, b, InterstateEdge("X[0] > 1"))
     sdfg.add_edge(a, c, InterstateEdge("X[0] < -1"))  # neither when -1 <= X[0] <= 1
     sdfg.add_edge(b, end, InterstateEdge())

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from gradflow.verify.corpus import loops
 from gradflow.verify.corpus.case import Case, element_rows, list_dot, setitem, stack_rows
+from gradflow.verify.corpus.case import normal_inputs as _inputs
 
 f64 = dace.float64
 
@@ -48,17 +49,6 @@ def _z(*shape: int) -> np.ndarray:
 def _wsum(x: torch.Tensor, ct: torch.Tensor) -> torch.Tensor:
     """The summary `np.sum(x * ct)`: a vector-Jacobian product with the random cotangent `ct`."""
     return (x * ct).sum()
-
-
-def _inputs(**shapes):
-    """Normal draws for the named arrays (a tuple shape), zero `S`."""
-
-    def make(rng):
-        out = {k: rng.normal(size=s) for k, s in shapes.items()}
-        out["S"] = _z(1)
-        return out
-
-    return make
 
 
 def _with(fn, **bound):

@@ -21,6 +21,7 @@ Expressions are symbolic in the program's sizes; `evaluate` substitutes the size
 
 from __future__ import annotations
 
+import ast
 from typing import Mapping
 
 import dace
@@ -37,11 +38,12 @@ STORE_WORK = 8
 #: element operations per call of a function in a tasklet (see the module docstring)
 CALL_WORK = 16
 
+#: calls that cost about an arithmetic operation (conversions, min/max, abs)
+_CHEAP_CALLS = frozenset({"min", "max", "abs", "float", "int", "bool", "round"})
+
 
 def _tasklet_work(tasklet: nd.Tasklet) -> int:
     """1, plus `CALL_WORK` per function call in the tasklet's (Python) code; C++ code counts as 1."""
-    import ast
-
     if tasklet.code.language != dace.dtypes.Language.Python:
         return 1
     try:
@@ -51,10 +53,6 @@ def _tasklet_work(tasklet: nd.Tasklet) -> int:
     calls = sum(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _CHEAP_CALLS)
                 for n in ast.walk(tree))
     return 1 + CALL_WORK * calls
-
-
-#: calls that cost about an arithmetic operation (conversions, min/max, abs)
-_CHEAP_CALLS = frozenset({"min", "max", "abs", "float", "int", "bool", "round"})
 
 
 def _volume(subset) -> sympy.Expr:

@@ -160,23 +160,26 @@ class Reversal:
     def priced_capacity(self, loops: Sequence[LoopRegion]):
         """`capacity` for a model that prices storage: a loop without a bound (its stacks would grow at run
         time) is a `NotDifferentiableError` naming it, since no byte count covers it."""
-        cap = self.capacity(loops, register=False)
-        if cap is None:
-            loop = next(l for k, l in enumerate(loops) if self.trip_bound(l, loops[:k], False) is None)
-            raise NotDifferentiableError(
-                f"loop '{loop.label}' has no trip-count bound before the program runs, so the bytes stored "
-                "inside it cannot be priced",
-                f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': <max iterations>}})")
-        return cap
+        bounds = self._asked_bounds(loops)
+        for loop, bound in zip(loops, bounds):
+            if bound is None:
+                raise NotDifferentiableError(
+                    f"loop '{loop.label}' has no trip-count bound before the program runs, so the bytes stored "
+                    "inside it cannot be priced",
+                    f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': <max iterations>}})")
+        return sympy.Mul(sympy.Integer(1), *bounds)
 
     def trips(self, loops: Sequence[LoopRegion]):
         """How often a site inside `loops` runs, for reports: `capacity`, with a symbol `trips_<label>` for
         each loop without a bound."""
-        count = sympy.Integer(1)
-        for k, loop in enumerate(loops):
-            bound = self.trip_bound(loop, loops[:k], register=False)
-            count = count * (bound if bound is not None else sympy.Symbol(f"trips_{loop.label}", positive=True))
-        return count
+        bounds = self._asked_bounds(loops)
+        return sympy.Mul(sympy.Integer(1), *(b if b is not None else sympy.Symbol(f"trips_{l.label}", positive=True)
+                                             for l, b in zip(loops, bounds)))
+
+    def _asked_bounds(self, loops: Sequence[LoopRegion]) -> list:
+        """`trip_bound` of each of `loops` (outermost first) inside the ones before it, without registering
+        a user bound (None where there is no bound)."""
+        return [self.trip_bound(loop, loops[:k], register=False) for k, loop in enumerate(loops)]
 
     def trip_bound(self, loop: LoopRegion, outer: Sequence[LoopRegion], register: bool = True):
         """An upper bound of `loop`'s trip count valid for every iteration of `outer`, in the program's

@@ -169,14 +169,9 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     used_backward = _arrays_used([region]) & set(sdfg.arrays)
     forwarded = forwarded_arrays(sdfg, interface)
 
-    fwd = copy.deepcopy(sdfg)
-    for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:
-        fwd.remove_node(block)
-    for name in list(fwd.arrays):
-        if name in gradient_arrays:
-            fwd.remove_data(name, validate=False)
-        elif name in forwarded:
-            fwd.arrays[name].transient = False
+    fwd = _forward_sweep(sdfg, interface, gradient_arrays)
+    for name in forwarded:
+        fwd.arrays[name].transient = False
     saved = tuple(a for a in forwarded if sdfg.arrays[a].transient)
     for a in saved:
         _scalar_to_array(fwd, a)
@@ -198,24 +193,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
             bwd.arrays[name].transient = False
     for a in saved:
         _scalar_to_array(bwd, a)
-    fwd.name = f"{sdfg.name}_forward"
-    bwd.name = f"{sdfg.name}_backward"
-    fwd.reset_cfg_list()
-    bwd.reset_cfg_list()
-    saved_sizes = {a: sdfg.arrays[a].total_size * sdfg.arrays[a].dtype.bytes for a in saved}
-    nbytes = sum(int(v) for v in saved_sizes.values() if not getattr(v, "free_symbols", None))
-    return VJPResult(
-        forward=fwd,
-        backward=bwd,
-        wrt=interface.spec.wrt,
-        of=interface.spec.of,
-        grads=dict(interface.grads),
-        cotangents=dict(interface.cotangents),
-        forwarded=forwarded,
-        saved=saved,
-        forwarded_bytes=nbytes,
-        saved_sizes=saved_sizes,
-    )
+    return _result(sdfg, interface, fwd, bwd, forwarded, {a: a for a in saved})
 
 
 def _split_rerunning(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
@@ -238,14 +216,9 @@ def _split_rerunning(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
                      and not isinstance(sdfg.arrays[a], dace.data.Scalar))
     initial = {a: _free_name(sdfg, f"gradflow_init_{a}") for a in written}
 
-    fwd = copy.deepcopy(sdfg)
-    for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:
-        fwd.remove_node(block)
+    fwd = _forward_sweep(sdfg, interface, gradient_arrays)
     last = [b for b in fwd.nodes() if fwd.out_degree(b) == 0][0]
     release(fwd.add_state_after(last, "gradflow_release"), interface.heaps)
-    for name in list(fwd.arrays):
-        if name in gradient_arrays:
-            fwd.remove_data(name, validate=False)
     bwd = copy.deepcopy(sdfg)
     for graph in (fwd, bwd):
         start = graph.add_state_before(graph.start_block, "gradflow_initial_values", is_start_block=True)
@@ -260,27 +233,35 @@ def _split_rerunning(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
                 graph.arrays[array].transient = True
     if OVERFLOW in bwd.arrays:  # the forward run reported it already
         bwd.arrays[OVERFLOW].transient = True
+    forwarded = tuple(sorted(a for a, d in bwd.arrays.items()
+                             if not d.transient and a not in gradient_arrays and a not in interface.grads.values()))
+    return _result(sdfg, interface, fwd, bwd, forwarded, {initial[a]: a for a in written})
+
+
+def _forward_sweep(sdfg: dace.SDFG, interface: ADInterface, gradient_arrays: set[str]) -> dace.SDFG:
+    """A copy of the combined SDFG without its backward sweep and the gradient arrays it alone uses."""
+    import copy
+
+    fwd = copy.deepcopy(sdfg)
+    for block in [b for b in fwd.nodes() if b.label in (interface.backward_label, END_LABEL)]:
+        fwd.remove_node(block)
+    for name in [n for n in fwd.arrays if n in gradient_arrays]:
+        fwd.remove_data(name, validate=False)
+    return fwd
+
+
+def _result(sdfg: dace.SDFG, interface: ADInterface, fwd: dace.SDFG, bwd: dace.SDFG, forwarded: tuple[str, ...],
+            saved: dict[str, str]) -> VJPResult:
+    """The `VJPResult` of a split: `saved` maps each saved array to the array of `sdfg` whose size it has."""
     fwd.name = f"{sdfg.name}_forward"
     bwd.name = f"{sdfg.name}_backward"
     fwd.reset_cfg_list()
     bwd.reset_cfg_list()
-    saved = tuple(initial.values())
-    forwarded = tuple(sorted(a for a, d in bwd.arrays.items()
-                             if not d.transient and a not in gradient_arrays and a not in interface.grads.values()))
-    saved_sizes = {initial[a]: sdfg.arrays[a].total_size * sdfg.arrays[a].dtype.bytes for a in written}
+    saved_sizes = {a: sdfg.arrays[b].total_size * sdfg.arrays[b].dtype.bytes for a, b in saved.items()}
     nbytes = sum(int(v) for v in saved_sizes.values() if not getattr(v, "free_symbols", None))
-    return VJPResult(
-        forward=fwd,
-        backward=bwd,
-        wrt=interface.spec.wrt,
-        of=interface.spec.of,
-        grads=dict(interface.grads),
-        cotangents=dict(interface.cotangents),
-        forwarded=forwarded,
-        saved=saved,
-        forwarded_bytes=nbytes,
-        saved_sizes=saved_sizes,
-    )
+    return VJPResult(forward=fwd, backward=bwd, wrt=interface.spec.wrt, of=interface.spec.of,
+                     grads=dict(interface.grads), cotangents=dict(interface.cotangents), forwarded=forwarded,
+                     saved=tuple(saved), forwarded_bytes=nbytes, saved_sizes=saved_sizes)
 
 
 def _written_in(blocks) -> set[str]:

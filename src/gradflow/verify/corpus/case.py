@@ -98,6 +98,18 @@ def torch_grads(case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
     }
 
 
+def normal_inputs(**shapes: tuple[int, ...]) -> Callable[[np.random.Generator], dict[str, np.ndarray]]:
+    """An input generator: normal draws for the named arrays (a tuple shape each) and a zero `S`, the
+    corpora's one-element output."""
+
+    def make(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        out = {k: rng.normal(size=s) for k, s in shapes.items()}
+        out["S"] = np.zeros(1, dtype=np.float64)
+        return out
+
+    return make
+
+
 def element_rows(A: torch.Tensor) -> list[list[torch.Tensor]]:
     """A matrix as a list of lists of 0-d tensors (element-wise loop references write into these)."""
     return [[A[i, j] for j in range(A.shape[1])] for i in range(A.shape[0])]

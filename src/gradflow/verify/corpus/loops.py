@@ -17,6 +17,7 @@ from dace.libraries.blas import Dot
 from gradflow.autodiff.forwarding import Forwarding
 
 from .case import BuiltProgram, Case, element_rows, list_dot, setitem, stack_rows
+from .case import normal_inputs as _inputs
 from .unstructured import CASES as _UNSTRUCTURED
 
 N = dace.symbol("N")
@@ -898,17 +899,6 @@ def lp_covariance(data: f64[N, M], W: f64[M, M], S: f64[1]):
 def _t_covariance(data, W, **_):
     d = data - data.mean(0)
     return (d.T @ d / (data.shape[0] - 1.0) * W).sum()
-
-
-def _inputs(**shapes):
-    """Normal draws for the named arrays (a tuple shape), zero `S`."""
-
-    def make(rng):
-        out = {k: rng.normal(size=s) for k, s in shapes.items()}
-        out["S"] = _z(1)
-        return out
-
-    return make
 
 
 def _with_t(fn, t):

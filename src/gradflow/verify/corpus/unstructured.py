@@ -12,6 +12,7 @@ import torch
 from dace import InterstateEdge
 
 from .case import BuiltProgram, Case, setitem
+from .case import normal_inputs as _inputs
 
 N = dace.symbol("N")
 M = dace.symbol("M")
@@ -252,15 +253,6 @@ def _i_bound_from_data(rng):
     m, n = 4, 6
     return {"X": rng.normal(size=(m, n)) * 0.5, "cnt": rng.integers(0, n + 1, m).astype(np.int64),
             "S": rng.normal(size=1)}
-
-
-def _inputs(**shapes):
-    def make(rng):
-        out = {k: rng.normal(size=s) for k, s in shapes.items()}
-        out["S"] = _z(1)
-        return out
-
-    return make
 
 
 CASES: list[Case] = [

@@ -1,7 +1,9 @@
 """Forwarding under a byte budget (`Forwarding.budget`): the mixed-integer program's choice is the
 optimum over every store/recompute subset, its prediction is what the engine builds, storing is priced
 (a plan that fits the budget is never costlier than RECOMPUTE_ALL's when that fits too), a budget below the
-least possible is a typed error stating that least, and the gradients stay exact."""
+least possible is a typed error stating that least, and the gradients stay exact. The tests of the MILP
+itself keep the budget to storing and recomputing (`checkpoint=False`); a budget that checkpoints loops
+is tested in test_checkpoint.py."""
 
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def test_milp_equals_the_brute_force_optimum(name: str, fraction: float) -> None
     most = max(b for b, _ in outcomes.values())
     budget = int(least + fraction * (most - least))
     best = min(w for b, w in outcomes.values() if b <= budget)
-    graph = programs.differentiated(name, gradflow.Forwarding.budget(budget, sizes=_sizes(name)))
+    graph = programs.differentiated(name, gradflow.Forwarding.budget(budget, sizes=_sizes(name), checkpoint=False))
     plan = graph.meta["ad"].forwarding_plan
     built_bytes, built_cost = plan.total_bytes(_sizes(name)), _moves(graph, _sizes(name))
     assert built_bytes <= budget
@@ -88,7 +90,7 @@ def test_a_budget_that_recompute_all_fits_costs_no_more_than_recompute_all(name:
     stored = programs.differentiated(name, gradflow.STORE_ALL).meta["ad"].forwarding_plan.total_bytes(sizes)
     floor = every.meta["ad"].forwarding_plan.total_bytes(sizes)
     for budget in sorted({floor, max(floor, int(0.75 * stored)), max(floor, stored)}):
-        chosen = programs.differentiated(name, gradflow.Forwarding.budget(budget, sizes=sizes))
+        chosen = programs.differentiated(name, gradflow.Forwarding.budget(budget, sizes=sizes, checkpoint=False))
         assert _moves(chosen, sizes) <= _moves(every, sizes), \
             f"budget {budget}: {chosen.meta['ad'].forwarding_plan.describe(sizes)}"
 
@@ -97,7 +99,7 @@ def test_a_budget_that_recompute_all_fits_costs_no_more_than_recompute_all(name:
 def test_a_budget_below_the_least_states_the_least(name: str) -> None:
     least = min(b for b, _ in _outcomes(name).values())
     with pytest.raises(BudgetError, match=f"least any plan needs is {least} bytes") as info:
-        programs.differentiated(name, gradflow.Forwarding.budget(least - 1, sizes=_sizes(name)))
+        programs.differentiated(name, gradflow.Forwarding.budget(least - 1, sizes=_sizes(name), checkpoint=False))
     assert info.value.minimum == least
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from math import comb
 
+import attrs
 import dace
 import numpy as np
 import pytest
@@ -20,8 +21,10 @@ from hypothesis import strategies as st
 
 import gradflow
 from gradflow.autodiff import revolve
+from gradflow.autodiff.budget import BudgetError
 from gradflow.autodiff.passes import Reverse, ad_pipeline, forwarded_bytes
 from gradflow.core.graph import Graph
+from gradflow.core.passes import unwrap_or_raise
 from gradflow.verify.corpus import loops
 
 # ---- the schedule ----------------------------------------------------------------------------------------
@@ -210,7 +213,7 @@ def test_split_forward_and_backward_carry_only_the_snapshots() -> None:
 @functools.cache
 def _graph(name: str, policy: gradflow.Forwarding) -> Graph:
     case = loops.CASES_BY_NAME[name]
-    return ad_pipeline(Reverse(case.wrt, (case.of,), forwarding=policy))(Graph.of(case.to_sdfg())).unwrap()
+    return unwrap_or_raise(ad_pipeline(Reverse(case.wrt, (case.of,), forwarding=policy))(Graph.of(case.to_sdfg())))
 
 
 def _reexecutions(graph: Graph) -> int:
@@ -316,14 +319,75 @@ def test_snapshot_count_must_be_a_positive_int(snapshots) -> None:
         gradflow.Forwarding.checkpoint(snapshots=snapshots)
 
 
-def test_checkpointing_does_not_combine_with_a_budget_or_a_recompute_set() -> None:
-    with pytest.raises(gradflow.InvalidArgumentError, match="checkpoint policy cannot also"):
-        gradflow.Forwarding(snapshots=3, max_bytes=100)
+def test_checkpointing_does_not_combine_with_a_recompute_set() -> None:
     with pytest.raises(gradflow.InvalidArgumentError, match="checkpoint policy cannot also"):
         gradflow.Forwarding(snapshots=3, recompute="all")
+    assert gradflow.Forwarding(snapshots=3, max_bytes=100).name == "budget(100) with checkpoint(3)"
 
 
 def test_policy_is_a_frozen_value_with_a_name() -> None:
     a = gradflow.Forwarding.checkpoint(snapshots=4, loops=["b", "a"], sizes={"T": 9})
     assert a == gradflow.Forwarding.checkpoint(snapshots=4, loops=("a", "b"), sizes={"T": 9})
     assert a.name == "checkpoint(4, a, b)" and gradflow.Forwarding.checkpoint(snapshots=2).name == "checkpoint(2)"
+
+
+# ---- a byte budget that checkpoints ----------------------------------------------------------------------
+
+
+def _budgeted(name: str, fraction: float, t: int) -> tuple[gradflow.Forwarding, int]:
+    sizes = _sizes(name, t)
+    stored = forwarded_bytes(_graph(name, gradflow.STORE_ALL), sizes)
+    return gradflow.Forwarding.budget(int(fraction * stored), sizes=sizes), stored
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.01])
+def test_a_budget_below_what_storing_needs_checkpoints_the_time_loop(fraction: float) -> None:
+    """lp_whole_array_update with 1000 steps: no store/recompute plan keeps less than every step's
+    overwritten array; the budget checkpoints the loop with as many snapshots as fit."""
+    name = "lp_whole_array_update"
+    sizes = _sizes(name, 1000)
+    policy, stored = _budgeted(name, fraction, 1000)
+    with pytest.raises(BudgetError):
+        _graph(name, attrs.evolve(policy, budget_checkpoints=False))
+    graph = _graph(name, policy)
+    plan = graph.meta["ad"].forwarding_plan
+    assert "CheckpointedLoop" in graph.meta["ad"].rules_used
+    assert plan.policy.startswith(f"budget({policy.max_bytes}) with checkpoint(")
+    kept = forwarded_bytes(graph, sizes)
+    assert kept <= policy.max_bytes
+    assert plan.predicted.predicted_bytes >= kept  # the snapshots are priced at most one slot over
+
+
+def test_a_budget_below_one_snapshot_states_the_least_any_plan_needs() -> None:
+    name = "lp_whole_array_update"
+    sizes = _sizes(name, 1000)
+    one = forwarded_bytes(_graph(name, gradflow.Forwarding.checkpoint(snapshots=1, sizes=sizes)), sizes)
+    with pytest.raises(BudgetError, match=f"checkpointed or not; the least any plan needs is {one} bytes") as info:
+        _graph(name, gradflow.Forwarding.budget(one - 1, sizes=sizes))
+    assert info.value.minimum == one
+    assert forwarded_bytes(_graph(name, gradflow.Forwarding.budget(one, sizes=sizes)), sizes) == one
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.6, 0.4])
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_gradients_under_a_checkpointing_budget_equal_store_all(fraction: float, seed: int) -> None:
+    name = "lp_whole_array_update"
+    policy, _ = _budgeted(name, fraction, KERNELS[name])
+    value, grads = _run(name, gradflow.STORE_ALL, seed)
+    got_value, got = _run(name, policy, seed)
+    np.testing.assert_allclose(got_value, value, rtol=1e-12, atol=0)
+    for x in grads:
+        np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15, err_msg=f"d/d{x}, {policy.name}")
+
+
+def test_snapshots_within_a_budget_leave_the_rest_of_the_budget_to_the_plan() -> None:
+    name = "lp_whole_array_update"
+    sizes = _sizes(name, 1000)
+    policy = attrs.evolve(gradflow.Forwarding.budget(10 * 8 * sizes["N"], sizes=sizes), snapshots=4)
+    graph = _graph(name, policy)
+    assert graph.meta["ad"].forwarding_plan.policy == f"budget({policy.max_bytes}) with checkpoint(4)"
+    assert forwarded_bytes(graph, sizes) <= policy.max_bytes
+    with pytest.raises(BudgetError, match="with 4 snapshot"):
+        _graph(name, attrs.evolve(policy, max_bytes=3 * 8 * sizes["N"]))

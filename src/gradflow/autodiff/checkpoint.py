@@ -144,8 +144,32 @@ def _step_node(item) -> nd.NestedSDFG | None:
     return steps[0] if len(steps) == 1 else None
 
 
-def _is_outlined(item) -> bool:
-    return _step_node(item) is not None
+def is_outlined(item) -> bool:
+    """Whether `item` (a region of the control-flow tree) is a loop `outline` made checkpointable."""
+    return getattr(item, "kind", None) == "loop" and _step_node(item) is not None
+
+
+def stored_state(item, rev) -> tuple[str, ...]:
+    """The arrays each snapshot of the outlined loop `item` holds (none when reversing a step reads no
+    forward state besides arrays no step writes: see `backward_reads_state`)."""
+    node = _step_node(item)
+    state = item.body.items[0].site.state
+    read_before = _read_before(item, rev)
+    written = {e.data.data for e in state.out_edges(node) if not e.data.is_empty()}
+    if read_before & written or backward_reads_state(node, state, rev):
+        return _carried(node, state, read_before)
+    return ()
+
+
+def snapshot_bytes(item, rev, sizes: dict[str, int], snapshots: int) -> int:
+    """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots: one slot per
+    snapshot and one for the state the last step starts from, of the `stored_state` arrays each."""
+    from gradflow.analysis.cost import evaluate
+
+    carried = stored_state(item, rev)
+    one = sum(evaluate(rev.sdfg.arrays[a].total_size * rev.sdfg.arrays[a].dtype.bytes, sizes,
+                       f"the size of '{a}'") for a in carried)
+    return one * (min(snapshots, max(trip_count(item, sizes), 1)) + 1)
 
 
 @attrs.frozen
@@ -263,7 +287,7 @@ def _constant_table(sdfg: dace.SDFG, stem: str, values: list[int]) -> str:
     return name
 
 
-@control_rule("loop", priority=20, applies=_is_outlined)
+@control_rule("loop", priority=20, applies=is_outlined)
 class CheckpointedLoop:
     """A counted loop whose body was outlined into a step (`outline`): Revolve checkpointing."""
 
@@ -280,19 +304,15 @@ class CheckpointedLoop:
             raise NotDifferentiableError(f"loop '{item.label}' is not a counted loop outside every other loop: it "
                                          "cannot be checkpointed", "leave it out of Forwarding.checkpoint(loops=...)")
         policy = rev.spec.forwarding
-        node = _step_node(item)
-        state = item.body.items[0].site.state
         c = item.counted
         trips = trip_count(item, dict(policy.sizes))
         if trips == 0:  # the loop does not run: nothing to record or reverse
             return Snapshots((), {}, (), 0, c.var, symbolic.symstr(c.start), c.step, 0)
-        read_before = _read_before(item, rev)
-        written = {e.data.data for e in state.out_edges(node) if not e.data.is_empty()}
-        if read_before & written or backward_reads_state(node, state, rev):
-            carried = _carried(node, state, read_before)
+        carried = stored_state(item, rev)
+        if carried:
             ahead, backward = revolve.forward_phase(revolve.schedule(trips, policy.snapshots))
         else:  # nothing to store: reverse the steps last to first, rerunning none
-            carried, ahead = (), ()
+            ahead = ()
             backward = tuple(revolve.Action(revolve.REVERSE, 0, p) for p in reversed(range(trips)))
         first = symbolic.symstr(c.start)
         shots = [(a.position, a.arg) for a in ahead if a.kind == revolve.TAKESHOT]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 
 import dace
-from dace import subsets
+import sympy
+from dace import subsets, symbolic
 from dace.sdfg.propagation import propagate_subset
 from dace.sdfg.state import SDFGState
 
@@ -48,9 +51,68 @@ def mapped_tasklet(state: SDFGState, label: str, ranges: dict[str, str], inputs:
         for e in outer:
             found = [i.data for i in inner if not i.data.is_empty() and i.data.data == e.data.data]
             if found:
-                e.data = propagate_subset(found, state.sdfg.arrays[e.data.data], params, rng, use_dst=use_dst)
+                e.data = (_shifted_image(found, params, rng, use_dst)
+                          or propagate_subset(found, state.sdfg.arrays[e.data.data], params, rng, use_dst=use_dst))
                 e.data.try_initialize(state.sdfg, state, e)
     return tasklet, entry, exit_
+
+
+def _shifted_image(memlets: list[dace.Memlet], params: list[str], rng: subsets.Range,
+                   use_dst: bool) -> dace.Memlet | None:
+    """The outer memlet of `memlets` through one map when every index is a map parameter plus an offset or
+    free of the parameters (what element-wise rules emit), or None to leave the case to DaCe's propagation.
+
+    The image of `p + c` over `p in b:e` is `b+c:e+c`; several memlets take their bounding box. This is the
+    common case of the backward sweep, and DaCe's pattern matching costs milliseconds per memlet."""
+    by_name = {p: (symbolic.pystr_to_symbolic(p), r) for p, r in zip(params, rng)}
+    images = []
+    for memlet in memlets:
+        subset = (memlet.dst_subset if use_dst else memlet.src_subset) or memlet.subset
+        if not isinstance(subset, subsets.Range):
+            return None
+        dims = []
+        for begin, end, step in subset.ndrange():
+            names = {str(s) for x in (begin, end, step) for s in getattr(x, "free_symbols", ())}
+            used = names & by_name.keys()
+            if not used:
+                dims.append((begin, end, step))
+                continue
+            if len(used) != 1 or begin != end:
+                return None
+            symbol, (low, high, stride) = by_name[used.pop()]
+            offset = sympy.expand(begin - symbol)
+            if stride != 1 or {str(s) for s in offset.free_symbols} & by_name.keys():
+                return None
+            dims.append((low + offset, high + offset, 1))
+        images.append(dims)
+    if not images:
+        return None
+    box = []
+    for dim in zip(*images):
+        if len(set(dim)) == 1:
+            box.append(dim[0])
+            continue
+        if any(step != 1 for _, _, step in dim):
+            return None
+        lows, highs = [d[0] for d in dim], [d[1] for d in dim]
+        low, high = _extreme(lows, min), _extreme(highs, max)
+        if low is None or high is None:
+            return None
+        box.append((low, high, 1))
+    out = copy.copy(memlets[0])  # keeps the write-conflict resolution, as DaCe's propagation does
+    out.subset, out.other_subset = subsets.Range(box), None
+    out.volume = sum(m.volume for m in memlets) * functools.reduce(lambda a, b: a * b, rng.size(), 1)
+    out.dynamic = any(m.dynamic for m in memlets)
+    return out
+
+
+def _extreme(values, pick):
+    """The least (`pick=min`) or greatest of expressions that differ by integer constants, else None."""
+    first = values[0]
+    offsets = [sympy.expand(v - first) for v in values]
+    if not all(o.is_Integer for o in offsets):
+        return None
+    return first + pick(offsets)
 
 
 def fill(state: SDFGState, array: str, value: str) -> None:

@@ -32,7 +32,7 @@ from dace.sdfg.state import ControlFlowRegion, LoopRegion
 from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.cost import op_work
 from gradflow.analysis.loops import upper_bound
-from gradflow.autodiff import budget, checkpoint
+from gradflow.autodiff import budget, checkpoint, revolve
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -244,6 +244,8 @@ class Reversal:
         needed later: all but the first definition of a temporary outside loops (garbage nobody reads)."""
         found = []
         for p in self.sites:
+            if p.index in self.tape_free:  # a checkpointed loop's snapshots stand in for its stacks
+                continue
             for array in sorted(accesses[p.index].writes):
                 desc = self.sdfg.arrays[array]
                 if desc.transient and not p.loops and array not in accesses[p.index].reads and not any(
@@ -331,60 +333,62 @@ def may_precede(q: OpSite, p: OpSite) -> bool:
     return q.index <= p.index or bool(set(map(id, q.loops)) & set(map(id, p.loops)))
 
 
-def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None) -> ADInterface:
-    tables = tables if tables is not None else ADTables()
-    if spec.forwarding.snapshots is not None and spec.outermost:
-        checkpoint.outline(sdfg, spec.forwarding.checkpoint_loops)
-    tree, sites = build_tree(sdfg)
-    regions = region_items(tree)
-    loops = {id(loop): item for item in regions for loop in item.encloses}
-    rules = [_rule_for(tables, site) for site in sites]
-    accesses = [OpAccess(site.read_arrays(), site.written_arrays()) for site in sites]
-    act = activity(sdfg.arrays, accesses, spec.wrt, spec.of)
-    active = {s.index for s in sites if accesses[s.index].writes & act.carrying}
-    restores = {id(loop): _control_rule_for(tables, item).fn.restores(item)
-                for item in regions for loop in item.encloses}
-    check_symbols(sdfg, sites, active, restores, loops.values(), act.varied)
+@attrs.define
+class _Front:
+    """What the engine knows about a program before it plans storage: its structure, the rules of its
+    operations, what is active and what each reverse needs."""
 
-    buffers: dict[str, str] = {}
-    grads: dict[str, str] = {}
-    for name in sorted(act.carrying):
-        desc = sdfg.arrays[name]
-        if not is_float(desc):
-            continue
-        if name in spec.wrt:
-            buffers[name] = grads[name] = spec.prefix + name
-            sdfg.add_array(buffers[name], desc.shape, desc.dtype, transient=False)
-        else:
-            buffers[name], _ = sdfg.add_array(f"gradflow_g_{name}", desc.shape, desc.dtype, transient=True,
-                                              find_new_name=True)
-    cotangents: dict[str, str] = {}
-    if spec.mode == "vjp":
-        for name in spec.of:
-            desc = sdfg.arrays[name]
-            cotangents[name] = spec.prefix + name
-            sdfg.add_array(cotangents[name], desc.shape, desc.dtype, transient=False)
+    tree: Any
+    sites: list
+    regions: list
+    rules: list
+    accesses: list
+    active: set
+    buffers: dict
+    grads: dict
+    cotangents: dict
+    region: ControlFlowRegion
+    ctx: ReverseContext
+    needs: list
+    rev: Reversal
 
-    region = ControlFlowRegion(BACKWARD_LABEL, sdfg=sdfg)
-    ctx = ReverseContext(sdfg, region, act, buffers, tables, spec)
-    for site, rule in zip(sites, rules):
-        if site.index in active:
-            ctx.note_rule(rule.name)
-    # An inactive operation (it writes no array that carries a gradient) has nothing to reverse: its rule is
-    # not asked, so one the rules could not differentiate (e.g. an index read from data) does not block AD.
-    needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
-             for site, rule in zip(sites, rules)]
-    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
-    rev.arguments = frozenset(map(str, sdfg.free_symbols))
-    rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
-    rev.tape_free = frozenset(s.index for s in sites if any(
-        getattr(_control_rule_for(tables, loops[id(loop)]).fn, "tape_free", False) for loop in s.loops))
-    choice = None
-    if spec.forwarding.max_bytes is not None:
+    def choose(self, max_bytes: int) -> budget.Choice:
+        """The budget planner's choice for this program (`BudgetError` when nothing fits)."""
         # The budget prices the control tape before the plan exists: every symbol of every operation is
         # taken as read by the backward sweep (a superset of what it reads, so the price is an upper bound).
-        rev.used_symbols = backward_symbols(sites, {s.index for s in sites}, {}, None, regions)
-        choice = budget.choose(rev, needs, accesses, spec.forwarding.max_bytes, dict(spec.forwarding.sizes))
+        self.rev.used_symbols = backward_symbols(self.sites, {s.index for s in self.sites}, {}, None, self.regions)
+        return budget.choose(self.rev, self.needs, self.accesses, max_bytes, dict(self.rev.spec.forwarding.sizes))
+
+
+def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None) -> ADInterface:
+    tables = tables if tables is not None else ADTables()
+    policy = spec.forwarding
+    if policy.max_bytes is not None and policy.snapshots is None and policy.budget_checkpoints and spec.outermost:
+        spec = attrs.evolve(spec, forwarding=checkpoint_under_budget(sdfg, spec, tables))
+    if spec.forwarding.snapshots is not None and spec.outermost:
+        checkpoint.outline(sdfg, spec.forwarding.checkpoint_loops)
+    front = _front(sdfg, spec, tables)
+    tree, sites, regions, rules, accesses = front.tree, front.sites, front.regions, front.rules, front.accesses
+    active, buffers, grads, cotangents = front.active, front.buffers, front.grads, front.cotangents
+    region, ctx = front.region, front.ctx
+    needs, rev = front.needs, front.rev
+    choice = None
+    if spec.forwarding.max_bytes is not None:
+        sizes = dict(spec.forwarding.sizes)
+        snapshots = sum(checkpoint.snapshot_bytes(item, rev, sizes, spec.forwarding.snapshots)
+                        for item in regions if checkpoint.is_outlined(item)) if spec.forwarding.snapshots else 0
+        try:
+            choice = front.choose(spec.forwarding.max_bytes - snapshots)
+        except budget.BudgetError as err:
+            if not snapshots:
+                raise
+            least = err.minimum + snapshots
+            raise budget.BudgetError(
+                f"no plan keeps at most {spec.forwarding.max_bytes} bytes with {spec.forwarding.snapshots} "
+                f"snapshot(s) of the checkpointed loops ({snapshots} bytes); the least is {least}",
+                "raise the budget or take fewer snapshots", least) from None
+        choice = attrs.evolve(choice, predicted_bytes=choice.predicted_bytes + snapshots,
+                              minimum_bytes=choice.minimum_bytes + snapshots)
     recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding,
                                    choice.recompute if choice is not None else None)
     rev.record_overwrites(needs, accesses, recompute.arrays)
@@ -441,6 +445,127 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice, tuple(sorted(recompute.declined)))
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
                        rules_used=tuple(ctx.rules_used), forwarding_plan=plan, heaps=rev.tape.records())
+
+
+def _front(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> _Front:
+    """Structure, rules, activity and needs of `sdfg` (adds the gradient buffers and the backward region's
+    context, in place: the caller owns `sdfg`)."""
+    tree, sites = build_tree(sdfg)
+    regions = region_items(tree)
+    loops = {id(loop): item for item in regions for loop in item.encloses}
+    rules = [_rule_for(tables, site) for site in sites]
+    accesses = [OpAccess(site.read_arrays(), site.written_arrays()) for site in sites]
+    act = activity(sdfg.arrays, accesses, spec.wrt, spec.of)
+    active = {s.index for s in sites if accesses[s.index].writes & act.carrying}
+    restores = {id(loop): _control_rule_for(tables, item).fn.restores(item)
+                for item in regions for loop in item.encloses}
+    check_symbols(sdfg, sites, active, restores, loops.values(), act.varied)
+
+    buffers: dict[str, str] = {}
+    grads: dict[str, str] = {}
+    for name in sorted(act.carrying):
+        desc = sdfg.arrays[name]
+        if not is_float(desc):
+            continue
+        if name in spec.wrt:
+            buffers[name] = grads[name] = spec.prefix + name
+            sdfg.add_array(buffers[name], desc.shape, desc.dtype, transient=False)
+        else:
+            buffers[name], _ = sdfg.add_array(f"gradflow_g_{name}", desc.shape, desc.dtype, transient=True,
+                                              find_new_name=True)
+    cotangents: dict[str, str] = {}
+    if spec.mode == "vjp":
+        for name in spec.of:
+            desc = sdfg.arrays[name]
+            cotangents[name] = spec.prefix + name
+            sdfg.add_array(cotangents[name], desc.shape, desc.dtype, transient=False)
+
+    region = ControlFlowRegion(BACKWARD_LABEL, sdfg=sdfg)
+    ctx = ReverseContext(sdfg, region, act, buffers, tables, spec)
+    for site, rule in zip(sites, rules):
+        if site.index in active:
+            ctx.note_rule(rule.name)
+    # An inactive operation (it writes no array that carries a gradient) has nothing to reverse: its rule is
+    # not asked, so one the rules could not differentiate (e.g. an index read from data) does not block AD.
+    needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
+             for site, rule in zip(sites, rules)]
+    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
+    rev.arguments = frozenset(map(str, sdfg.free_symbols))
+    rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
+    rev.tape_free = frozenset(s.index for s in sites if any(
+        getattr(_control_rule_for(tables, loops[id(loop)]).fn, "tape_free", False) for loop in s.loops))
+    return _Front(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev)
+
+
+def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> Forwarding:
+    """The policy a byte budget becomes: itself when storing and recomputing is the cheapest plan that
+    fits, else the budget with the outermost counted loops checkpointed (`Forwarding.checkpoint`) with as
+    many snapshots as the bytes left by the rest of the plan allow (more snapshots, fewer reruns).
+
+    Both plans are priced on copies of the program in the planner's unit (element operations): the plain
+    one by the MILP (reruns and tape pushes); the checkpointed one by the MILP for the rest plus, per
+    loop, `advances + trips` runs of one iteration (reversing a step reruns its forward once)."""
+    import copy
+
+    policy = spec.forwarding
+    sizes = dict(policy.sizes)
+    labels = tuple(sorted(loop.label for loop in checkpoint.chosen_loops(sdfg, None)))
+    if not labels:
+        return policy
+    plain = plain_choice = plain_minimum = None
+    try:
+        plain = _front(copy.deepcopy(sdfg), spec, tables)
+        plain_choice = plain.choose(policy.max_bytes)
+        plain_minimum = plain_choice.minimum_bytes
+    except budget.BudgetError as err:
+        plain_minimum = err.minimum
+    except NotDifferentiableError:  # e.g. a while loop without a bound, which the plain plan cannot price
+        pass
+
+    outlined = copy.deepcopy(sdfg)
+    trial = attrs.evolve(spec, forwarding=attrs.evolve(policy, snapshots=1, checkpoint_loops=labels))
+    try:
+        checkpoint.outline(outlined, labels)
+        front = _front(outlined, trial, tables)
+        items = [item for item in front.regions if checkpoint.is_outlined(item)]
+        trips = {item.label: checkpoint.trip_count(item, sizes) for item in items}
+        per_slot = sum(checkpoint.snapshot_bytes(item, front.rev, sizes, 1) for item in items) // 2  # 2 slots
+    except Exception:
+        if plain_choice is None:
+            raise
+        return policy  # the store/recompute plan fits: no need for the loops to be checkpointable
+    try:
+        rest = front.choose(policy.max_bytes - 2 * per_slot)
+    except budget.BudgetError as err:
+        if plain_choice is not None:
+            return policy
+        least = err.minimum + 2 * per_slot
+        least = least if plain_minimum is None else min(least, plain_minimum)
+        raise budget.BudgetError(f"no plan keeps at most {policy.max_bytes} bytes for the backward sweep, with "
+                                 f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "
+                                 f"{least} bytes", f"raise the budget to at least {least}", least) from None
+    # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`)
+    most = max(trips.values(), default=1)
+    snapshots = max(1, min(most, (policy.max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
+    step = _iteration_work(plain, labels, sizes) if plain is not None else {}
+    advances = {label: revolve.min_advances(n, snapshots) if per_slot else 0 for label, n in trips.items()}
+    reruns = sum((advances[label] + n) * step.get(label, 0) for label, n in trips.items())
+    if plain_choice is not None and plain_choice.predicted_cost <= rest.predicted_cost + reruns:
+        return policy
+    return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
+
+
+def _iteration_work(front: _Front, labels: tuple[str, ...], sizes: dict) -> dict[str, int]:
+    """Per loop of `labels` (outermost loops of the unoutlined program): the work of its largest iteration."""
+    from gradflow.analysis.cost import evaluate
+
+    work = dict.fromkeys(labels, 0)
+    for site in front.sites:
+        if site.loops and site.loops[0].label in work:
+            once = front.rev.worst_case(op_work(site), site.loops)  # the largest iteration of every loop
+            inner = front.rev.priced_capacity(site.loops[1:])
+            work[site.loops[0].label] += evaluate(once * inner, sizes, f"the work of '{site.state.label}'")
+    return work
 
 
 def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,

@@ -18,7 +18,9 @@ the operation that reads it is reversed). The policies:
 
 - `Forwarding.checkpoint(snapshots=s, loops=..., sizes={...})`: the named counted loops (default: every
   outermost one) keep at most `s` snapshots of their loop-carried state and the backward re-advances
-  from them along a binomial (Revolve) schedule (`checkpoint.py`, `revolve.py`).
+  from them along a binomial (Revolve) schedule (`checkpoint.py`, `revolve.py`). A budget may choose
+  this itself (it prices both plans), and a policy with both a budget and snapshots checkpoints with
+  that many and plans the rest within what the snapshots leave of the budget.
 
 `loop_bounds` gives, per loop label (the key `"*"`: any other loop), an upper bound on the trip count of
 while loops: a memory cap. Without one, what a while loop stores per iteration goes to growable stacks
@@ -101,18 +103,25 @@ class Forwarding:
     sizes: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
     snapshots: int | None = attrs.field(default=None, converter=_optional_snapshots)
     checkpoint_loops: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_labels)
+    #: Whether a byte budget may checkpoint loops (False: store or recompute only, the MILP alone).
+    budget_checkpoints: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
-        if self.snapshots is not None and (self.max_bytes is not None or self.recompute):
-            raise InvalidArgumentError("a checkpoint policy cannot also set a byte budget or recompute arrays",
-                                       "use Forwarding.checkpoint(...) alone, or Forwarding.budget(...) alone")
+        if self.snapshots is not None and self.recompute:
+            raise InvalidArgumentError("a checkpoint policy cannot also name arrays to recompute",
+                                       "use Forwarding.checkpoint(...) alone, or with a byte budget "
+                                       "(attrs.evolve(Forwarding.budget(...), snapshots=..., checkpoint_loops=...))")
 
     @staticmethod
     def budget(max_bytes: int, sizes: Mapping[str, int] | None = None,
-               loop_bounds: Mapping[str, int] | None = None) -> "Forwarding":
+               loop_bounds: Mapping[str, int] | None = None, checkpoint: bool = True) -> "Forwarding":
         """Keep at most `max_bytes` for the backward sweep at these sizes (symbol -> value), rerunning
-        the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`)."""
-        return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {})
+        the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`), or
+        checkpointing the outermost counted loops where that is cheaper or the only way to fit
+        (`engine.checkpoint_under_budget`; the plan's policy name then says how many snapshots).
+        `checkpoint=False` keeps to storing and recomputing."""
+        return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {},
+                          budget_checkpoints=checkpoint)
 
     @staticmethod
     def checkpoint(snapshots: int, loops: Iterable[str] | None = None, sizes: Mapping[str, int] | None = None,
@@ -128,7 +137,8 @@ class Forwarding:
     def name(self) -> str:
         if self.snapshots is not None:
             loops = "" if self.checkpoint_loops is None else f", {', '.join(self.checkpoint_loops)}"
-            return f"checkpoint({self.snapshots}{loops})"
+            within = "" if self.max_bytes is None else f"budget({self.max_bytes}) with "
+            return f"{within}checkpoint({self.snapshots}{loops})"
         if self.max_bytes is not None:
             return f"budget({self.max_bytes})"
         if self.recompute == ALL:

@@ -274,11 +274,11 @@ def test_unknown_loop_label_is_an_error_listing_the_loops() -> None:
                       forwarding=gradflow.Forwarding.checkpoint(snapshots=3, loops=["nope"], sizes={"T": 4}))
 
 
-def test_a_while_loop_cannot_be_checkpointed_yet() -> None:
+def test_a_while_loop_inside_another_loop_cannot_be_checkpointed() -> None:
     case = loops.CASES_BY_NAME["lp_newton_sqrt"]
     sdfg = case.to_sdfg()
     label = next(r.label for r in sdfg.all_control_flow_regions() if r.label.startswith("while"))
-    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}'.*online checkpointing"):
+    with pytest.raises(gradflow.NotDifferentiableError, match=rf"loop '{label}' is inside loop"):
         gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of,
                       forwarding=gradflow.Forwarding.checkpoint(snapshots=3, loops=[label]))
 
@@ -391,3 +391,163 @@ def test_snapshots_within_a_budget_leave_the_rest_of_the_budget_to_the_plan() ->
     assert forwarded_bytes(graph, sizes) <= policy.max_bytes
     with pytest.raises(BudgetError, match="with 4 snapshot"):
         _graph(name, attrs.evolve(policy, max_bytes=3 * 8 * sizes["N"]))
+
+
+# ---- while loops: online checkpointing -------------------------------------------------------------------
+
+
+def _simulate_online(steps: int, snapshots: int) -> tuple[list[int], int]:
+    """Run the online forward (Python model) and the backward's schedule on the step-index model."""
+    stride, stored = revolve.thinned(steps, snapshots)
+    assert stored == tuple(j * stride for j in range(len(stored))) and len(stored) <= snapshots
+    slots = dict(enumerate(stored))
+    current, order, advanced = None, [], 0
+    for a in revolve.online_schedule(steps, snapshots):
+        if a.kind == revolve.RESTORE:
+            assert slots.get(a.arg) == a.position, a
+            current = a.position
+        elif a.kind == revolve.ADVANCE:
+            assert current == a.position and a.arg >= 1, a
+            current += a.arg
+            advanced += a.arg
+        elif a.kind == revolve.TAKESHOT:
+            assert current == a.position and 0 <= a.arg < snapshots, a
+            slots[a.arg] = current
+        else:
+            assert a.kind == revolve.REVERSE and current == a.position, a
+            order.append(current)
+            current = None
+    return order, advanced
+
+
+@pytest.mark.parametrize("snapshots", range(1, 9))
+def test_online_schedule_reverses_every_step_within_the_slots(snapshots: int) -> None:
+    for steps in range(0, 80):
+        order, advanced = _simulate_online(steps, snapshots)
+        assert order == list(reversed(range(steps)))
+        stride, stored = revolve.thinned(steps, snapshots)
+        # each segment is reversed by Revolve with the slots the earlier segments leave free
+        assert advanced == sum(binomial_bound(min(stride, steps - j * stride), snapshots - j)
+                               for j in range(len(stored)))
+
+
+def test_online_checkpointing_of_a_thousand_steps_costs_a_fifth_more_reruns_than_knowing_the_count() -> None:
+    _, advanced = _simulate_online(1000, 10)
+    offline = binomial_bound(1000, 10) - 999  # the forward of the offline schedule does 999 of its advances
+    assert revolve.thinned(1000, 10) == (128, tuple(range(0, 1000, 128)))
+    assert advanced == 3156 and advanced <= 1.2 * offline
+
+
+@pytest.mark.parametrize("snapshots", [1, 2, 5])
+def test_the_run_time_generator_emits_the_python_schedule(snapshots: int) -> None:
+    """The C++ code the backward runs (`revolve.NEXT_ACTION_CPP`) against `revolve.online_schedule`, in one
+    small compiled program per snapshot count that drains the generator into an array."""
+    from dace.sdfg.state import LoopRegion
+
+    from gradflow.runtime.compile import compile_sdfg
+
+    words = revolve.generator_words(snapshots)
+    sdfg = dace.SDFG(f"revolve_generator_{snapshots}")
+    sdfg.add_array("trips", (3,), dace.int64)
+    sdfg.add_array("out", (4096, 3), dace.int64)
+    sdfg.add_array("count", (1,), dace.int64)
+    sdfg.add_array("gen", (words,), dace.int64, transient=True)
+    sdfg.add_array("action", (3,), dace.int64, transient=True)
+    init = sdfg.add_state("init", is_start_block=True)
+    t = init.add_tasklet("init", {revolve.INFO}, {revolve.STATE}, revolve.init_code(snapshots, linear=False), language=dace.Language.CPP)
+    init.add_edge(init.add_read("trips"), None, t, revolve.INFO, dace.Memlet("trips[0:3]"))
+    init.add_edge(t, revolve.STATE, init.add_write("gen"), None, dace.Memlet(f"gen[0:{words}]"))
+    drain = LoopRegion("drain", "kind != 4", sdfg=sdfg)
+    sdfg.add_node(drain)
+    sdfg.add_edge(init, drain, dace.InterstateEdge(assignments={"kind": "0", "c": "0"}))
+    ask = drain.add_state("ask", is_start_block=True)
+    nxt = ask.add_tasklet("next", {revolve.STATE_IN}, {revolve.STATE, revolve.ACTION}, revolve.next_action_code(), language=dace.Language.CPP)
+    ask.add_edge(ask.add_read("gen"), None, nxt, revolve.STATE_IN, dace.Memlet(f"gen[0:{words}]"))
+    ask.add_edge(nxt, revolve.STATE, ask.add_write("gen"), None, dace.Memlet(f"gen[0:{words}]"))
+    ask.add_edge(nxt, revolve.ACTION, ask.add_write("action"), None, dace.Memlet("action[0:3]"))
+    keep = drain.add_state_after(ask, "keep")
+    keep.add_nedge(keep.add_read("action"), keep.add_write("out"), dace.Memlet("action[0:3]", other_subset="c, 0:3"))
+    drain.add_state_after(keep, "counted", assignments={"kind": "action[0]", "c": "c + 1"})
+    done = sdfg.add_state_after(drain, "done")
+    w = done.add_tasklet("count", set(), {"o"}, "o = c")
+    done.add_edge(w, "o", done.add_write("count"), None, dace.Memlet("count[0]"))
+    program = compile_sdfg(Graph.adopt(sdfg))
+    for steps in [0, 1, 2, 7, 33, 100]:
+        stride, stored = revolve.thinned(steps, snapshots)
+        out, count = np.full((4096, 3), -1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+        program(trips=np.array([steps, stride, len(stored)], dtype=np.int64), out=out, count=count)
+        got = [tuple(row) for row in out[: int(count[0]) - 1]]  # the last row is DONE
+        assert out[int(count[0]) - 1, 0] == revolve.DONE
+        assert got == [(a.kind, a.arg, a.position) for a in revolve.online_schedule(steps, snapshots)]
+
+
+M = dace.symbol("M")
+
+
+@dace.program
+def relax_until(A: dace.float64[M], W: dace.float64[M], L: dace.float64[1], S: dace.float64[1]):
+    while A[0] < L[0]:  # a trip count known only when the loop has run
+        A[1:M] = np.sin(A[1:M] * W[1:M]) + 0.5 * A[0:M - 1]  # nonlinear: reversing a step needs its state
+        A[0] = A[0] + 1.0
+    for i in range(M):
+        S[0] += A[i] * A[i] * (i + 1.0)
+
+
+def _while_label(sdfg) -> str:
+    return _loop_label(sdfg, lambda r: r.label.startswith("while"))
+
+
+@functools.cache
+def _relax_function(policy: gradflow.Forwarding):
+    return gradflow.value_and_grad(relax_until.to_sdfg(), wrt=["A", "W"], of="S", forwarding=policy)
+
+
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(seed=st.integers(0, 2**31 - 1), start=st.floats(0.0, 0.9))
+def test_a_while_loop_checkpointed_online_gives_store_all_gradients_for_every_snapshot_count(seed, start) -> None:
+    rng = np.random.default_rng(seed)
+    a, w = rng.uniform(-1, 1, 7), rng.uniform(-1, 1, 7)
+    a[0] = start
+    limit = np.array([6.0])  # ceil(6 - start) steps: 6 here
+    label = _while_label(relax_until.to_sdfg())
+    value, grads = _relax_function(gradflow.STORE_ALL)(A=a.copy(), W=w.copy(), L=limit.copy(), S=np.zeros(1))
+    for s in range(1, 7):
+        got_value, got = _relax_function(gradflow.Forwarding.checkpoint(snapshots=s, loops=[label]))(
+            A=a.copy(), W=w.copy(), L=limit.copy(), S=np.zeros(1))
+        np.testing.assert_allclose(got_value, value, rtol=1e-12, atol=0)
+        for x in grads:
+            np.testing.assert_allclose(got[x], grads[x], rtol=1e-12, atol=1e-15, err_msg=f"d/d{x}, s={s}")
+
+
+def test_a_checkpointed_while_loop_forwards_its_snapshots_and_trip_count_only() -> None:
+    label = _while_label(relax_until.to_sdfg())
+    graph = unwrap_or_raise(ad_pipeline(Reverse(("A", "W"), ("S",), forwarding=gradflow.Forwarding.checkpoint(
+        snapshots=3, loops=[label])))(Graph.of(relax_until.to_sdfg())))
+    stores = graph.meta["ad"].stores
+    assert "CheckpointedLoop" in graph.meta["ad"].rules_used
+    assert stores[f"gradflow_online_{label}"] == f"<trip count of {label}>"
+    assert graph.sdfg.arrays["gradflow_snap_A"].shape[0] == 3  # three slots, whatever the trip count
+    assert not [s for s, a in stores.items() if a == "A"]  # no per-iteration stack of A
+
+
+def test_split_backward_of_a_checkpointed_while_loop_equals_store_all() -> None:
+    from gradflow.runtime.compile import compile_sdfg
+
+    label = _while_label(relax_until.to_sdfg())
+    result = gradflow.vjp(relax_until.to_sdfg(), wrt=["A", "W"], of="S",
+                          forwarding=gradflow.Forwarding.checkpoint(snapshots=2, loops=[label]))
+    rng = np.random.default_rng(4)
+    a, w, limit = rng.uniform(-1, 1, 7), rng.uniform(-1, 1, 7), np.array([4.5])
+    a[0] = 0.2
+    fwd_args = {"A": a.copy(), "W": w.copy(), "L": limit.copy(), "S": np.zeros(1)}
+    for k, d in result.forward.arrays.items():
+        if not d.transient and k not in fwd_args:
+            fwd_args[k] = np.zeros(tuple(int(dace.symbolic.evaluate(x, {M: 7})) for x in d.shape),
+                                   dtype=d.dtype.as_numpy_dtype())
+    compile_sdfg(Graph.adopt(result.forward))(**fwd_args, M=7)
+    bwd_args = {k: fwd_args[k] for k in result.forwarded}
+    bwd_args.update(grad_S=np.ones(1), grad_A=np.full(7, np.nan), grad_W=np.full(7, np.nan))
+    compile_sdfg(Graph.adopt(result.backward))(**bwd_args, M=7)
+    _, expected = _relax_function(gradflow.STORE_ALL)(A=a.copy(), W=w.copy(), L=limit.copy(), S=np.zeros(1))
+    for x in ("A", "W"):
+        np.testing.assert_allclose(bwd_args[f"grad_{x}"], expected[x], rtol=1e-12, atol=1e-15)

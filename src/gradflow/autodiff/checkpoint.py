@@ -1,4 +1,4 @@
-"""Checkpointed loops: a counted loop's forward keeps a few snapshots, its backward re-advances (Revolve).
+"""Checkpointed loops: a loop's forward keeps a few snapshots, its backward re-advances (Revolve).
 
 Under `Forwarding.checkpoint(snapshots=s, ...)` a chosen loop is reversed without a per-iteration tape:
 
@@ -23,6 +23,10 @@ its unwritten elements keep their initial values, and its written ones are recom
 
 The backward sweep writes its own snapshots into the slots the forward filled (the snapshot array is
 consumed, like Revolve's checkpoints): a split backward runs once per forward run.
+
+A while loop is checkpointed online (`CheckpointedLoop._record_online`): its forward counts the trips and
+thins its snapshots as they come (`revolve.thinned`), and the backward asks a C++ generator for one action
+at a time (`revolve.online_schedule`, computed at run time from the trip count the forward recorded).
 """
 
 from __future__ import annotations
@@ -55,11 +59,38 @@ def _loops_around(block) -> list[LoopRegion]:
     return found
 
 
+def _symbols_read(block) -> set[str]:
+    return {str(x) for x in block.free_symbols}
+
+
+def carried_symbols(loop: LoopRegion) -> list[str]:
+    """Symbols the body of `loop` assigns on interstate edges and may read before assigning them in an
+    iteration (their value comes from the previous one), or assigns inside a nested region. A step
+    recomputes the others itself (a while loop's condition, `x = A[0]`); these would need snapshots."""
+    nested = {k for b in loop.nodes() if not isinstance(b, dace.SDFGState)
+              for e in b.all_interstate_edges(recursive=True) for k in e.data.assignments}
+    assigned = {k for e in loop.edges() for k in e.data.assignments} | nested
+    if not assigned:
+        return []
+    carried = set(nested)
+    known: dict = {}
+    import networkx as nx
+
+    for block in nx.topological_sort(loop.nx):
+        ins = loop.in_edges(block)
+        have = set.intersection(*[known[e.src] | set(e.data.assignments) for e in ins]) if ins else set()
+        known[block] = have
+        carried |= (_symbols_read(block) & assigned) - have
+        for e in loop.out_edges(block):
+            carried |= (set(map(str, e.data.read_symbols())) & assigned) - have
+    return sorted(carried)
+
+
 def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
     """Why the body of `loop` cannot become a checkpointed step (None: it can)."""
-    assigned = sorted({k for e in loop.all_interstate_edges(recursive=True) for k in e.data.assignments})
-    if assigned:
-        return f"its body assigns symbols on interstate edges ({', '.join(assigned)})"
+    carried = carried_symbols(loop)
+    if carried:
+        return f"its body carries symbols from one iteration to the next ({', '.join(carried)})"
     states = [b for b in loop.all_control_flow_blocks(recursive=True) if isinstance(b, dace.SDFGState)]
     indices = sorted({n.data for st in states for n in st.data_nodes()
                       if st.out_degree(n) and sdfg.arrays[n.data].dtype in (dace.int32, dace.int64)})
@@ -69,7 +100,8 @@ def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
 
 
 def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRegion]:
-    """The loops a checkpoint policy names (`labels`), or all outermost counted `for` loops (None)."""
+    """The loops a checkpoint policy names (`labels`; while loops included), or all outermost counted `for`
+    loops (None)."""
     from gradflow.autodiff.structure import _assigned_symbols
     from gradflow.analysis.loops import counted_loop
 
@@ -85,12 +117,7 @@ def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRe
             f"program; its loops: {', '.join(sorted(by_label)) or '(none)'}",
             "name loops by their label (gradflow show prints them), or leave loops out for all outermost loops")
     chosen = [by_label[label] for label in labels]
-    for loop in chosen:
-        if counted_loop(loop, _assigned_symbols(loop)) is None:
-            raise NotDifferentiableError(
-                f"loop '{loop.label}' is not a counted for loop: checkpointing a while loop (online "
-                "checkpointing) is not supported", "checkpoint counted loops only, or store this loop's values "
-                "(give it a bound with Forwarding(loop_bounds=...))")
+    for loop in chosen:  # a while loop is checkpointed online (its trip count is known once it has run)
         outer = _loops_around(loop)
         if outer:
             raise NotDifferentiableError(
@@ -121,11 +148,13 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
         set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside
         node.label = f"{STEP}{loop.label}"
         node.sdfg.name = f"{STEP}{loop.label}"
-        used = set(map(str, node.sdfg.used_symbols(all_symbols=False))) | {
-            str(sym) for desc in node.sdfg.arrays.values() for sym in desc.free_symbols}
+        inside = {k for e in node.sdfg.all_interstate_edges() for k in e.data.assignments}
+        used = (set(map(str, node.sdfg.used_symbols(all_symbols=False))) | {
+            str(sym) for desc in node.sdfg.arrays.values() for sym in desc.free_symbols}) - inside
         for sym in sorted(set(node.symbol_mapping) - used):  # DaCe maps every outer symbol
             del node.symbol_mapping[sym]
-            node.sdfg.symbols.pop(sym, None)
+            if sym not in inside:  # (DaCe exports those the step assigns through `symbolic_output`)
+                node.sdfg.symbols.pop(sym, None)
         for sym in sorted(used - set(node.symbol_mapping)):  # the loop variable, when the body reads it
             node.symbol_mapping[sym] = sym
             if sym not in node.sdfg.symbols:
@@ -137,7 +166,10 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 def _step_node(item) -> nd.NestedSDFG | None:
-    if len(item.body.items) != 1 or item.body.items[0].kind != "operation":
+    """The outlined step of a loop item: its body is the step's operation, then at most the assignments
+    of the symbols the step exports (DaCe's nesting sets them after the call)."""
+    items = item.body.items
+    if not items or items[0].kind != "operation" or any(i.kind != "assignment" for i in items[1:]):
         return None
     members = item.body.items[0].site.members()
     steps = [n for n in members if isinstance(n, nd.NestedSDFG) and n.label.startswith(STEP)]
@@ -184,6 +216,17 @@ class Snapshots:
     first: str  # the loop variable's first value
     step: int
     current: int  # the slot holding the state the last step starts from
+
+
+@attrs.frozen
+class OnlineSnapshots:
+    """What the forward of a checkpointed while loop recorded: its snapshots (at most `snapshots` slots,
+    thinned as it ran: `revolve.thinned`) and `info` = (trips, stride, stored slots), an int64[3] array."""
+
+    carried: tuple[str, ...]
+    slots: dict
+    snapshots: int
+    info: str
 
 
 def trip_count(item, sizes: dict[str, int]) -> int:
@@ -299,10 +342,12 @@ class CheckpointedLoop:
     def tape_bytes(self, item, rev, loops: tuple):
         return 0  # the snapshots are priced by the checkpoint policy itself, not by the budget planner
 
-    def record(self, item, rev, loops: tuple) -> Snapshots:
-        if item.counted is None or loops:  # `chosen_loops` outlines neither; a lowered `break` could make one
-            raise NotDifferentiableError(f"loop '{item.label}' is not a counted loop outside every other loop: it "
-                                         "cannot be checkpointed", "leave it out of Forwarding.checkpoint(loops=...)")
+    def record(self, item, rev, loops: tuple) -> Snapshots | OnlineSnapshots:
+        if loops:  # `chosen_loops` outlines only outermost loops
+            raise NotDifferentiableError(f"loop '{item.label}' is inside another loop: it cannot be checkpointed",
+                                         "leave it out of Forwarding.checkpoint(loops=...)")
+        if item.counted is None:
+            return self._record_online(item, rev)
         policy = rev.spec.forwarding
         c = item.counted
         trips = trip_count(item, dict(policy.sizes))
@@ -344,15 +389,79 @@ class CheckpointedLoop:
                     _copy_slot(take, array, slots[array], str(slot), to_snapshot=True)
         return Snapshots(carried, slots, backward, trips, c.var, first, c.step, current)
 
-    def reverse(self, item, recorded: Snapshots, rev, ctx: ReverseContext, body) -> None:
-        if not recorded.trips:
+    def _record_online(self, item, rev) -> OnlineSnapshots:
+        """Instrument a while loop's forward: a trip counter, and snapshots at the multiples of a stride
+        that doubles whenever the slots are full (`revolve.thinned`, the same steps in Python)."""
+        sdfg, loop, label = rev.sdfg, item.loop, item.label
+        s = rev.spec.forwarding.snapshots
+        carried = stored_state(item, rev)
+        info, _ = sdfg.add_array(f"gradflow_online_{label}", (3,), dace.int64, transient=True, find_new_name=True)
+        rev.stores[info] = f"<trip count of {label}>"
+        slots = {}
+        for array in carried:
+            desc = sdfg.arrays[array]
+            slots[array], _ = sdfg.add_array(f"gradflow_snap_{array}", (s,) + tuple(desc.shape), desc.dtype,
+                                             transient=True, find_new_name=True)
+            rev.stores[slots[array]] = f"<snapshots of {array}>"
+        n, stride, k, at = rev.fresh("gf_on"), rev.fresh("gf_od"), rev.fresh("gf_ok"), rev.fresh("gf_om")
+        parent = loop.parent_graph
+        parent.add_state_before(loop, f"online_init_{label}", is_start_block=parent.start_block is loop,
+                                assignments={n: "0", stride: "1", k: "0", at: "0"})
+        done = parent.add_state_after(loop, f"online_done_{label}")
+        tasklet = done.add_tasklet(f"online_trips_{label}", set(), {"t", "d", "c"}, f"t = {n}\nd = {stride}\nc = {k}")
+        out = done.add_write(info)
+        for slot, conn in enumerate("tdc"):
+            done.add_edge(tasklet, conn, out, None, dace.Memlet(f"{info}[{slot}]"))
+
+        last = [b for b in loop.nodes() if loop.out_degree(b) == 0]
+        loop.add_state_after(last[0], f"online_count_{label}", assignments={n: f"{n} + 1"})
+        if not carried:
+            return OnlineSnapshots(carried, slots, s, info)
+        old_start = loop.start_block
+        keep = (s + 1) // 2
+        thin = ConditionalBlock(f"online_thin_{label}", sdfg=sdfg)
+        branch = ControlFlowRegion(f"online_thin_{label}_body", sdfg=sdfg)
+        thin.add_branch(f"({n} == {at}) and ({k} == {s})", branch)
+        first = branch.add_state(f"online_thin_{label}_start", is_start_block=True)
+        if keep > 1:  # slot j <- slot 2j
+            j = rev.fresh("gf_oj")
+            moves = LoopRegion(f"online_keep_{label}", f"{j} < {keep}", j, f"{j} = 1", f"{j} = {j} + 1", sdfg=sdfg)
+            branch.add_node(moves)
+            branch.add_edge(first, moves, dace.InterstateEdge())
+            move = moves.add_state(f"online_move_{label}", is_start_block=True)
+            for array in carried:
+                desc = sdfg.arrays[array]
+                whole = ", ".join(f"0:{symbolic.symstr(x)}" for x in desc.shape)
+                move.add_nedge(move.add_read(slots[array]), move.add_write(slots[array]),
+                               dace.Memlet(data=slots[array], subset=f"2 * {j}, {whole}", other_subset=f"{j}, {whole}"))
+            first = moves
+        doubled = branch.add_state_after(first, f"online_double_{label}", assignments={stride: f"2 * {stride}"})
+        branch.add_state_after(doubled, f"online_rebased_{label}", assignments={k: str(keep), at: f"{keep} * {stride}"})
+
+        store = ConditionalBlock(f"online_store_{label}", sdfg=sdfg)
+        take = ControlFlowRegion(f"online_store_{label}_body", sdfg=sdfg)
+        store.add_branch(f"{n} == {at}", take)
+        copies = take.add_state(f"online_take_{label}", is_start_block=True)
+        for array in carried:
+            _copy_slot(copies, array, slots[array], k, to_snapshot=True)
+        take.add_state_after(copies, f"online_taken_{label}", assignments={k: f"{k} + 1", at: f"{at} + {stride}"})
+
+        loop.add_node(thin, is_start_block=True)
+        loop.add_node(store)
+        loop.add_edge(thin, store, dace.InterstateEdge())
+        loop.add_edge(store, old_start, dace.InterstateEdge())
+        return OnlineSnapshots(carried, slots, s, info)
+
+    def reverse(self, item, recorded, rev, ctx: ReverseContext, body) -> None:
+        online = isinstance(recorded, OnlineSnapshots)
+        if not online and not recorded.trips:
             return
         sdfg = ctx.sdfg
         node = _step_node(item)
         fwd_state = item.body.items[0].site.state
         written = sorted({e.data.data for e in fwd_state.out_edges(node) if not e.data.is_empty()})
-        actions = recorded.backward
-        present = {a.kind for a in actions}
+        present = ({revolve.ADVANCE, revolve.TAKESHOT, revolve.RESTORE, revolve.REVERSE} if recorded.carried
+                   else {revolve.REVERSE}) if online else {a.kind for a in recorded.backward}
         # Working copies the reruns may write: never the forward's own arrays. (Without reruns or snapshots
         # the steps' vjps only read arrays no step writes: nothing to set up.)
         setup = ctx.new_state(f"checkpoint_setup_{item.label}")
@@ -364,22 +473,27 @@ class CheckpointedLoop:
                 if array not in recorded.carried:
                     copy_array(setup, array, work)  # not stored: its unwritten elements are the loop's input
                 ctx.values[array] = work
-        for array in recorded.carried:  # the state the last step starts from
-            _copy_slot(setup, ctx.values[array], recorded.slots[array], str(recorded.current), to_snapshot=False)
-
-        kinds = _constant_table(sdfg, f"gradflow_actions_{item.label}", [a.kind for a in actions])
-        args = _constant_table(sdfg, f"gradflow_args_{item.label}", [a.arg for a in actions])
-        positions = _constant_table(sdfg, f"gradflow_positions_{item.label}", [a.position for a in actions])
-        k, kind, arg, at = rev.fresh("gf_ca"), rev.fresh("gf_ck"), rev.fresh("gf_cg"), rev.fresh("gf_cp")
-        var = recorded.var
-        here = f"({recorded.first}) + ({recorded.step}) * {at}"
-
-        interpreter = LoopRegion(f"checkpoint_{item.label}", f"{k} < {len(actions)}", k, f"{k} = 0", f"{k} = {k} + 1",
-                                 sdfg=sdfg)
-        ctx.add_block(interpreter)
+        kind, arg, at = rev.fresh("gf_ck"), rev.fresh("gf_cg"), rev.fresh("gf_cp")
+        if online:
+            interpreter = self._online_interpreter(item, recorded, rev, ctx, setup, kind, arg, at)
+            var = here = None
+        else:
+            for array in recorded.carried:  # the state the last step starts from
+                _copy_slot(setup, ctx.values[array], recorded.slots[array], str(recorded.current), to_snapshot=False)
+            actions = recorded.backward
+            kinds = _constant_table(sdfg, f"gradflow_actions_{item.label}", [a.kind for a in actions])
+            args = _constant_table(sdfg, f"gradflow_args_{item.label}", [a.arg for a in actions])
+            positions = _constant_table(sdfg, f"gradflow_positions_{item.label}", [a.position for a in actions])
+            k = rev.fresh("gf_ca")
+            var = recorded.var
+            here = f"({recorded.first}) + ({recorded.step}) * {at}"
+            interpreter = LoopRegion(f"checkpoint_{item.label}", f"{k} < {len(actions)}", k, f"{k} = 0",
+                                     f"{k} = {k} + 1", sdfg=sdfg)
+            ctx.add_block(interpreter)
+            with ctx.inside(interpreter):
+                ctx.new_state(f"action_{item.label}", {kind: f"{kinds}[{k}]", arg: f"{args}[{k}]",
+                                                        at: f"{positions}[{k}]"})
         with ctx.inside(interpreter):
-            ctx.new_state(f"action_{item.label}", {kind: f"{kinds}[{k}]", arg: f"{args}[{k}]",
-                                                    at: f"{positions}[{k}]"})
             branches = ConditionalBlock(f"dispatch_{item.label}", sdfg=sdfg)
             ctx.add_block(branches)
 
@@ -391,8 +505,9 @@ class CheckpointedLoop:
                                    sdfg=sdfg)
                 advance.add_node(steps, is_start_block=True)
                 run = steps.add_state(f"step_{item.label}", is_start_block=True)
-                steps.add_state_before(run, f"step_at_{item.label}", is_start_block=True,
-                                       assignments={var: f"({recorded.first}) + ({recorded.step}) * ({at} + {j})"})
+                if var is not None:
+                    steps.add_state_before(run, f"step_at_{item.label}", is_start_block=True,
+                                           assignments={var: f"({recorded.first}) + ({recorded.step}) * ({at} + {j})"})
                 self._emit_step(run, node, fwd_state, ctx)
             for which, to_snapshot in ((revolve.TAKESHOT, True), (revolve.RESTORE, False)):
                 if which not in present:
@@ -406,8 +521,36 @@ class CheckpointedLoop:
             back = ControlFlowRegion(f"reverse_step_{item.label}", sdfg=sdfg)
             branches.add_branch(f"{kind} == {revolve.REVERSE}", back)
             with ctx.inside(back):
-                ctx.new_state(f"reverse_at_{item.label}", {var: here})
+                ctx.new_state(f"reverse_at_{item.label}", {var: here} if var is not None else None)
                 body(item.body)
+
+    @staticmethod
+    def _online_interpreter(item, recorded: OnlineSnapshots, rev, ctx: ReverseContext, setup, kind: str, arg: str,
+                            at: str) -> LoopRegion:
+        """The loop that asks the run-time schedule generator (`revolve.NEXT_ACTION_CPP`) for one action per
+        iteration, from what the forward recorded, until it says DONE; the caller fills in the dispatch."""
+        sdfg = ctx.sdfg
+        words = revolve.generator_words(recorded.snapshots)
+        gen, _ = sdfg.add_array(f"gradflow_revolve_{item.label}", (words,), dace.int64, transient=True,
+                                find_new_name=True)
+        act, _ = sdfg.add_array(f"gradflow_action_{item.label}", (3,), dace.int64, transient=True,
+                                find_new_name=True)
+        start = setup.add_tasklet(f"revolve_init_{item.label}", {revolve.INFO}, {revolve.STATE},
+                                  revolve.init_code(recorded.snapshots, linear=not recorded.carried),
+                                  language=dace.Language.CPP)
+        setup.add_edge(setup.add_read(recorded.info), None, start, revolve.INFO, dace.Memlet(f"{recorded.info}[0:3]"))
+        setup.add_edge(start, revolve.STATE, setup.add_write(gen), None, dace.Memlet(f"{gen}[0:{words}]"))
+        interpreter = LoopRegion(f"checkpoint_{item.label}", f"{kind} != {revolve.DONE}", sdfg=sdfg)
+        ctx.add_block(interpreter, {kind: "0"})
+        with ctx.inside(interpreter):
+            ask = ctx.new_state(f"next_action_{item.label}")
+            next_ = ask.add_tasklet(f"revolve_next_{item.label}", {revolve.STATE_IN}, {revolve.STATE, revolve.ACTION},
+                                    revolve.next_action_code(), language=dace.Language.CPP)
+            ask.add_edge(ask.add_read(gen), None, next_, revolve.STATE_IN, dace.Memlet(f"{gen}[0:{words}]"))
+            ask.add_edge(next_, revolve.STATE, ask.add_write(gen), None, dace.Memlet(f"{gen}[0:{words}]"))
+            ask.add_edge(next_, revolve.ACTION, ask.add_write(act), None, dace.Memlet(f"{act}[0:3]"))
+            ctx.new_state(f"action_{item.label}", {kind: f"{act}[0]", arg: f"{act}[1]", at: f"{act}[2]"})
+        return interpreter
 
     @staticmethod
     def _emit_step(state, node: nd.NestedSDFG, fwd_state, ctx: ReverseContext) -> None:

@@ -17,8 +17,9 @@ the operation that reads it is reversed). The policies:
   tape lives in the backward sweep only, is stored (`Forwarding.inside_nested`).
 
 - `Forwarding.checkpoint(snapshots=s, loops=..., sizes={...})`: the named counted loops (default: every
-  outermost one) keep at most `s` snapshots of their loop-carried state and the backward re-advances
-  from them along a binomial (Revolve) schedule (`checkpoint.py`, `revolve.py`). A budget may choose
+  outermost one; while loops by label, checkpointed online) keep at most `s` snapshots of their
+  loop-carried state and the backward re-advances from them along a binomial (Revolve) schedule
+  (`checkpoint.py`, `revolve.py`). A budget may choose
   this itself (it prices both plans), and a policy with both a budget and snapshots checkpoints with
   that many and plans the rest within what the snapshots leave of the budget.
 
@@ -126,8 +127,9 @@ class Forwarding:
     @staticmethod
     def checkpoint(snapshots: int, loops: Iterable[str] | None = None, sizes: Mapping[str, int] | None = None,
                    loop_bounds: Mapping[str, int] | None = None) -> "Forwarding":
-        """Reverse the named loops (default: every outermost counted loop) by binomial checkpointing with
-        at most `snapshots` stored states, for the trip counts at these sizes (see `autodiff/checkpoint.py`)."""
+        """Reverse the named loops (default: every outermost counted loop; a named while loop is
+        checkpointed online) by binomial checkpointing with at most `snapshots` stored states, for the trip
+        counts at these sizes (see `autodiff/checkpoint.py`)."""
         if snapshots is None:
             _optional_snapshots(0)  # the error message for a missing count
         return Forwarding(snapshots=snapshots, checkpoint_loops=loops, sizes=sizes or {},

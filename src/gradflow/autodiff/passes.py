@@ -127,10 +127,32 @@ def _arrays_used(blocks) -> set[str]:
 
 def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
     """A forwarded transient scalar becomes a one-element array: scalars are passed by value, so the
-    forward could not hand it out."""
+    forward could not hand it out. Control flow that reads it by name (an interstate assignment or
+    condition, a loop or branch condition) then reads its element."""
+    from dace.properties import CodeBlock
+    from dace.sdfg.state import ConditionalBlock, LoopRegion
+
     desc = sdfg.arrays[name]
-    if isinstance(desc, dace.data.Scalar):
-        sdfg.arrays[name] = dace.data.Array(desc.dtype, [1], transient=desc.transient)
+    if not isinstance(desc, dace.data.Scalar):
+        return
+    sdfg.arrays[name] = dace.data.Array(desc.dtype, [1], transient=desc.transient)
+    element = {name: f"{name}[0]"}
+    for region in sdfg.all_control_flow_regions():
+        for edge in region.edges():
+            if name in edge.data.free_symbols:
+                edge.data.replace_dict(element)
+        if isinstance(region, LoopRegion) and name in region.loop_condition.get_free_symbols():
+            region.loop_condition = CodeBlock(_element_of(region.loop_condition.as_string, name))
+        if isinstance(region, ConditionalBlock):
+            for condition, _ in region.branches:
+                if condition is not None and name in condition.get_free_symbols():
+                    condition.code = CodeBlock(_element_of(condition.as_string, name)).code
+
+
+def _element_of(code: str, name: str) -> str:
+    import re
+
+    return re.sub(rf"\b{re.escape(name)}\b(?!\s*\[)", f"{name}[0]", code)
 
 
 def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]:

@@ -194,13 +194,16 @@ def stored_state(item, rev) -> tuple[str, ...]:
 
 
 def snapshot_bytes(item, rev, sizes: dict[str, int], snapshots: int) -> int:
-    """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots: one slot per
-    snapshot and one for the state the last step starts from, of the `stored_state` arrays each."""
+    """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots, of the
+    `stored_state` arrays each: a counted loop's slots and one for the state its last step starts from; a
+    while loop's slots and its trip record (`OnlineSnapshots.info`)."""
     from gradflow.analysis.cost import evaluate
 
     carried = stored_state(item, rev)
     one = sum(evaluate(rev.sdfg.arrays[a].total_size * rev.sdfg.arrays[a].dtype.bytes, sizes,
                        f"the size of '{a}'") for a in carried)
+    if item.counted is None:
+        return one * snapshots + 3 * 8
     return one * (min(snapshots, max(trip_count(item, sizes), 1)) + 1)
 
 
@@ -408,9 +411,11 @@ class CheckpointedLoop:
         parent.add_state_before(loop, f"online_init_{label}", is_start_block=parent.start_block is loop,
                                 assignments={n: "0", stride: "1", k: "0", at: "0"})
         done = parent.add_state_after(loop, f"online_done_{label}")
-        tasklet = done.add_tasklet(f"online_trips_{label}", set(), {"t", "d", "c"}, f"t = {n}\nd = {stride}\nc = {k}")
+        conns = ("__gf_trips", "__gf_stride", "__gf_stored")
+        tasklet = done.add_tasklet(f"online_trips_{label}", {}, dict.fromkeys(conns),
+                                   "\n".join(f"{c} = {v}" for c, v in zip(conns, (n, stride, k))))
         out = done.add_write(info)
-        for slot, conn in enumerate("tdc"):
+        for slot, conn in enumerate(conns):
             done.add_edge(tasklet, conn, out, None, dace.Memlet(f"{info}[{slot}]"))
 
         last = [b for b in loop.nodes() if loop.out_degree(b) == 0]
@@ -535,7 +540,7 @@ class CheckpointedLoop:
                                 find_new_name=True)
         act, _ = sdfg.add_array(f"gradflow_action_{item.label}", (3,), dace.int64, transient=True,
                                 find_new_name=True)
-        start = setup.add_tasklet(f"revolve_init_{item.label}", {revolve.INFO}, {revolve.STATE},
+        start = setup.add_tasklet(f"revolve_init_{item.label}", {revolve.INFO: None}, {revolve.STATE: None},
                                   revolve.init_code(recorded.snapshots, linear=not recorded.carried),
                                   language=dace.Language.CPP)
         setup.add_edge(setup.add_read(recorded.info), None, start, revolve.INFO, dace.Memlet(f"{recorded.info}[0:3]"))
@@ -544,7 +549,8 @@ class CheckpointedLoop:
         ctx.add_block(interpreter, {kind: "0"})
         with ctx.inside(interpreter):
             ask = ctx.new_state(f"next_action_{item.label}")
-            next_ = ask.add_tasklet(f"revolve_next_{item.label}", {revolve.STATE_IN}, {revolve.STATE, revolve.ACTION},
+            next_ = ask.add_tasklet(f"revolve_next_{item.label}", {revolve.STATE_IN: None},
+                                    dict.fromkeys((revolve.STATE, revolve.ACTION)),
                                     revolve.next_action_code(), language=dace.Language.CPP)
             ask.add_edge(ask.add_read(gen), None, next_, revolve.STATE_IN, dace.Memlet(f"{gen}[0:{words}]"))
             ask.add_edge(next_, revolve.STATE, ask.add_write(gen), None, dace.Memlet(f"{gen}[0:{words}]"))

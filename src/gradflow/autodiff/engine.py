@@ -44,7 +44,7 @@ from gradflow.autodiff.structure import (
     OPERATION, Seq, block_chain, build_tree, check_symbols, region_items, symbols_read,
 )
 from gradflow.autodiff.tape import Stack, Tape, release
-from gradflow.core.errors import NoRuleError, NotDifferentiableError
+from gradflow.core.errors import InvalidArgumentError, NoRuleError, NotDifferentiableError
 from gradflow.core.rule_table import RuleTable
 
 BACKWARD_LABEL = "gradflow_backward"
@@ -504,7 +504,8 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
 
     Both plans are priced on copies of the program in the planner's unit (element operations): the plain
     one by the MILP (reruns and tape pushes); the checkpointed one by the MILP for the rest plus, per
-    loop, `advances + trips` runs of one iteration (reversing a step reruns its forward once)."""
+    loop, `advances + trips` runs of an average iteration (reversing a step reruns its forward once). When
+    the store/recompute plan fits and the loops' work cannot be priced, the plan is kept."""
     import copy
 
     policy = spec.forwarding
@@ -536,9 +537,11 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
         return policy  # the store/recompute plan fits: no need for the loops to be checkpointable
     try:
         rest = front.choose(policy.max_bytes - 2 * per_slot)
-    except budget.BudgetError as err:
+    except (budget.BudgetError, NotDifferentiableError, InvalidArgumentError) as err:
         if plain_choice is not None:
-            return policy
+            return policy  # e.g. the outlined program's rest cannot be priced: the plain plan fits anyway
+        if not isinstance(err, budget.BudgetError):
+            raise
         least = err.minimum + 2 * per_slot
         least = least if plain_minimum is None else min(least, plain_minimum)
         raise budget.BudgetError(f"no plan keeps at most {policy.max_bytes} bytes for the backward sweep, with "
@@ -547,24 +550,29 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
     # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`)
     most = max(trips.values(), default=1)
     snapshots = max(1, min(most, (policy.max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
-    step = _iteration_work(plain, labels, sizes) if plain is not None else {}
+    if plain_choice is None:
+        return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
+    try:
+        work = _loop_work(plain, labels, sizes)
+    except (NotDifferentiableError, InvalidArgumentError):  # the loops' work cannot be priced: keep the plan
+        return policy
     advances = {label: revolve.min_advances(n, snapshots) if per_slot else 0 for label, n in trips.items()}
-    reruns = sum((advances[label] + n) * step.get(label, 0) for label, n in trips.items())
-    if plain_choice is not None and plain_choice.predicted_cost <= rest.predicted_cost + reruns:
+    reruns = sum((advances[label] + n) * work.get(label, 0) // max(n, 1) for label, n in trips.items())
+    if plain_choice.predicted_cost <= rest.predicted_cost + reruns:
         return policy
     return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
 
 
-def _iteration_work(front: _Front, labels: tuple[str, ...], sizes: dict) -> dict[str, int]:
-    """Per loop of `labels` (outermost loops of the unoutlined program): the work of its largest iteration."""
+def _loop_work(front: _Front, labels: tuple[str, ...], sizes: dict) -> dict[str, int]:
+    """Per loop of `labels` (outermost loops of the unoutlined program): an upper bound of the work of all
+    its iterations (each operation's largest run times how often it runs)."""
     from gradflow.analysis.cost import evaluate
 
     work = dict.fromkeys(labels, 0)
     for site in front.sites:
         if site.loops and site.loops[0].label in work:
-            once = front.rev.worst_case(op_work(site), site.loops)  # the largest iteration of every loop
-            inner = front.rev.priced_capacity(site.loops[1:])
-            work[site.loops[0].label] += evaluate(once * inner, sizes, f"the work of '{site.state.label}'")
+            runs = front.rev.worst_case(op_work(site), site.loops) * front.rev.priced_capacity(site.loops)
+            work[site.loops[0].label] += evaluate(runs, sizes, f"the work of '{site.state.label}'")
     return work
 
 

@@ -537,12 +537,13 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
         return policy  # the store/recompute plan fits: no need for the loops to be checkpointable
     try:
         rest = front.choose(policy.max_bytes - 2 * per_slot)
-    except (budget.BudgetError, NotDifferentiableError, InvalidArgumentError) as err:
+    except (NotDifferentiableError, InvalidArgumentError) as err:  # BudgetError is an InvalidArgumentError
         if plain_choice is not None:
             return policy  # e.g. the outlined program's rest cannot be priced: the plain plan fits anyway
-        if not isinstance(err, budget.BudgetError):
+        minimum = getattr(err, "minimum", None)
+        if minimum is None:
             raise
-        least = err.minimum + 2 * per_slot
+        least = minimum + 2 * per_slot
         least = least if plain_minimum is None else min(least, plain_minimum)
         raise budget.BudgetError(f"no plan keeps at most {policy.max_bytes} bytes for the backward sweep, with "
                                  f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "

@@ -150,13 +150,13 @@ def write_report(records: list[dict], args, load_before, started: str) -> str:
         "tape's part; *peak RSS +*: measured increase of initialising and calling it once in a fresh "
         "process; *f+b ms*: median CPU time of one fwd+bwd call; */ recompute_all*: that time over "
         f"RECOMPUTE_ALL's (worse means above {1 + report.SLOWER:.2f}; compared at the budgets RECOMPUTE_ALL's "
-        "own plan fits, a smaller budget being met only by checkpointing loops, which buys memory with time). "
+        "own plan fits: a smaller budget is a trade of memory for time, listed apart). "
         "Every row's value and gradients are checked equal to STORE_ALL's.\n\n"
         + environment(args, load_before, started)
         + "\n## Summary\n\n" + report.summary(records, clock)
         + "\n## Budget plans slower than RECOMPUTE_ALL (at budgets its plan fits)\n\n"
         + ("".join(f"- {k}: {n} takes x{x:.2f} RECOMPUTE_ALL's time\n" for k, n, x in slow) or "none\n")
-        + "\n## Budgets below what RECOMPUTE_ALL keeps, met by checkpointing (time over RECOMPUTE_ALL's)\n\n"
+        + "\n## Budgets below what RECOMPUTE_ALL keeps (its plan does not fit), time over RECOMPUTE_ALL's\n\n"
         + ("".join(f"- {k}: {n} x{x:.2f}\n" for k, n, x in bought) or "none\n")
         + "\n## Problems\n\n" + ("".join(f"- {k}: {p}\n" for k, p in problems) or "none\n")
         + "\n## Kernels\n\n" + "\n".join(report.kernel_table(r, clock) for r in records)

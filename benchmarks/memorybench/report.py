@@ -40,8 +40,8 @@ def within(row: dict) -> str:
 
 
 def _fits_baseline(rec: dict, row: dict) -> bool:
-    """Whether RECOMPUTE_ALL's own plan fits the budget of `row` (else the budget can only be met by
-    checkpointing, which buys the memory with time: not comparable with RECOMPUTE_ALL)."""
+    """Whether RECOMPUTE_ALL's own plan fits the budget of `row` (else the budget's plan, the MILP's or a
+    checkpointed one, trades memory for time: not comparable with RECOMPUTE_ALL)."""
     kept = rec["rows"].get(policies.BASELINE, {}).get("forwarded")
     return kept is None or row.get("limit") is None or row["limit"] >= kept
 

@@ -32,7 +32,7 @@ from dace.sdfg.state import ControlFlowRegion, LoopRegion
 from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.cost import op_work
 from gradflow.analysis.loops import upper_bound
-from gradflow.autodiff import budget, checkpoint, revolve
+from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, fill
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -44,7 +44,7 @@ from gradflow.autodiff.structure import (
     OPERATION, Seq, block_chain, build_tree, check_symbols, region_items, symbols_read,
 )
 from gradflow.autodiff.tape import Stack, Tape, release
-from gradflow.core.errors import InvalidArgumentError, NoRuleError, NotDifferentiableError
+from gradflow.core.errors import NoRuleError, NotDifferentiableError
 from gradflow.core.rule_table import RuleTable
 
 BACKWARD_LABEL = "gradflow_backward"
@@ -498,14 +498,14 @@ def _front(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> _Front:
 
 
 def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> Forwarding:
-    """The policy a byte budget becomes: itself when storing and recomputing is the cheapest plan that
-    fits, else the budget with the outermost counted loops checkpointed (`Forwarding.checkpoint`) with as
-    many snapshots as the bytes left by the rest of the plan allow (more snapshots, fewer reruns).
+    """The policy a byte budget becomes: itself when a store/recompute plan fits, else the budget with the
+    outermost counted loops checkpointed (`Forwarding.checkpoint`) with as many snapshots as the bytes left
+    by the rest of the plan allow (more snapshots, fewer reruns); a budget neither fits is a `BudgetError`
+    stating the lesser least.
 
-    Both plans are priced on copies of the program in the planner's unit (element operations): the plain
-    one by the MILP (reruns and tape pushes); the checkpointed one by the MILP for the rest plus, per
-    loop, `advances + trips` runs of an average iteration (reversing a step reruns its forward once). When
-    the store/recompute plan fits and the loops' work cannot be priced, the plan is kept."""
+    Checkpointing only when nothing else fits: priced against the store/recompute plan by rerun work alone,
+    it was chosen where that plan fitted and ran slower (lp_lu at half of STORE_ALL's bytes, 1.8x
+    RECOMPUTE_ALL's time: the snapshot copies, a whole matrix per takeshot and restore, went unpriced)."""
     import copy
 
     policy = spec.forwarding
@@ -513,11 +513,10 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
     labels = tuple(sorted(loop.label for loop in checkpoint.chosen_loops(sdfg, None)))
     if not labels:
         return policy
-    plain = plain_choice = plain_minimum = None
+    plain_minimum = None
     try:
-        plain = _front(copy.deepcopy(sdfg), spec, tables)
-        plain_choice = plain.choose(policy.max_bytes)
-        plain_minimum = plain_choice.minimum_bytes
+        _front(copy.deepcopy(sdfg), spec, tables).choose(policy.max_bytes)
+        return policy  # a store/recompute plan fits
     except budget.BudgetError as err:
         plain_minimum = err.minimum
     except NotDifferentiableError:  # e.g. a while loop without a bound, which the plain plan cannot price
@@ -525,25 +524,15 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
 
     outlined = copy.deepcopy(sdfg)
     trial = attrs.evolve(spec, forwarding=attrs.evolve(policy, snapshots=1, checkpoint_loops=labels))
-    try:
-        checkpoint.outline(outlined, labels)
-        front = _front(outlined, trial, tables)
-        items = [item for item in front.regions if checkpoint.is_outlined(item)]
-        trips = {item.label: checkpoint.trip_count(item, sizes) for item in items}
-        per_slot = sum(checkpoint.snapshot_bytes(item, front.rev, sizes, 1) for item in items) // 2  # 2 slots
-    except Exception:
-        if plain_choice is None:
-            raise
-        return policy  # the store/recompute plan fits: no need for the loops to be checkpointable
+    checkpoint.outline(outlined, labels)
+    front = _front(outlined, trial, tables)
+    items = [item for item in front.regions if checkpoint.is_outlined(item)]
+    trips = {item.label: checkpoint.trip_count(item, sizes) for item in items}
+    per_slot = sum(checkpoint.snapshot_bytes(item, front.rev, sizes, 1) for item in items) // 2  # 1 shot: 2 slots
     try:
         rest = front.choose(policy.max_bytes - 2 * per_slot)
-    except (NotDifferentiableError, InvalidArgumentError) as err:  # BudgetError is an InvalidArgumentError
-        if plain_choice is not None:
-            return policy  # e.g. the outlined program's rest cannot be priced: the plain plan fits anyway
-        minimum = getattr(err, "minimum", None)
-        if minimum is None:
-            raise
-        least = minimum + 2 * per_slot
+    except budget.BudgetError as err:
+        least = err.minimum + 2 * per_slot
         least = least if plain_minimum is None else min(least, plain_minimum)
         raise budget.BudgetError(f"no plan keeps at most {policy.max_bytes} bytes for the backward sweep, with "
                                  f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "
@@ -551,30 +540,7 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
     # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`)
     most = max(trips.values(), default=1)
     snapshots = max(1, min(most, (policy.max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
-    if plain_choice is None:
-        return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
-    try:
-        work = _loop_work(plain, labels, sizes)
-    except (NotDifferentiableError, InvalidArgumentError):  # the loops' work cannot be priced: keep the plan
-        return policy
-    advances = {label: revolve.min_advances(n, snapshots) if per_slot else 0 for label, n in trips.items()}
-    reruns = sum((advances[label] + n) * work.get(label, 0) // max(n, 1) for label, n in trips.items())
-    if plain_choice.predicted_cost <= rest.predicted_cost + reruns:
-        return policy
     return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
-
-
-def _loop_work(front: _Front, labels: tuple[str, ...], sizes: dict) -> dict[str, int]:
-    """Per loop of `labels` (outermost loops of the unoutlined program): an upper bound of the work of all
-    its iterations (each operation's largest run times how often it runs)."""
-    from gradflow.analysis.cost import evaluate
-
-    work = dict.fromkeys(labels, 0)
-    for site in front.sites:
-        if site.loops and site.loops[0].label in work:
-            runs = front.rev.worst_case(op_work(site), site.loops) * front.rev.priced_capacity(site.loops)
-            work[site.loops[0].label] += evaluate(runs, sizes, f"the work of '{site.state.label}'")
-    return work
 
 
 def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,

@@ -19,9 +19,9 @@ the operation that reads it is reversed). The policies:
 - `Forwarding.checkpoint(snapshots=s, loops=..., sizes={...})`: the named counted loops (default: every
   outermost one; while loops by label, checkpointed online) keep at most `s` snapshots of their
   loop-carried state and the backward re-advances from them along a binomial (Revolve) schedule
-  (`checkpoint.py`, `revolve.py`). A budget may choose
-  this itself (it prices both plans), and a policy with both a budget and snapshots checkpoints with
-  that many and plans the rest within what the snapshots leave of the budget.
+  (`checkpoint.py`, `revolve.py`). A budget chooses this itself when no store/recompute plan fits,
+  and a policy with both a budget and snapshots checkpoints with that many and plans the rest within
+  what the snapshots leave of the budget.
 
 `loop_bounds` gives, per loop label (the key `"*"`: any other loop), an upper bound on the trip count of
 while loops: a memory cap. Without one, what a while loop stores per iteration goes to growable stacks
@@ -118,7 +118,7 @@ class Forwarding:
                loop_bounds: Mapping[str, int] | None = None, checkpoint: bool = True) -> "Forwarding":
         """Keep at most `max_bytes` for the backward sweep at these sizes (symbol -> value), rerunning
         the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`), or
-        checkpointing the outermost counted loops where that is cheaper or the only way to fit
+        checkpointing the outermost counted loops when no store/recompute plan fits
         (`engine.checkpoint_under_budget`; the plan's policy name then says how many snapshots).
         `checkpoint=False` keeps to storing and recomputing."""
         return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {},

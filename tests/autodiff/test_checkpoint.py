@@ -48,26 +48,29 @@ def brute_force(steps: int, snapshots: int) -> int:
     return min(m + brute_force(steps - m, snapshots - 1) + brute_force(m, snapshots) for m in range(1, steps))
 
 
-def simulate(actions, steps: int, snapshots: int) -> tuple[list[int], int]:
-    """Run a schedule on a model where the state is its step index: the steps reversed in order, and the
-    advances. Fails on a step reversed from the wrong state or a slot out of range or never filled."""
-    current: int | None = 0
-    slots: dict[int, int] = {}
+def simulate(actions, snapshots: int, slots: dict[int, int] | None = None,
+             current: int | None = 0) -> tuple[list[int], int]:
+    """Run a schedule on a model where the state is its step index, from `current` with `slots` filled
+    (slot -> position; the offline schedule starts at step 0 with none, the online backward from what its
+    forward stored): the steps reversed in order, and the advances. Fails on an action from the wrong
+    state, a slot out of range or never filled."""
+    slots = dict(slots or {})
     reversed_steps, advanced = [], 0
     for a in actions:
-        assert current is None or a.kind == revolve.RESTORE or a.position == current, a
+        if a.kind == revolve.RESTORE:
+            assert slots.get(a.arg) == a.position, f"{a}: slot holds {slots.get(a.arg)}"
+            current = slots[a.arg]
+            continue
+        assert current is not None and a.position == current, a
         if a.kind == revolve.ADVANCE:
-            assert current is not None and a.arg >= 1
+            assert a.arg >= 1
             current += a.arg
             advanced += a.arg
         elif a.kind == revolve.TAKESHOT:
             assert 0 <= a.arg < snapshots, f"slot {a.arg} with {snapshots} snapshots"
             slots[a.arg] = current
-        elif a.kind == revolve.RESTORE:
-            assert slots.get(a.arg) == a.position, f"{a}: slot holds {slots.get(a.arg)}"
-            current = slots[a.arg]
         else:
-            assert a.kind == revolve.REVERSE and current is not None
+            assert a.kind == revolve.REVERSE
             reversed_steps.append(current)
             current = None
     return reversed_steps, advanced
@@ -77,7 +80,7 @@ def simulate(actions, steps: int, snapshots: int) -> tuple[list[int], int]:
 def test_schedule_reverses_every_step_once_with_the_binomial_number_of_advances(snapshots: int) -> None:
     for steps in range(0, 61):
         actions = revolve.schedule(steps, snapshots)
-        order, advanced = simulate(actions, steps, snapshots)
+        order, advanced = simulate(actions, snapshots)
         assert order == list(reversed(range(steps)))
         assert advanced == binomial_bound(steps, snapshots) == revolve.advances(actions)
         if steps <= 24 and snapshots <= 4:
@@ -400,24 +403,7 @@ def _simulate_online(steps: int, snapshots: int) -> tuple[list[int], int]:
     """Run the online forward (Python model) and the backward's schedule on the step-index model."""
     stride, stored = revolve.thinned(steps, snapshots)
     assert stored == tuple(j * stride for j in range(len(stored))) and len(stored) <= snapshots
-    slots = dict(enumerate(stored))
-    current, order, advanced = None, [], 0
-    for a in revolve.online_schedule(steps, snapshots):
-        if a.kind == revolve.RESTORE:
-            assert slots.get(a.arg) == a.position, a
-            current = a.position
-        elif a.kind == revolve.ADVANCE:
-            assert current == a.position and a.arg >= 1, a
-            current += a.arg
-            advanced += a.arg
-        elif a.kind == revolve.TAKESHOT:
-            assert current == a.position and 0 <= a.arg < snapshots, a
-            slots[a.arg] = current
-        else:
-            assert a.kind == revolve.REVERSE and current == a.position, a
-            order.append(current)
-            current = None
-    return order, advanced
+    return simulate(revolve.online_schedule(steps, snapshots), snapshots, dict(enumerate(stored)), current=None)
 
 
 @pytest.mark.parametrize("snapshots", range(1, 9))

@@ -31,9 +31,10 @@ at a time (`revolve.online_schedule`, computed at run time from the trip count t
 
 from __future__ import annotations
 
-import numpy as np
 import attrs
 import dace
+import networkx as nx
+import numpy as np
 import sympy
 from dace import symbolic
 from dace.sdfg import nodes as nd
@@ -74,8 +75,6 @@ def carried_symbols(loop: LoopRegion) -> list[str]:
         return []
     carried = set(nested)
     known: dict = {}
-    import networkx as nx
-
     for block in nx.topological_sort(loop.nx):
         ins = loop.in_edges(block)
         have = set.intersection(*[known[e.src] | set(e.data.assignments) for e in ins]) if ins else set()
@@ -193,15 +192,19 @@ def stored_state(item, rev) -> tuple[str, ...]:
     return ()
 
 
-def snapshot_bytes(item, rev, sizes: dict[str, int], snapshots: int) -> int:
-    """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots, of the
-    `stored_state` arrays each: a counted loop's slots and one for the state its last step starts from; a
-    while loop's slots and its trip record (`OnlineSnapshots.info`)."""
+def slot_bytes(item, rev, sizes: dict[str, int]) -> int:
+    """The bytes of one snapshot slot of the outlined loop `item` (its `stored_state` arrays)."""
     from gradflow.analysis.cost import evaluate
 
-    carried = stored_state(item, rev)
-    one = sum(evaluate(rev.sdfg.arrays[a].total_size * rev.sdfg.arrays[a].dtype.bytes, sizes,
-                       f"the size of '{a}'") for a in carried)
+    return sum(evaluate(rev.sdfg.arrays[a].total_size * rev.sdfg.arrays[a].dtype.bytes, sizes, f"the size of '{a}'")
+               for a in stored_state(item, rev))
+
+
+def snapshot_bytes(item, rev, sizes: dict[str, int], snapshots: int) -> int:
+    """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots: a counted
+    loop's slots and one for the state its last step starts from; a while loop's slots and its trip
+    record (`OnlineSnapshots.info`)."""
+    one = slot_bytes(item, rev, sizes)
     if item.counted is None:
         return one * snapshots + 3 * 8
     return one * (min(snapshots, max(trip_count(item, sizes), 1)) + 1)

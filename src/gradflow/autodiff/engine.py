@@ -527,18 +527,17 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
     checkpoint.outline(outlined, labels)
     front = _front(outlined, trial, tables)
     items = [item for item in front.regions if checkpoint.is_outlined(item)]
-    trips = {item.label: checkpoint.trip_count(item, sizes) for item in items}
-    per_slot = sum(checkpoint.snapshot_bytes(item, front.rev, sizes, 1) for item in items) // 2  # 1 shot: 2 slots
+    per_slot = sum(checkpoint.slot_bytes(item, front.rev, sizes) for item in items)
     try:
-        rest = front.choose(policy.max_bytes - 2 * per_slot)
+        rest = front.choose(policy.max_bytes - 2 * per_slot)  # one snapshot, one for the last step's start
     except budget.BudgetError as err:
         least = err.minimum + 2 * per_slot
         least = least if plain_minimum is None else min(least, plain_minimum)
         raise budget.BudgetError(f"no plan keeps at most {policy.max_bytes} bytes for the backward sweep, with "
                                  f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "
                                  f"{least} bytes", f"raise the budget to at least {least}", least) from None
-    # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`)
-    most = max(trips.values(), default=1)
+    # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`); more than the trips are of no use
+    most = max((checkpoint.trip_count(item, sizes) for item in items), default=1)
     snapshots = max(1, min(most, (policy.max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
     return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
 

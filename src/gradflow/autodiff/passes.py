@@ -129,7 +129,6 @@ def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
     """A forwarded transient scalar becomes a one-element array: scalars are passed by value, so the
     forward could not hand it out. Control flow that reads it by name (an interstate assignment or
     condition, a loop or branch condition) then reads its element."""
-    from dace.properties import CodeBlock
     from dace.sdfg.state import ConditionalBlock, LoopRegion
 
     desc = sdfg.arrays[name]
@@ -141,18 +140,8 @@ def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
         for edge in region.edges():
             if name in edge.data.free_symbols:
                 edge.data.replace_dict(element)
-        if isinstance(region, LoopRegion) and name in region.loop_condition.get_free_symbols():
-            region.loop_condition = CodeBlock(_element_of(region.loop_condition.as_string, name))
-        if isinstance(region, ConditionalBlock):
-            for condition, _ in region.branches:
-                if condition is not None and name in condition.get_free_symbols():
-                    condition.code = CodeBlock(_element_of(condition.as_string, name)).code
-
-
-def _element_of(code: str, name: str) -> str:
-    import re
-
-    return re.sub(rf"\b{re.escape(name)}\b(?!\s*\[)", f"{name}[0]", code)
+        if isinstance(region, (LoopRegion, ConditionalBlock)):  # their own conditions, not their blocks
+            region.replace_dict(element, replace_in_graph=False, replace_keys=False)
 
 
 def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]:

@@ -68,31 +68,29 @@ def _split(steps: int, snapshots: int) -> int:
     raise AssertionError(f"no optimal split for {steps} steps and {snapshots} snapshots")  # pragma: no cover
 
 
-def schedule(steps: int, snapshots: int) -> tuple[Action, ...]:
-    """The action sequence reversing `steps` steps with at most `snapshots` stored states, starting from
-    the initial state (stored first, in slot 0) and attaining `min_advances(steps, snapshots)` advances."""
+def _check(steps, snapshots) -> None:
+    """The arguments of `schedule` and `thinned`: a whole number of steps, at least one snapshot."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise InvalidArgumentError(f"Revolve needs a non-negative whole number of steps, got {steps!r}")
     if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
         raise InvalidArgumentError(f"Revolve needs at least one snapshot, got {snapshots!r}",
                                    "pass snapshots=1 or more (the initial state takes one)")
+
+
+def schedule(steps: int, snapshots: int) -> tuple[Action, ...]:
+    """The action sequence reversing `steps` steps with at most `snapshots` stored states, starting from
+    the initial state (stored first, in slot 0) and attaining `min_advances(steps, snapshots)` advances."""
+    _check(steps, snapshots)
     if steps == 0:
         return ()
     return (Action(TAKESHOT, 0, 0),) + _expand([(steps, snapshots, 0, 0, True)])
-
-
-def _check_online(steps, snapshots) -> None:
-    if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
-        raise InvalidArgumentError(f"online checkpointing needs at least one snapshot, got {snapshots!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise InvalidArgumentError(f"a loop runs a non-negative whole number of steps, got {steps!r}")
 
 
 def thinned(steps: int, snapshots: int) -> tuple[int, tuple[int, ...]]:
     """The stride and the positions held in slots 0, 1, ... after the online forward ran `steps` steps
     (the loop the forward sweep runs, in Python: the state at position `n` is stored, if at all, before
     step `n` runs)."""
-    _check_online(steps, snapshots)
+    _check(steps, snapshots)
     stride, stored, next_at = 1, [], 0
     keep = (snapshots + 1) // 2
     for n in range(steps):

@@ -182,3 +182,19 @@ def test_a_call_costs_more_than_an_arithmetic_operation() -> None:
     fits = forwarded_bytes(every, sizes)
     chosen = programs.differentiated(name, gradflow.Forwarding.budget(fits, sizes=sizes)).meta["ad"].recomputed
     assert chosen == every.meta["ad"].recomputed
+
+
+def test_a_budget_below_every_plan_of_a_loop_that_cannot_be_checkpointed_states_the_least() -> None:
+    """lp_conditional_accumulate's loop reads a data-dependent symbol, so its body, outlined as a step, is
+    not differentiable: a budget below the store/recompute plans is a `BudgetError` stating their least
+    (it was the `NotDifferentiableError` of the checkpointing attempt), and that least is enough."""
+    name = "lp_conditional_accumulate"
+    sizes = _sizes(name)
+    with pytest.raises(BudgetError) as plain:
+        programs.differentiated(name, gradflow.Forwarding.budget(1, sizes=sizes, checkpoint=False))
+    least = plain.value.minimum
+    with pytest.raises(BudgetError, match="cannot be checkpointed") as info:
+        programs.differentiated(name, gradflow.Forwarding.budget(least - 1, sizes=sizes))
+    assert info.value.minimum == least
+    fitted = programs.differentiated(name, gradflow.Forwarding.budget(least, sizes=sizes))
+    assert fitted.meta["ad"].forwarding_plan.total_bytes(sizes) <= least

@@ -61,6 +61,18 @@ def _maps(g: Graph) -> int:
     return sum(isinstance(n, nd.MapEntry) for n, _ in g.sdfg.all_nodes_recursive())
 
 
+def _conflicting_scatters(g: Graph) -> int:
+    from gradflow.optimize.scatter import _candidates
+
+    return sum(len(_candidates(s)) for sdfg in g.sdfg.all_sdfgs_recursive() for s in sdfg.states())
+
+
+def _default_reductions(g: Graph) -> int:
+    from gradflow.optimize.reductions import _candidates
+
+    return len(_candidates(g.sdfg))
+
+
 def _data_symbols(g: Graph) -> int:
     """Symbols assigned from array elements on interstate edges (`idx_index = idx[i]`), in all SDFGs."""
     return sum(any(name in str(value) for name in sdfg.arrays) and "[" in str(value)
@@ -108,6 +120,9 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "choose_schedules": (lambda: Reverse(("x",), ("S",))(_normalized(loops.lp_triangular)).unwrap(), None,
                          _small_parallel_maps, ("> 0", 0)),
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
+    "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
+                           _conflicting_scatters, (2, 0)),
+    "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),
     "split_operations": (lambda: Graph.of(dataflow.df_states_sequence.to_sdfg()), SplitOperations(),

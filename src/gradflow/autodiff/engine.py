@@ -524,10 +524,21 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> 
 
     outlined = copy.deepcopy(sdfg)
     trial = attrs.evolve(spec, forwarding=attrs.evolve(policy, snapshots=1, checkpoint_loops=labels))
-    checkpoint.outline(outlined, labels)
-    front = _front(outlined, trial, tables)
-    items = [item for item in front.regions if checkpoint.is_outlined(item)]
-    per_slot = sum(checkpoint.slot_bytes(item, front.rev, sizes) for item in items)
+    try:
+        checkpoint.outline(outlined, labels)
+        front = _front(outlined, trial, tables)
+        items = [item for item in front.regions if checkpoint.is_outlined(item)]
+        per_slot = sum(checkpoint.slot_bytes(item, front.rev, sizes) for item in items)
+    except NotDifferentiableError as err:
+        if plain_minimum is None:
+            raise
+        # the loops cannot be checkpointed (their bodies, outlined, are not differentiable as steps): the
+        # store/recompute plan's least is the least of any plan
+        reason = err.message.splitlines()[0]
+        raise budget.BudgetError(f"no store/recompute plan keeps at most {policy.max_bytes} bytes for the "
+                                 f"backward sweep, and loop(s) {', '.join(labels)} cannot be checkpointed "
+                                 f"({reason}); the least any plan needs is {plain_minimum} bytes",
+                                 f"raise the budget to at least {plain_minimum}", plain_minimum) from None
     try:
         rest = front.choose(policy.max_bytes - 2 * per_slot)  # one snapshot, one for the last step's start
     except budget.BudgetError as err:

@@ -13,10 +13,12 @@ from typing import Any
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.fusion import FuseMaps
+from gradflow.optimize.reductions import LocalReductions
+from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
 
 #: The default optimization pipeline.
-OPTIMIZE = Pipeline((FuseMaps(), ChooseSchedules()))
+OPTIMIZE = Pipeline((FuseMaps(), OwnScatterWrites(), LocalReductions(), ChooseSchedules()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -24,4 +26,4 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "optimized"]
+__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "LocalReductions", "OwnScatterWrites", "optimized"]

@@ -55,12 +55,14 @@ def bounded(case: Case, policy: Forwarding) -> Forwarding:
 
 
 @functools.cache
-def differentiated(name: str, policy: Forwarding = STORE_ALL) -> Graph:
-    """The `grad` result of case `name` under `policy` (with `meta["ad"]`), as a frozen graph."""
+def differentiated(name: str, policy: Forwarding = STORE_ALL, optimize: bool = True) -> Graph:
+    """The `grad` result of case `name` under `policy` (with `meta["ad"]`), as a frozen graph; with
+    `optimize=False`, without the optimization stage."""
     from gradflow.api import grad_graph
 
     case = case_named(name)
-    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, forwarding_of(case, policy))
+    return grad_graph(case.to_sdfg(), list(case.wrt), case.of, "grad_", None, forwarding_of(case, policy),
+                      optimize=optimize)
 
 
 def forwarding_of(case: Case, policy: Forwarding = STORE_ALL) -> Forwarding:
@@ -70,26 +72,34 @@ def forwarding_of(case: Case, policy: Forwarding = STORE_ALL) -> Forwarding:
 
 
 @functools.cache
-def _compiled(name: str, policy: Forwarding):
-    return compile_sdfg(differentiated(name, policy))
+def _compiled(name: str, policy: Forwarding, optimize: bool = True):
+    return compile_sdfg(differentiated(name, policy, optimize))
 
 
 def rules_used(name: str, policy: Forwarding = STORE_ALL) -> tuple[str, ...]:
     return differentiated(name, policy).meta["ad"].rules_used
 
 
-def check(name: str, seed: int, policy: Forwarding = STORE_ALL) -> float:
-    """Run case `name` differentiated under `policy` on the data of `seed`; the worst relative error of
-    its value and gradients against torch, or `CheckFailure`."""
+def outputs(name: str, seed: int, policy: Forwarding = STORE_ALL, optimize: bool = True) -> dict[str, np.ndarray]:
+    """Every array after running case `name` differentiated under `policy` on the data of `seed`."""
     case = case_named(name)
-    graph = differentiated(name, policy)
+    graph = differentiated(name, policy, optimize)
     inputs = case.inputs(seed)
     extra = {f"grad_{x}": np.full_like(inputs[x], np.nan) for x in case.wrt}  # overwritten, never read
     if OVERFLOW in graph.sdfg.arrays:
         extra[OVERFLOW] = np.full(1, -1, dtype=np.int64)
-    arrays = run_compiled(case, _compiled(name, policy), {**inputs, **extra})
+    arrays = run_compiled(case, _compiled(name, policy, optimize), {**inputs, **extra})
     if OVERFLOW in graph.sdfg.arrays and arrays[OVERFLOW][0] != 0:
         raise CheckFailure(f"{name}: a while loop ran past its bound ({dict(case.loop_bounds)})")
+    return arrays
+
+
+def check(name: str, seed: int, policy: Forwarding = STORE_ALL) -> float:
+    """Run case `name` differentiated under `policy` on the data of `seed`; the worst relative error of
+    its value and gradients against torch, or `CheckFailure`."""
+    case = case_named(name)
+    inputs = case.inputs(seed)
+    arrays = outputs(name, seed, policy)
     worst = agree(arrays[case.of][0], torch_value(case, inputs), rtol=RTOL, atol=ATOL, what=f"{name}: value")
     expected = torch_grads(case, inputs)
     for x in case.wrt:

@@ -1,0 +1,47 @@
+"""`local_reductions`: reductions accumulate in a local variable, not through atomics.
+
+DaCe expands a `Reduce` library node (what `np.sum`, `np.max`, `x.sum(axis=...)` become) by default into
+one parallel map over every input element whose result is written with an atomic update: on doubles a
+compare-and-swap loop per element, also on one thread (the forward of `S = np.sum(A * B)` over 160,000
+elements spent most of its time there). Its "pure-seq" expansion keeps a map over the outputs, parallel,
+and reduces each output's elements in a sequential loop into a register accumulator that is stored once:
+each thread owns the outputs it computes, so nothing is atomic.
+
+That expansion writes `identity ⊕ values` to the output, so it is chosen only for reductions that have an
+identity (a reduction without one accumulates into the output's old value and keeps DaCe's default).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+from dace.libraries.standard.nodes.reduce import Reduce
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+
+_DEFAULT = (None, "pure")
+
+
+def _candidates(sdfg: dace.SDFG) -> list[Reduce]:
+    return [n for n, _ in sdfg.all_nodes_recursive()
+            if isinstance(n, Reduce) and n.identity is not None and n.implementation in _DEFAULT]
+
+
+@register_pass
+@attrs.frozen
+class LocalReductions(Pass):
+    """Reductions with an identity expand to per-output sequential accumulation (see the module docstring)."""
+
+    name: ClassVar[str] = "local_reductions"
+
+    def run(self, graph: Graph) -> PassResult:
+        if not _candidates(graph.sdfg):
+            return Success(graph)
+        sdfg = graph.editable()
+        for node in _candidates(sdfg):
+            node.implementation = "pure-seq"
+        return Success(Graph.adopt(sdfg, graph.meta))

@@ -1,0 +1,189 @@
+"""`own_scatter_writes`: stencil adjoints accumulate without atomics.
+
+The adjoint of a stencil `B[i] = c * (A[i-1] + A[i] + A[i+1])` is a scatter: iteration `i` adds into
+`gA[i-1]`, `gA[i]` and `gA[i+1]`. Each of those writes alone is owned by its iteration (`i + k` is a
+different element for every `i`), but together neighbouring iterations hit the same element, so DaCe's
+code generator makes every one of them an atomic update: on doubles a compare-and-swap loop, on one thread
+as well, and a loop the C++ compiler cannot vectorize. Most of the backward time of the stencil kernels
+went there.
+
+This pass splits such a map into one map per write offset: the copies compute the same body and keep one
+of the conflicting accumulations each, the original keeps the first and everything else it writes. In each
+map every iteration owns the element it adds to, so the sums are plain `+=` and the maps stay parallel.
+Each copy writes through an access node of its own (DaCe makes writes into one access node atomic when
+their subsets intersect, whichever maps they come from), which an empty memlet orders before the original:
+the copies read what the original reads before it overwrites any of it (reverse mode clears an adjoint
+after reading it), and whatever reads the array after the original sees every sum.
+
+Applies to a top-level parallel map whose body is tasklets and scope-local data, whose conflicting
+writes are sums into an array the map does not read or write otherwise, each at an index that is a map
+parameter plus an offset in one dimension per parameter (so each write alone is injective).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import ClassVar
+
+import attrs
+import dace
+import sympy as sp
+from dace import dtypes, symbolic
+from dace.frontend.operations import detect_reduction_type
+from dace.memlet import Memlet
+from dace.sdfg import nodes as nd
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+
+
+def _owned(subset, params: set[sp.Symbol]) -> bool:
+    """True when the index is a single element and every map parameter appears alone, plus an offset, in
+    exactly one dimension (distinct iterations then write distinct elements)."""
+    seen: set[sp.Symbol] = set()
+    for begin, end, _step in subset.ndrange():
+        if symbolic.simplify(begin - end) != 0:
+            return False
+        used = set(symbolic.pystr_to_symbolic(str(begin)).free_symbols) & params
+        if not used:
+            continue
+        if len(used) > 1:
+            return False
+        p = used.pop()
+        if p in seen or p in sp.sympify(begin - p).free_symbols:
+            return False
+        seen.add(p)
+    return seen == params
+
+
+def _is_sum(memlet: Memlet) -> bool:
+    try:
+        return detect_reduction_type(memlet.wcr) == dtypes.ReductionType.Sum
+    except Exception:  # a WCR DaCe cannot classify is left alone
+        return False
+
+
+def _elementwise(state: dace.SDFGState, entry: nd.MapEntry) -> list[nd.Node] | None:
+    body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
+    if all(isinstance(n, (nd.Tasklet, nd.AccessNode)) for n in body):
+        return body
+    return None
+
+
+def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
+    """Groups (per array) of the map's sum accumulations that conflict only with each other, in order."""
+    exit_ = state.exit_node(entry)
+    params = {symbolic.pystr_to_symbolic(p) for p in entry.map.params}
+    read = {e.data.data for e in state.in_edges(entry) if e.data.data is not None}
+    groups: dict[str, list] = {}
+    plain: set[str] = set()
+    for e in state.in_edges(exit_):
+        if e.data.data is None:
+            continue
+        if e.data.wcr is None:
+            plain.add(e.data.data)
+        else:
+            groups.setdefault(e.data.data, []).append(e)
+    found = []
+    for data, edges in groups.items():
+        if len(edges) < 2 or data in read or data in plain:
+            continue
+        if all(_is_sum(e.data) and not e.data.dynamic and _owned(e.data.subset, params) for e in edges):
+            found.append(edges)
+    return found
+
+
+def _candidates(state: dace.SDFGState) -> list[tuple[nd.MapEntry, list[list]]]:
+    found = []
+    for node in state.nodes():
+        if (isinstance(node, nd.MapEntry) and state.entry_node(node) is None
+                and node.map.schedule != dtypes.ScheduleType.Sequential and _elementwise(state, node) is not None):
+            groups = _conflicts(state, node)
+            if groups:
+                found.append((node, groups))
+    return found
+
+
+def _sink(sdfg: dace.SDFG, state: dace.SDFGState, dtype) -> nd.AccessNode:
+    """A scope-local scalar that takes an output the copy does not keep (its value is never read)."""
+    name, _ = sdfg.add_scalar("gradflow_unused", dtype, transient=True, storage=dtypes.StorageType.Register,
+                              find_new_name=True)
+    return state.add_access(name)
+
+
+def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep) -> nd.MapExit:
+    """A copy of `entry`'s scope that writes only through `keep` (an in-edge of the map exit); returns its
+    exit. Outputs the copy drops go to fresh scope-local scalars."""
+    exit_ = state.exit_node(entry)
+    body = _elementwise(state, entry)
+    twin = {n: copy.deepcopy(n) for n in [entry, exit_, *body]}
+    for n in twin.values():
+        state.add_node(n)
+    for e in state.in_edges(entry):
+        state.add_edge(e.src, e.src_conn, twin[entry], e.dst_conn, copy.deepcopy(e.data))
+    for n in [entry, *body]:
+        for e in state.out_edges(n):
+            if e.dst is not exit_:
+                state.add_edge(twin[n], e.src_conn, twin[e.dst], e.dst_conn, copy.deepcopy(e.data))
+            elif e is keep:
+                state.add_edge(twin[n], e.src_conn, twin[exit_], e.dst_conn, copy.deepcopy(e.data))
+            else:
+                desc = sdfg.arrays[e.data.data]
+                sink = _sink(sdfg, state, desc.dtype)
+                state.add_edge(twin[n], e.src_conn, sink, None, Memlet(data=sink.data, subset="0"))
+    # The copy writes through an access node of its own: DaCe makes writes into one access node atomic
+    # when their subsets intersect, whichever maps they come from. That node precedes the original map.
+    out_conn = "OUT_" + keep.dst_conn[len("IN_"):]
+    for e in state.out_edges(exit_):
+        if e.src_conn == out_conn:
+            target = state.add_access(e.dst.data)
+            state.add_edge(twin[exit_], out_conn, target, e.dst_conn, copy.deepcopy(e.data))
+            state.add_nedge(target, entry, Memlet())
+    kept_conns = {keep.dst_conn, out_conn}
+    for conn in list(twin[exit_].in_connectors):
+        if conn not in kept_conns:
+            twin[exit_].remove_in_connector(conn)
+    for conn in list(twin[exit_].out_connectors):
+        if conn not in kept_conns:
+            twin[exit_].remove_out_connector(conn)
+    return twin[exit_]
+
+
+def _drop(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, edge) -> None:
+    """Remove the accumulation `edge` (an in-edge of `entry`'s exit) from the original map; its tasklet
+    connector writes to a sink instead. The exit's connectors go with their last edge."""
+    exit_ = state.exit_node(entry)
+    state.remove_edge(edge)
+    sink = _sink(sdfg, state, sdfg.arrays[edge.data.data].dtype)
+    state.add_edge(edge.src, edge.src_conn, sink, None, Memlet(data=sink.data, subset="0"))
+    if any(e.dst_conn == edge.dst_conn for e in state.in_edges(exit_)):
+        return
+    out_conn = "OUT_" + edge.dst_conn[len("IN_"):]
+    for e in [e for e in state.out_edges(exit_) if e.src_conn == out_conn]:
+        state.remove_edge(e)
+    exit_.remove_in_connector(edge.dst_conn)
+    exit_.remove_out_connector(out_conn)
+
+
+@register_pass
+@attrs.frozen
+class OwnScatterWrites(Pass):
+    """Split stencil-adjoint maps so every accumulation is owned by its iteration (see the module docstring)."""
+
+    name: ClassVar[str] = "own_scatter_writes"
+
+    def run(self, graph: Graph) -> PassResult:
+        if not any(_candidates(s) for sub in graph.sdfg.all_sdfgs_recursive() for s in sub.states()):
+            return Success(graph)
+        sdfg = graph.editable()
+        for sub in sdfg.all_sdfgs_recursive():
+            for state in list(sub.states()):
+                for entry, groups in _candidates(state):
+                    extra = [edge for edges in groups for edge in edges[1:]]
+                    # every copy is taken from the whole original, before any accumulation leaves it
+                    for edge in extra:
+                        _split_off(sub, state, entry, edge)
+                    for edge in extra:
+                        _drop(sub, state, entry, edge)
+        return Success(Graph.adopt(sdfg, graph.meta))

@@ -127,6 +127,12 @@ def copy_array(state: SDFGState, src: str, dst: str) -> None:
     state.add_nedge(state.add_read(src), state.add_write(dst), dace.Memlet.from_array(src, desc))
 
 
+def copy_region(state: SDFGState, src: str, dst: str, region: str) -> None:
+    """dst[region] = src[region] (same shapes), as a direct copy edge."""
+    state.add_nedge(state.add_read(src), state.add_write(dst),
+                    dace.Memlet(data=src, subset=region, other_subset=region))
+
+
 def map_ranges(entry: dace.nodes.MapEntry) -> dict[str, str]:
     """The ranges of a map as strings that `add_map` parses back to the same iteration space."""
     out = {}

@@ -111,7 +111,7 @@ def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None
 
 
 def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict[str, subsets.Range],
-               ctx: ReverseContext) -> tuple[dace.SDFG, bool]:
+               seeds: dict[str, subsets.Range], ctx: ReverseContext) -> tuple[dace.SDFG, bool]:
     """The nested SDFG (in/out connectors split) through the same normalization pipeline and engine (same
     tables, the forwarding policy for a nested inside: a byte budget does not apply), in vjp mode with accumulating gradients; and whether it reports
     bounded while loops through `gradflow_overflow`."""
@@ -126,7 +126,8 @@ def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict
     inner = graph.sdfg  # built here from a private copy: no one else holds it
     base = ctx.overflow_base + len(ctx.inner_bounded)
     spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding.inside_nested(), accumulate=True,
-                  outermost=False, overflow_base=base)
+                  outermost=False, overflow_base=base,
+                  seed_regions=tuple((c, str(r)) for c, r in sorted(seeds.items())))
     interface = build_reverse(inner, spec, ctx.tables)
     for name in interface.rules_used:
         ctx.note_rule(name)
@@ -167,7 +168,10 @@ class NestedReverse:
                 _check_disjoint(entry, ins[c].data, where)
         inner_in = {c: IN + c if c in shared else c for c in ins}  # inner names of the forward inputs
         regions = {c: _inner_region(node, ins[c].data, where) for c in shared}
-        inner, overflow = _inner_vjp(node, [inner_in[c] for c in active_in], active_out, regions, ctx)
+        # the part of each output's cotangent the call can read: what it writes (an in/out connector: what
+        # it reads, which covers that, since elements it leaves pass their cotangent through)
+        seeds = {c: regions[c] if c in regions else _inner_region(node, outs[c].data, where) for c in active_out}
+        inner, overflow = _inner_vjp(node, [inner_in[c] for c in active_in], active_out, regions, seeds, ctx)
         outer = dict(map_ranges(entry)) if entry is not None else {}
 
         def over_subset(label: str, memlet: dace.Memlet, target: str, code: str, inputs: dict) -> None:

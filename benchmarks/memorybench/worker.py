@@ -86,7 +86,10 @@ def build(bench: Bench, policy: policies.Policy, sdfg, reference_bytes: int | No
         row["predicted"] = plan.predicted.predicted_bytes
         row["predicted_work"] = plan.predicted.predicted_cost
         row["minimum"] = plan.predicted.minimum_bytes
-    row["rerun_work"] = plan.total_work(symbols)
+    try:
+        row["rerun_work"] = plan.total_work(symbols)
+    except GradflowError:  # a rerun inside a loop whose trip count is read from data has no number
+        row["rerun_work"] = "unknown (a trip count read from data)"
     row["recomputed"] = sorted(ad.recomputed)
     if "limit" in row:
         row["respected"] = row["forwarded"] <= row["limit"]

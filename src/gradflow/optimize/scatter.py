@@ -76,6 +76,7 @@ def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
     exit_ = state.exit_node(entry)
     params = {symbolic.pystr_to_symbolic(p) for p in entry.map.params}
     read = {e.data.data for e in state.in_edges(entry) if e.data.data is not None}
+    read |= {n.data for n in _elementwise(state, entry) if isinstance(n, nd.AccessNode)}
     groups: dict[str, list] = {}
     plain: set[str] = set()
     for e in state.in_edges(exit_):
@@ -89,7 +90,9 @@ def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
     for data, edges in groups.items():
         if len(edges) < 2 or data in read or data in plain:
             continue
-        if all(_is_sum(e.data) and not e.data.dynamic and _owned(e.data.subset, params) for e in edges):
+        outer = [e for e in state.out_edges(exit_) if e.data.data == data]
+        if (all(_is_sum(e.data) and not e.data.dynamic and _owned(e.data.subset, params) for e in edges)
+                and all(isinstance(e.dst, nd.AccessNode) for e in outer)):
             found.append(edges)
     return found
 

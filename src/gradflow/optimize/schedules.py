@@ -6,6 +6,12 @@ pops, clears and seeds of single elements), often inside loops, where opening a 
 more than the work (microseconds per iteration of the enclosing loop). This pass gives a map the
 sequential schedule when its iteration count is a constant below `min_parallel` (symbolic extents are
 assumed large and stay parallel); maps nested inside another map are sequential already.
+
+A map every iteration of which adds into the same element (a write-conflict sum whose index uses none
+of the map's parameters: the adjoint of a scalar broadcast over a row, `g_alpha += A[i] * g[i]`) is also
+made sequential, whatever its size: in a parallel map DaCe makes each of those adds an atomic
+compare-and-swap on one address, which serializes the threads anyway and costs far more than the add
+(nb_syrk's backward spent most of its time there). Sequential, the adds are plain.
 """
 
 from __future__ import annotations
@@ -29,12 +35,25 @@ def _small(entry: nd.MapEntry, min_parallel: int) -> bool:
         return False
 
 
+def _reduces_to_one_element(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
+    """Some write-conflict edge leaving the map's body writes an element independent of the map's
+    parameters: every iteration updates the same one."""
+    params = set(entry.map.params)
+    for e in state.in_edges(state.exit_node(entry)):
+        if e.data.wcr is not None and e.data.subset is not None and not e.data.is_empty():
+            used = {str(s) for s in e.data.subset.free_symbols}
+            if not used & params:
+                return True
+    return False
+
+
 def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[nd.MapEntry]:
     found = []
     for state in sdfg.states():
         for node in state.nodes():
             if (isinstance(node, nd.MapEntry) and node.map.schedule == dace.ScheduleType.Default
-                    and state.entry_node(node) is None and _small(node, min_parallel)):
+                    and state.entry_node(node) is None
+                    and (_small(node, min_parallel) or _reduces_to_one_element(state, node))):
                 found.append(node)
     return found
 
@@ -42,7 +61,8 @@ def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[nd.MapEnt
 @register_pass
 @attrs.frozen
 class ChooseSchedules(Pass):
-    """Small top-level maps become sequential loops (see the module docstring)."""
+    """Small top-level maps, and maps whose iterations all add into one element, become sequential loops
+    (see the module docstring)."""
 
     min_parallel: int = 2048
     name: ClassVar[str] = "choose_schedules"

@@ -54,10 +54,15 @@ def bounded(case: Case, policy: Forwarding) -> Forwarding:
     return policy.with_loop_bounds(**case.loop_bounds) if case.loop_bounds else policy
 
 
-@functools.cache
 def differentiated(name: str, policy: Forwarding = STORE_ALL, optimize: bool = True) -> Graph:
     """The `grad` result of case `name` under `policy` (with `meta["ad"]`), as a frozen graph; with
     `optimize=False`, without the optimization stage."""
+    # one cache key however the defaults are spelled (`(name, policy)` and `(name, policy, True)` alike)
+    return _differentiated(name, policy, optimize)
+
+
+@functools.cache
+def _differentiated(name: str, policy: Forwarding, optimize: bool) -> Graph:
     from gradflow.api import grad_graph
 
     case = case_named(name)
@@ -72,7 +77,7 @@ def forwarding_of(case: Case, policy: Forwarding = STORE_ALL) -> Forwarding:
 
 
 @functools.cache
-def _compiled(name: str, policy: Forwarding, optimize: bool = True):
+def _compiled(name: str, policy: Forwarding, optimize: bool):
     return compile_sdfg(differentiated(name, policy, optimize))
 
 

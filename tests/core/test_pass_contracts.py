@@ -57,6 +57,13 @@ def _small_parallel_maps(g: Graph) -> int:
                and n.map.range.num_elements() == 1 for s in g.sdfg.states() for n in s.nodes())
 
 
+def _unowned_sums(g: Graph) -> int:
+    from gradflow.optimize.owned_sums import owners
+
+    return sum(isinstance(n, nd.MapEntry) and s.entry_node(n) is None and n.map.schedule == dace.ScheduleType.Default
+               and owners(s, n) is not None for s in g.sdfg.states() for n in s.nodes())
+
+
 def _maps(g: Graph) -> int:
     return sum(isinstance(n, nd.MapEntry) for n, _ in g.sdfg.all_nodes_recursive())
 
@@ -122,6 +129,8 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
                            _conflicting_scatters, (2, 0)),
+    "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
+                        _unowned_sums, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

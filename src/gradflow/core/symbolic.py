@@ -385,7 +385,21 @@ def derivative(expr: sympy.Expr, wrt: sympy.Symbol) -> sympy.Expr:
 
 
 class _Printer:
-    """SymPy -> Python source that DaCe's tasklet code generator accepts."""
+    """SymPy -> Python source that DaCe's tasklet code generator accepts.
+
+    With `single`, every non-integer literal is written as a float32 value (`dace.float32(0.5)`) and
+    elementary functions as DaCe's float32 overloads (`math.exp(dace.float32(x))`): a bare `0.5` or
+    `1.0` is a C++ double and an unqualified `exp` is C's double function, which make a float32
+    program's element arithmetic double precision (twice as slow, unvectorizable). Integers stay
+    integers.
+    """
+
+    def __init__(self, single: bool = False) -> None:
+        self.single = single
+
+    def _float(self, value: float) -> str:
+        text = repr(float(value))
+        return f"dace.float32({text})" if self.single else text
 
     FUNCS = {
         sympy.exp: "exp", sympy.log: "log", sympy.sin: "sin", sympy.cos: "cos", sympy.tan: "tan",
@@ -393,6 +407,9 @@ class _Printer:
         sympy.atan: "atan", sympy.Abs: "abs", sympy.sign: "sign", sympy.erf: "erf", log1p: "log1p",
         expm1: "expm1",
     }
+    #: functions DaCe's `math.` spelling compiles to its type-generic overloads (`dace::math::exp`)
+    MATH = frozenset({"exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "erf",
+                      "log1p", "expm1"})
 
     def __call__(self, e: sympy.Basic) -> str:
         if isinstance(e, sympy.Symbol):
@@ -404,7 +421,7 @@ class _Printer:
         if isinstance(e, sympy.Integer):
             return f"{int(e)}"
         if isinstance(e, (sympy.Rational, sympy.Float)) or e.is_number and e.is_real:
-            return repr(float(e))
+            return self._float(float(e))
         if isinstance(e, sympy.Add):
             terms = [self(a) for a in e.as_ordered_terms()]
             return "(" + " + ".join(terms) + ")"
@@ -417,7 +434,7 @@ class _Printer:
                     num.insert(0, sympy.Integer(-1))
                 else:
                     num.append(f)
-            top = " * ".join(self(f) for f in num) if num else "1.0"
+            top = " * ".join(self(f) for f in num) if num else self._float(1.0)
             if den:
                 return f"({top} / ({' * '.join(self(f) for f in den)}))"
             return f"({top})"
@@ -426,9 +443,9 @@ class _Printer:
             if exp == sympy.Rational(1, 2):
                 return f"sqrt({self(base)})"
             if exp == -1:
-                return f"(1.0 / {self(base)})"
+                return f"({self._float(1.0)} / {self(base)})"
             if exp == sympy.Rational(-1, 2):
-                return f"(1.0 / sqrt({self(base)}))"
+                return f"({self._float(1.0)} / sqrt({self(base)}))"
             if exp == 2:
                 b = self(base)
                 return f"({b} * {b})"
@@ -443,7 +460,7 @@ class _Printer:
         if isinstance(e, sympy.Heaviside):
             x = self(e.args[0])
             half = e.args[1] if len(e.args) > 1 else sympy.Rational(1, 2)
-            return f"(1.0 if {x} > 0 else ({self(half)} if {x} == 0 else 0.0))"
+            return f"({self._float(1.0)} if {x} > 0 else ({self(half)} if {x} == 0 else {self._float(0.0)}))"
         if isinstance(e, sympy.Piecewise):
             out = None
             for value, cond in reversed(e.args):
@@ -465,15 +482,22 @@ class _Printer:
             return f"({a} if {test} else {b})"
         fn = self.FUNCS.get(type(e))
         if fn is not None:
+            if self.single and fn in self.MATH:
+                # unqualified `exp` is C's double function; `math.exp` is DaCe's overload by argument type
+                return f"math.{fn}({', '.join(f'dace.float32({self(a)})' for a in e.args)})"
             return f"{fn}({', '.join(self(a) for a in e.args)})"
         raise NotDifferentiableError(f"cannot print {e} ({type(e).__name__}) as tasklet code")
 
 
 print_code = _Printer()
+#: `print_code` for float32 programs: literals as float32 values
+print_code_single = _Printer(single=True)
 
 
-def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = True) -> str:
-    """Tasklet code assigning each expression to its name, sharing common subexpressions."""
+def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = True, single: bool = False) -> str:
+    """Tasklet code assigning each expression to its name, sharing common subexpressions (`single`: for a
+    float32 tasklet, see `_Printer`)."""
+    printer = print_code_single if single else print_code
     names = [n for n, _ in assignments]
     exprs = [e for _, e in assignments]
     lines = []
@@ -482,10 +506,10 @@ def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = 
         symbols = (sympy.Symbol(f"__cse{i}", real=True) for i in range(10**6))
         replacements, reduced = sympy.cse(exprs, symbols=(s for s in symbols if s.name not in taken))
         for sym, value in replacements:
-            lines.append(f"{sym.name} = {print_code(value)}")
+            lines.append(f"{sym.name} = {printer(value)}")
         exprs = reduced
     for name, expr in zip(names, exprs):
-        lines.append(f"{name} = {print_code(expr)}")
+        lines.append(f"{name} = {printer(expr)}")
     return "\n".join(lines)
 
 

@@ -13,12 +13,13 @@ from typing import Any
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.fusion import FuseMaps
+from gradflow.optimize.owned_sums import NestReductions
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
 
 #: The default optimization pipeline.
-OPTIMIZE = Pipeline((FuseMaps(), OwnScatterWrites(), LocalReductions(), ChooseSchedules()))
+OPTIMIZE = Pipeline((FuseMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -26,4 +27,4 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "LocalReductions", "OwnScatterWrites", "optimized"]
+__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "LocalReductions", "NestReductions", "OwnScatterWrites", "optimized"]

@@ -4,7 +4,8 @@ DaCe's CPU code generator opens an OpenMP parallel region (`#pragma omp parallel
 default schedule at the top of a state. Reverse mode emits many maps of a few elements (tape pushes and
 pops, clears and seeds of single elements), often inside loops, where opening a parallel region costs far
 more than the work (microseconds per iteration of the enclosing loop). This pass gives a map the
-sequential schedule when its iteration count is a constant below `min_parallel` (symbolic extents are
+sequential schedule when its iteration count (times that of the largest map nest inside it) is a constant
+below `min_parallel` (symbolic extents are
 assumed large and stay parallel); maps nested inside another map are sequential already.
 
 A map every iteration of which adds into the same element (a write-conflict sum whose index uses none
@@ -27,10 +28,22 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
-def _small(entry: nd.MapEntry, min_parallel: int) -> bool:
+def _work(state: dace.SDFGState, entry: nd.MapEntry):
+    """Iterations of the map times those of the largest map nest inside it (maps nested by
+    `nest_reductions` count with their parent)."""
+    inner = [_work(state, n) for n in state.scope_children()[entry] if isinstance(n, nd.MapEntry)]
     count = entry.map.range.num_elements()
+    if not inner:
+        return count
     try:
-        return int(count) < min_parallel
+        return count * max(int(w) for w in inner)
+    except TypeError:  # a symbolic count inside: assumed large
+        return count * inner[0]
+
+
+def _small(state: dace.SDFGState, entry: nd.MapEntry, min_parallel: int) -> bool:
+    try:
+        return int(_work(state, entry)) < min_parallel
     except TypeError:  # a symbolic count: assumed large
         return False
 
@@ -53,7 +66,7 @@ def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[nd.MapEnt
         for node in state.nodes():
             if (isinstance(node, nd.MapEntry) and node.map.schedule == dace.ScheduleType.Default
                     and state.entry_node(node) is None
-                    and (_small(node, min_parallel) or _reduces_to_one_element(state, node))):
+                    and (_small(state, node, min_parallel) or _reduces_to_one_element(state, node))):
                 found.append(node)
     return found
 

@@ -123,9 +123,11 @@ class _Program:
             self.function = function(vjp, inputs=self.in_arrays, outputs=[p.array for p in out_ports],
                                      dispatcher=options.get("dispatcher", "ctypes"))
         else:
+            from gradflow.optimize import optimized
             from gradflow.runtime.calling import Runner
 
-            self.runner = Runner(lowered.graph)
+            graph = optimized(lowered.graph) if options.get("optimize", True) else lowered.graph
+            self.runner = Runner(graph)
             self.allocate = [(p.array, [int(d) for d in p.shape] or [1], _torch_dtype(p.dtype)) for p in out_ports]
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:

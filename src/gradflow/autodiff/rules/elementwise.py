@@ -127,6 +127,14 @@ def _index_code(port: Port) -> str:
     return ", ".join(print_code(i) for i in port.index)
 
 
+def _single_precision(sdfg: dace.SDFG, memlets) -> bool:
+    """Whether the floating arrays a reverse tasklet touches are all float32 (its literals are then
+    printed as float32 values, see `core.symbolic._Printer`)."""
+    floats = {sdfg.arrays[m.data].dtype for m in memlets if m.data is not None
+              and sdfg.arrays[m.data].dtype in (dace.float16, dace.float32, dace.float64)}
+    return floats == {dace.float32}
+
+
 def _whole(array: str, port: Port, wcr: str | None = None) -> dace.Memlet:
     """A memlet over what an indirect port may touch, for indexing in the tasklet."""
     return dace.Memlet(f"{array}[{port.subset}]", wcr=wcr, dynamic=True, volume=1)
@@ -184,7 +192,7 @@ class ElementwiseReverse:
                 winner = self._last_writers(site, ctx, ef, port, ranges)
                 inputs[f"__win{i}"] = _whole(winner, port)
                 read = f"({read} if (__win{i}[{_index_code(port)}] == ({_iteration_number(ef.map_entry, where)})) " \
-                       "else 0.0)"
+                       "else 0)"
                 later_clears.append(i)
             before.append(f"__gout{i} = {read}")
 
@@ -209,7 +217,8 @@ class ElementwiseReverse:
             else:
                 outputs[f"__gin{j}"] = dace.Memlet(f"{grad}[{port.subset}]", wcr=SUM)
         if outputs:
-            code = "\n".join([*before, assignments_code(lines), *after]).strip()
+            single = _single_precision(ctx.sdfg, [*inputs.values(), *outputs.values()])
+            code = "\n".join([*before, assignments_code(lines, single=single), *after]).strip()
             add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_{site.op.label}", ranges, inputs, code,
                                 outputs)
         for i in later_clears:

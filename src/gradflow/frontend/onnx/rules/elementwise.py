@@ -5,11 +5,13 @@ tanh-Gelu) build a SymPy formula from their attributes here and print it the sam
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import sympy
 
 from gradflow.core.elementwise import ElementwiseEntry, elementwise_table
-from gradflow.core.symbolic import print_code
+from gradflow.core.symbolic import print_code, print_code_single
 from gradflow.frontend.onnx.builder import (
     Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, params, storage_dtype,
 )
@@ -22,14 +24,20 @@ X, Y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
 def apply_formula(lw: Lowering, node: Node, expr: sympy.Expr, ins: dict[str, Tensor], out: str, dtype=None) -> Tensor:
     """Lower `res = expr` over numpy-broadcast inputs (connectors named like the free symbols)."""
     dtype = dtype if dtype is not None else next(iter(ins.values())).dtype
-    return lw.elementwise(node.label, f"res = {print_code(expr)}", ins, out, dtype)
+    return lw.elementwise(node.label, f"res = {printer(dtype)(expr)}", ins, out, dtype)
+
+
+def printer(dtype) -> Callable[[sympy.Expr], str]:
+    """The code printer for values of `dtype`: float32 literals in float32 programs (a double literal would
+    make the element's arithmetic double precision)."""
+    return print_code_single if np.dtype(dtype) == np.float32 else print_code
 
 
 def _fold(lw: Lowering, node: Node, entry: ElementwiseEntry) -> None:
     """Lower `node` with `entry`'s formula: unary, binary, or folded left over variadic inputs (Max, Sum)."""
-    code = f"res = {print_code(entry.expr)}"
     args = entry.args
     names = [n for n in node.inputs if n]
+    code = f"res = {printer(lw.get(names[0]).dtype if names else np.float64)(entry.expr)}"
     if len(args) == 1:
         x = lw.get(names[0])
         lw.elementwise(node.label, code, {args[0]: x}, node.outputs[0], x.dtype)

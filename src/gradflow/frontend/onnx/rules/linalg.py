@@ -1,13 +1,20 @@
-"""Contractions: MatMul, Gemm and Einsum all lower to one pattern, a map over every index of the
-contraction whose tasklet multiplies the operands and accumulates into the output with a sum WCR
-(an init state writes zeros, or Gemm's `beta * C`). Broadcast batch dims index 0 in the smaller operand.
+"""Contractions. Floating MatMul and Gemm become DaCe BLAS library nodes (`Gemm`, or a `MatMul` that DaCe
+specializes into Gemv, Dot or BatchedMatMul): the compiled program calls BLAS, and reverse mode keeps them
+whole and differentiates them with the op-level product rule, whose backward is BLAS again. Everything
+else (integer operands, empty extents, batch dims broadcast in ways BatchedMatMul does not take, Einsum)
+lowers to one pattern, a map over every index of the contraction whose tasklet multiplies the operands and
+accumulates into the output with a sum WCR (an init state writes zeros, or Gemm's `beta * C`). Broadcast
+batch dims index 0 in the smaller operand.
 """
 
 from __future__ import annotations
 
 import string
 
+import dace
+import numpy as np
 import sympy
+from dace.libraries.blas import Gemm, MatMul
 
 from gradflow.frontend.onnx.builder import (
     Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, literal_float, norm_dim, params,
@@ -43,6 +50,39 @@ def contract(
     lw.map(label, ranges, conns, f"o = {expr}", {"o": (out, out_index, SUM)})
 
 
+#: element types BLAS multiplies
+_BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def on_blas(*tensors: Tensor) -> bool:
+    """Whether a product of `tensors` can be a BLAS node: one floating type BLAS has, no extent known to be 0
+    (the library nodes' expansions do not handle empty operands; the map is then empty and writes zeros)."""
+    dtypes = {np.dtype(t.dtype) for t in tensors}
+    return (len(dtypes) == 1 and dtypes <= set(_BLAS_TYPES)
+            and not any(isinstance(d, int) and d == 0 for t in tensors for d in t.shape))
+
+
+def library_product(lw: Lowering, label: str, lib, reads: dict[str, Tensor], out: Tensor,
+                     state: dace.SDFGState | None = None) -> None:
+    """`lib` (a library node) reading whole tensors through the connectors of `reads`, writing `out` (`_c`)."""
+    st = state or lw.state(label)
+    lib.label = lw.namer("blas", label)
+    st.add_node(lib)
+    for conn, t in reads.items():
+        st.add_edge(st.add_read(t.array), None, lib, conn, t.at(None))
+    st.add_edge(lib, "_c", st.add_write(out.array), None, out.at(None))
+
+
+def _batched_on_blas(a: Tensor, b: Tensor) -> bool:
+    """Whether DaCe's BatchedMatMul takes these operands as they are: batch dims equal, or only one operand
+    batched (the other a matrix)."""
+    if a.rank < 2 or b.rank < 2:
+        return False
+    if a.rank == 2 or b.rank == 2:
+        return True
+    return a.rank == b.rank and all(norm_dim(sympy.sympify(x) - y) == 0 for x, y in zip(a.shape[:-2], b.shape[:-2]))
+
+
 @onnx_rule("MatMul")
 def matmul(lw: Lowering, node: Node) -> None:
     a, b = lw.get(node.inputs[0]), lw.get(node.inputs[1])
@@ -56,6 +96,13 @@ def matmul(lw: Lowering, node: Node) -> None:
     same_extent(k_dim, b.shape[-2] if b.rank >= 2 else b.shape[0], "the contracted dims of MatMul's inputs")
     shape = list(batch) + ([a.shape[-2]] if a.rank >= 2 else []) + ([b.shape[-1]] if b.rank >= 2 else [])
     out = lw.output(node.outputs[0], shape, a.dtype)
+    if on_blas(a, b, out) and (max(a.rank, b.rank) <= 2 or _batched_on_blas(a, b)):
+        if a.rank == 2 and b.rank == 2:
+            lib = Gemm("gemm", alpha=1, beta=0, cin=False)
+        else:
+            lib = MatMul("matmul")
+        library_product(lw, node.label, lib, {"_a": a, "_b": b}, out)
+        return
     ranges = list(zip(bp, batch))
     a_idx = bcast_index(a_batch, batch, bp)
     b_idx = bcast_index(b_batch, batch, bp)
@@ -84,6 +131,22 @@ def gemm(lw: Lowering, node: Node) -> None:
     n = b.shape[0] if tb else b.shape[1]
     same_extent(k, b.shape[1] if tb else b.shape[0], "the contracted dims of Gemm's inputs")
     out = lw.output(node.outputs[0], [m, n], a.dtype)
+    has_c = bool(node.input(2)) and beta != 0.0
+    if on_blas(a, b, out) and (not has_c or on_blas(lw.get(node.input(2)), out)):
+        lib = Gemm("gemm", alpha=alpha, beta=0, cin=False, transA=bool(ta), transB=bool(tb))
+        if not has_c:
+            library_product(lw, node.label, lib, {"_a": a, "_b": b}, out)
+            return
+        # the product into a temporary, then out = product + beta * C (broadcast) in one map: a Gemm that
+        # updates C in place gets no BLAS expansion from DaCe (see `runtime.blas`)
+        prod_ = lw.temp([m, n], out.dtype, "gemm")
+        library_product(lw, node.label, lib, {"_a": a, "_b": b}, prod_)
+        c = lw.get(node.input(2))
+        p = params("p", 2)
+        scaled = f"{literal_float(beta)} * c" if beta != 1.0 else "c"
+        lw.map(node.label, list(zip(p, out.shape)), {"ab": (prod_, p), "c": (c, bcast_index(c.shape, out.shape, p))},
+               f"o = ab + {scaled}", {"o": (out, p, None)})
+        return
     init = None
     if node.input(2) and beta != 0.0:
         init = (f"o = {literal_float(beta)} * c" if beta != 1.0 else "o = c", {"c": lw.get(node.input(2))})

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import sympy
+from dace.libraries.blas import Gemm
 
 from gradflow.frontend.onnx.builder import (
     Checked, Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, exact_div, literal_float, norm_axis, norm_dim,
     params, prod, same_extent, storage_dtype, sub,
 )
+from gradflow.frontend.onnx.rules.linalg import library_product, on_blas
 from gradflow.frontend.onnx.rules.reduce import kept_shape, reduce_into
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
@@ -146,18 +148,70 @@ def conv(lw: Lowering, node: Node) -> None:
     if isinstance(M, int) and M % g:
         raise InvalidNode(f"{M} output channels (weights' first extent) are not a multiple of group {g}")
     out = lw.output(node.outputs[0], [x.shape[0], M, *out_sp], x.dtype)
-    op = params("o", n)
-    kp = params("k", n)
-    _init_with_bias(lw, node, out)
-    ch = f"(m // ({dstr(exact_div(M, g))})) * ({dstr(Cg)}) + c" if g != 1 else "c"
     if any(begin) or any(end):
         # Zero-pad into a temporary first, so every read of the accumulation is an affine memlet (the AD
         # engine differentiates those; a guarded read through the whole array it does not).
         x = _zero_padded(lw, node, x, begin, end)
+    if g == 1 and on_blas(x, w, out) and _im2col_fits(lw, x, ks, out_sp):
+        _conv_as_gemm(lw, node, x, w, out, ks, out_sp, st, dil)
+        return
+    op = params("o", n)
+    kp = params("k", n)
+    _init_with_bias(lw, node, out)
+    ch = f"(m // ({dstr(exact_div(M, g))})) * ({dstr(Cg)}) + c" if g != 1 else "c"
     sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
     ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), ("c", Cg), *zip(kp, ks)]
     ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
     lw.map(node.label, ranges, ins, "o = x * w", {"o": (out, ["n", "m", *op], SUM)})
+
+
+def _flat(indices: list[str], extents: list[Dim]) -> str:
+    """Row-major linear index of `indices` over `extents`."""
+    flat = indices[0]
+    for i, d in zip(indices[1:], extents[1:]):
+        flat = f"({flat}) * ({dstr(d)}) + {i}"
+    return flat
+
+
+def _im2col_fits(lw: Lowering, x: Tensor, ks: list[int], out_sp: list[Dim]) -> bool:
+    """Whether the unfolded input (C * prod(kernel) rows, N * prod(output) columns) stays within the
+    lowering's tensor size limit (symbolic extents are checked when the program is called)."""
+    count = prod([x.shape[1], *ks, x.shape[0], *out_sp])
+    return not isinstance(count, int) or count * np.dtype(x.dtype).itemsize <= lw.max_bytes
+
+
+def _conv_as_gemm(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, ks: list[int],
+                  out_sp: list[Dim], st: list[int], dil: list[int]) -> None:
+    """A one-group convolution as one matrix product on BLAS (im2col):
+        col[(c, k...), (n, o...)] = x[n, c, o * stride + k * dilation]     (x already zero-padded)
+        res = W[m, (c, k...)] @ col                                          (a Gemm)
+        out[n, m, o...] = res[m, (n, o...)] + bias[m]
+    Reverse mode differentiates the Gemm with the product rule (two more Gemms) and the two copies as
+    maps; the unfolding's adjoint sums overlapping windows back into the input's gradient."""
+    n = len(ks)
+    N, C, M = x.shape[0], x.shape[1], w.shape[0]
+    kp, op = params("k", n), params("o", n)
+    rows, cols = prod([C, *ks]), prod([N, *out_sp])
+    row, col_ix = _flat(["c", *kp], [C, *ks]), _flat(["n", *op], [N, *out_sp])
+    col = lw.temp([rows, cols], x.dtype, "im2col")
+    sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
+    lw.map(node.label, [("c", C), *zip(kp, ks), ("n", N), *zip(op, out_sp)], {"a": (x, ["n", "c", *sp])},
+           "o = a", {"o": (col, [row, col_ix], None)})
+    wm = lw.temp([M, rows], w.dtype, "weights")
+    lw.map(node.label, [("m", M), ("c", C), *zip(kp, ks)], {"a": (w, ["m", "c", *kp])}, "o = a",
+           {"o": (wm, ["m", row], None)})
+    res = lw.temp([M, cols], x.dtype, "conv")
+    library_product(lw, node.label, Gemm("gemm", alpha=1, beta=0, cin=False), {"_a": wm, "_b": col}, res)
+    ins = {"r": (res, ["m", col_ix])}
+    code = "o = r"
+    if node.input(2):
+        bias = lw.get(node.input(2))
+        if bias.rank != 1:
+            raise InvalidNode(f"bias of shape {tuple(bias.shape)}; it must be ({M},)")
+        same_extent(bias.shape[0], M, "the bias and the output channels")
+        ins["b"] = (bias, ["m"])
+        code = "o = r + b"
+    lw.map(node.label, [("n", N), ("m", M), *zip(op, out_sp)], ins, code, {"o": (out, ["n", "m", *op], None)})
 
 
 def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int], fill: str = "0") -> Tensor:
@@ -363,11 +417,22 @@ def batch_norm(lw: Lowering, node: Node) -> None:
     _check_channel_params(x, (s, b, m, v))
     eps = literal_float(node.attr("epsilon", 1e-5))
     out = lw.output(node.outputs[0], x.shape, x.dtype)
+    _normalize(lw, node, x, s, b, (m, lambda c: [c]), (v, lambda c: [c]), eps, out)
+
+
+def _normalize(lw: Lowering, node: Node, x: Tensor, s: Tensor, b: Tensor, mean, var, eps: str, out: Tensor) -> None:
+    """out = (x - mean) * a + b with a = scale / sqrt(var + eps) computed once per channel: the square
+    root (and in the backward its derivative, a power) runs per channel, not per element. `mean` and `var`
+    are (tensor, index of channel c)."""
+    channels = x.shape[1] if x.rank > 1 else 1
+    a = lw.temp([channels], x.dtype, "bn_scale")
+    (vt, vidx), (mt, midx) = var, mean
+    lw.map(node.label, [("c", channels)], {"s": (s, ["c"]), "v": (vt, vidx("c"))}, f"o = s / sqrt(v + {eps})",
+           {"o": (a, ["c"], None)})
     p = params("p", x.rank)
-    c = [p[1]] if x.rank > 1 else ["0"]
-    lw.map(node.label, list(zip(p, x.shape)),
-           {"x": (x, p), "s": (s, c), "b": (b, c), "m": (m, c), "v": (v, c)},
-           f"o = (x - m) / sqrt(v + {eps}) * s + b", {"o": (out, p, None)})
+    c = p[1] if x.rank > 1 else "0"
+    lw.map(node.label, list(zip(p, x.shape)), {"x": (x, p), "a": (a, [c]), "b": (b, [c]), "m": (mt, midx(c))},
+           "o = (x - m) * a + b", {"o": (out, p, None)})
 
 
 def _same_dims(what: str, want, got) -> None:
@@ -566,10 +631,8 @@ def batch_norm_training(lw: Lowering, node: Node) -> None:
     var = lw.temp(keep, x.dtype, "var")
     lw.map(node.label, list(zip(kp, keep)), {"a": (sq, kp)}, f"o = a / ({count})", {"o": (var, kp, None)})
     out = lw.output(node.outputs[0], x.shape, x.dtype)
-    p = params("p", x.rank)
-    lw.map(node.label, list(zip(p, x.shape)),
-           {"x": (x, p), "s": (s, [p[1]]), "b": (b, [p[1]]), "m": (mean, kidx(p)), "v": (var, kidx(p))},
-           f"o = (x - m) / sqrt(v + {eps}) * s + b", {"o": (out, p, None)})
+    channel = lambda c: ["0" if k != 1 else c for k in range(x.rank)]  # noqa: E731
+    _normalize(lw, node, x, s, b, (mean, channel), (var, channel), eps, out)
     c = params("c", 1)
     for k, (running, batch) in enumerate(((rm, mean), (rv, var)), start=1):
         if node.output(k):

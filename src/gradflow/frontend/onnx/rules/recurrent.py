@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradflow.frontend.onnx.builder import InvalidNode, Lowering, RuleUnsupported, Tensor, same_extent
+from dace.libraries.blas import Gemm
+
+from gradflow.frontend.onnx.builder import (
+    InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, norm_dim, same_extent,
+)
+from gradflow.frontend.onnx.rules.linalg import library_product, on_blas
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
 SUM = "lambda a, b: a + b"
@@ -81,37 +86,37 @@ def lstm(lw: Lowering, node: Node) -> None:
     yh = lw.output(node.output(1), state_shape, x.dtype) if node.output(1) else None
     yc = lw.output(node.output(2), state_shape, x.dtype) if node.output(2) else None
     label = node.label
+    blas = on_blas(x, w, r) and (bias is None or on_blas(bias, x))
     for d in range(D):
         backward = direction == "reverse" or d == 1
-        # input projections of every step at once: g[t, b, q] = sum_k x[t, b, k] w[d, q, k] + Wb + Rb
-        g = lw.temp((T, B, 4 * H), x.dtype, "gates")
-        if bias is not None:
-            lw.map(label, [("t", T), ("b", B), ("q", 4 * H)],
-                   {"wb": (bias, [str(d), "q"]), "rb": (bias, [str(d), f"q + {4 * H}"])}, "o = wb + rb",
-                   {"o": (g, ["t", "b", "q"], None)})
-        else:
-            lw.fill(label, g, "0")
-        lw.map(label, [("t", T), ("b", B), ("q", 4 * H), ("k", I)],
-               {"a": (x, at_x("t")), "w": (w, [str(d), "q", "k"])}, "o = a * w", {"o": (g, ["t", "b", "q"], SUM)})
         h_prev, c_prev = _initial(lw, label, h0, d, (B, H), x.dtype, at_state), \
             _initial(lw, label, c0, d, (B, H), x.dtype, at_state)
+        if blas:
+            gates = _gates_on_blas(lw, label, x, w, r, bias, d, T, B, H, I, layout)
+        else:
+            gates = _gates_as_maps(lw, label, x, w, r, bias, d, T, B, H, I, at_x)
         for step in range(T):
             t = T - 1 - step if backward else step
-            lw.map(label, [("b", B), ("q", 4 * H), ("j", H)],
-                   {"h": (h_prev, ["b", "j"]), "r": (r, [str(d), "q", "j"])}, "o = h * r",
-                   {"o": (g, [str(t), "b", "q"], SUM)})
+            gate_in = gates(t, h_prev)
             h, c = lw.temp((B, H), x.dtype, "h"), lw.temp((B, H), x.dtype, "c")
-            gate = lambda k: (g, [str(t), "b", f"j + {k * H}" if k else "j"])  # noqa: E731
-            ins = {"gi": gate(0), "go": gate(1), "gf": gate(2), "gc": gate(3), "cp": (c_prev, ["b", "j"])}
+            ins = {"cp": (c_prev, ["b", "j"])}
+            pre = []
+            for k, name in enumerate("iofc"):  # gate k's pre-activation, a sum of the terms gate_in gives
+                terms = []
+                for n_term, (tensor, index) in enumerate(gate_in(k)):
+                    ins[f"g{name}{n_term}"] = (tensor, index)
+                    terms.append(f"g{name}{n_term}")
+                pre.append(f"g{name} = " + " + ".join(terms))
             peep = {"i": "", "o": "", "f": ""}
             if peephole is not None:  # P[d] = (p_i, p_o, p_f): the gates also see the cell state
                 for k, name in enumerate("iof"):
                     ins[f"p{name}"] = (peephole, [str(d), f"j + {k * H}" if k else "j"])
                 peep = {"i": " + pi * cp", "f": " + pf * cp", "o": " + po * cn"}
             lw.map(label, [("b", B), ("j", H)], ins,
-                   f"i = 1.0 / (1.0 + exp(-(gi{peep['i']})))\nf = 1.0 / (1.0 + exp(-(gf{peep['f']})))\n"
-                   f"cn = f * cp + i * tanh(gc)\no = 1.0 / (1.0 + exp(-(go{peep['o']})))\n"
-                   "co = cn\nho = o * tanh(cn)",
+                   "\n".join(pre) + "\n"
+                   f"i = 1 / (1 + math.exp(-(gi{peep['i']})))\nf = 1 / (1 + math.exp(-(gf{peep['f']})))\n"
+                   f"cn = f * cp + i * math.tanh(gc)\no = 1 / (1 + math.exp(-(go{peep['o']})))\n"
+                   "co = cn\nho = o * math.tanh(cn)",
                    {"co": (c, ["b", "j"], None), "ho": (h, ["b", "j"], None)})
             if y is not None:
                 lw.map(label, [("b", B), ("j", H)], {"a": (h, ["b", "j"])}, "o = a",
@@ -121,6 +126,69 @@ def lstm(lw: Lowering, node: Node) -> None:
             if out is not None:
                 lw.map(label, [("b", B), ("j", H)], {"a": (last, ["b", "j"])}, "o = a",
                        {"o": (out, at_state(d), None)})
+
+
+def _gate_index(k: int, H: int) -> str:
+    return f"j + {k * H}" if k else "j"
+
+
+def _gates_as_maps(lw: Lowering, label: str, x: Tensor, w: Tensor, r: Tensor, bias: Tensor | None, d: int,
+                   T: int, B, H: int, I, at_x):
+    """Gate pre-activations as contraction maps (element types BLAS does not have): the input projections
+    of every step at once, g[t, b, q] = sum_k x[t, b, k] w[d, q, k] + Wb + Rb, and per step
+    g[t] += h R^T. Returns `gates(t, h_prev)`, which emits step t's recurrent term and returns, per gate
+    k, the terms (tensor, index over b, j) whose sum is its pre-activation."""
+    g = lw.temp((T, B, 4 * H), x.dtype, "gates")
+    if bias is not None:
+        lw.map(label, [("t", T), ("b", B), ("q", 4 * H)],
+               {"wb": (bias, [str(d), "q"]), "rb": (bias, [str(d), f"q + {4 * H}"])}, "o = wb + rb",
+               {"o": (g, ["t", "b", "q"], None)})
+    else:
+        lw.fill(label, g, "0")
+    lw.map(label, [("t", T), ("b", B), ("q", 4 * H), ("k", I)],
+           {"a": (x, at_x("t")), "w": (w, [str(d), "q", "k"])}, "o = a * w", {"o": (g, ["t", "b", "q"], SUM)})
+
+    def gates(t: int, h_prev: Tensor):
+        lw.map(label, [("b", B), ("q", 4 * H), ("j", H)],
+               {"h": (h_prev, ["b", "j"]), "r": (r, [str(d), "q", "j"])}, "o = h * r",
+               {"o": (g, [str(t), "b", "q"], SUM)})
+        return lambda k: [(g, [str(t), "b", _gate_index(k, H)])]
+    return gates
+
+
+def _gates_on_blas(lw: Lowering, label: str, x: Tensor, w: Tensor, r: Tensor, bias: Tensor | None, d: int,
+                   T: int, B, H: int, I, layout: int):
+    """Gate pre-activations with matrix products on BLAS: the input projections of all steps as one Gemm,
+    xs[(t, b), :] @ W[d]^T, and per step h @ R[d]^T (a Gemm into a step temporary); the biases summed
+    once. Same contract as `_gates_as_maps`."""
+    rows = norm_dim(T * B)
+    xs = lw.temp((rows, I), x.dtype, "steps")
+    row = f"t * ({dstr(B)}) + b"
+    lw.map(label, [("t", T), ("b", B), ("k", I)], {"a": (x, ["t", "b", "k"] if layout == 0 else ["b", "t", "k"])},
+           "o = a", {"o": (xs, [row, "k"], None)})
+    wd, rd = lw.temp((4 * H, I), w.dtype, "w"), lw.temp((4 * H, H), r.dtype, "r")
+    for src, dst, extent in ((w, wd, I), (r, rd, H)):
+        lw.map(label, [("q", 4 * H), ("k", extent)], {"a": (src, [str(d), "q", "k"])}, "o = a",
+               {"o": (dst, ["q", "k"], None)})
+    g = lw.temp((rows, 4 * H), x.dtype, "gates")
+    library_product(lw, label, Gemm("gemm", alpha=1, beta=0, cin=False, transB=True), {"_a": xs, "_b": wd}, g)
+    bsum = None
+    if bias is not None:
+        bsum = lw.temp((4 * H,), x.dtype, "bias")
+        lw.map(label, [("q", 4 * H)], {"wb": (bias, [str(d), "q"]), "rb": (bias, [str(d), f"q + {4 * H}"])},
+               "o = wb + rb", {"o": (bsum, ["q"], None)})
+
+    def gates(t: int, h_prev: Tensor):
+        hr = lw.temp((B, 4 * H), x.dtype, "hr")
+        library_product(lw, label, Gemm("gemm", alpha=1, beta=0, cin=False, transB=True), {"_a": h_prev, "_b": rd},
+                        hr)
+
+        def terms(k: int):
+            q = _gate_index(k, H)
+            out = [(g, [f"{t} * ({dstr(B)}) + b", q]), (hr, ["b", q])]
+            return out + ([(bsum, [q])] if bsum is not None else [])
+        return terms
+    return gates
 
 
 def _initial(lw: Lowering, label: str, given: Tensor | None, d: int, shape, dtype: np.dtype, at_state) -> Tensor:

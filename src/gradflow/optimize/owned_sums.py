@@ -1,0 +1,154 @@
+"""`nest_reductions`: a map whose iterations sum into shared elements runs those sums without atomics.
+
+A map `out[i, j] += a[i, k] * b[k, j]` over (i, j, k) adds into each output element from every k: a
+write-conflict sum that DaCe emits as one atomic update per iteration (a compare-and-swap loop on
+floating types, also on one thread) because the map is parallel over k too. Contractions lowered from
+ONNX (convolutions, Einsum) have this form in the forward, and reverse mode creates it everywhere: the
+adjoint of a read that ignores a parameter (`w[m, c]` read for every n) is a sum over that parameter
+(`gw[m, c] += ...` over n).
+
+The parameters that *own* the outputs are those that index some dimension of every conflicting output
+alone, as `a * p + b` with `a >= 1` and no other parameter in that dimension: two iterations with
+different values of them write different elements. This pass orders the map's parameters owners first
+and expands it into nested maps: the outermost (the first owner) stays parallel, the others are
+sequential loops inside it. Each thread then owns the elements it adds into, and the sums are plain
+`+=` (DaCe decides atomics per enclosing map from the same criterion), in the original order within
+each thread's part. Maps with no owner are left alone (parallel with atomics; `choose_schedules`
+handles the one-element case), as are maps whose sum targets are also written some other way in the
+map, through differing subsets.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+import sympy
+from dace import symbolic
+from dace.frontend.operations import detect_reduction_type
+from dace.sdfg import nodes as nd
+from dace.transformation.dataflow import MapExpansion
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+
+
+def _owns(subset, param: str, params: set[str]) -> bool:
+    """Some single-element dimension of `subset` is `a * param + b`, a >= 1, with no other parameter."""
+    sym = symbolic.pystr_to_symbolic(param)
+    for begin, end, _ in subset.ndrange():
+        if symbolic.simplify(begin - end) != 0:
+            continue
+        names = {str(s) for s in sympy.sympify(begin).free_symbols}
+        if param not in names or names & (params - {param}):
+            continue
+        expr = sympy.expand(sympy.sympify(begin))
+        coeff = expr.coeff(sym)
+        if coeff.free_symbols or not sympy.simplify(expr - coeff * sym).free_symbols.isdisjoint({sym}):
+            continue
+        if coeff.is_number and coeff >= 1:
+            return True
+    return False
+
+
+def owners(state: dace.SDFGState, entry: nd.MapEntry) -> list[str] | None:
+    """The parameters owning every write-conflict sum leaving the map (in the map's order), or None when
+    there is nothing to change: no sums, sums already owned by every parameter, or outputs written in
+    ways the criterion cannot vouch for (a sum target also written otherwise, or through two subsets)."""
+    params = list(entry.map.params)
+    out_edges = [e for e in state.in_edges(state.exit_node(entry)) if not e.data.is_empty()]
+    sums = [e for e in out_edges if e.data.wcr is not None]
+    if not sums or any(e.data.subset is None for e in out_edges):
+        return None
+    if any(detect_reduction_type(e.data.wcr) != dace.dtypes.ReductionType.Sum for e in sums):
+        return None  # only sums are reordered
+    targets: dict[str, str] = {}
+    for e in out_edges:
+        key = str(e.data.subset) if e.data.wcr is not None else None
+        if e.data.data in targets and targets[e.data.data] != key:
+            return None
+        targets[e.data.data] = key
+    owned = [p for p in params if all(_owns(e.data.subset, p, set(params)) for e in sums)]
+    if not owned or len(owned) == len(params):
+        return None
+    return owned
+
+
+def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, list[str]]]:
+    found = []
+    for state in sdfg.states():
+        for node in state.nodes():
+            if (isinstance(node, nd.MapEntry) and state.entry_node(node) is None
+                    and node.map.schedule == dace.ScheduleType.Default):
+                owned = owners(state, node)
+                if owned is not None:
+                    found.append((state, node, owned))
+    return found
+
+
+def _nest(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> None:
+    m = entry.map
+    order = owned + [p for p in m.params if p not in owned]
+    perm = [m.params.index(p) for p in order]
+    ranges, tiles = m.range.ranges, m.range.tile_sizes
+    m.params = order
+    m.range = dace.subsets.Range([ranges[k] for k in perm])
+    m.range.tile_sizes = [tiles[k] for k in perm]
+    MapExpansion.apply_to(sdfg, options={"inner_schedule": dace.ScheduleType.Sequential}, map_entry=entry,
+                          save=False, verify=False)
+    # the expansion is a chain of one-parameter maps, owners outermost
+    chain = [entry]
+    while True:
+        inner = [n for n in state.scope_children()[chain[-1]] if isinstance(n, nd.MapEntry)]
+        if len(inner) != 1 or len(chain) == len(order):
+            break
+        chain.append(inner[0])
+    if len(chain) == len(order):
+        _accumulate_in_registers(sdfg, state, chain[len(owned) - 1], chain[len(owned)])
+
+
+def _accumulate_in_registers(sdfg: dace.SDFG, state: dace.SDFGState, owner: nd.MapEntry,
+                             loop: nd.MapEntry) -> None:
+    """Each sum into one element per iteration of the owner maps goes through a local scalar: zeroed
+    before the sequential loops, summed into there (a register: the C++ compiler cannot keep an element
+    of a heap array in one, as it may alias the other arrays the loop touches), added to the element once
+    after them."""
+    owner_exit, loop_exit = state.exit_node(owner), state.exit_node(loop)
+    for e in list(state.edges_between(loop_exit, owner_exit)):
+        if e.data.wcr is None or e.data.is_empty() or e.data.subset.num_elements() != 1:
+            continue
+        desc = sdfg.arrays[e.data.data]
+        acc, _ = sdfg.add_scalar(f"gradflow_acc_{e.data.data}", desc.dtype, transient=True,
+                                 storage=dace.StorageType.Register, find_new_name=True)
+        state.remove_edge(e)
+        total = state.add_access(acc)
+        into = state.add_edge(loop_exit, e.src_conn, total, None, dace.Memlet(data=acc, subset="0", wcr=e.data.wcr))
+        state.add_edge(total, None, owner_exit, e.dst_conn, e.data)
+        for t in state.memlet_tree(into):
+            if t is not into:
+                t.data = dace.Memlet(data=acc, subset="0", wcr=t.data.wcr)
+        zero = state.add_tasklet(f"zero_{acc}", {}, {"o"}, "o = 0")
+        start = state.add_access(acc)
+        state.add_nedge(owner, zero, dace.Memlet())
+        state.add_edge(zero, "o", start, None, dace.Memlet(data=acc, subset="0"))
+        state.add_nedge(start, loop, dace.Memlet())
+
+
+@register_pass
+@attrs.frozen
+class NestReductions(Pass):
+    """Maps summing into elements some of their parameters own: parallel over those, sequential over
+    the rest (see the module docstring)."""
+
+    name: ClassVar[str] = "nest_reductions"
+
+    def run(self, graph: Graph) -> PassResult:
+        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
+            return Success(graph)
+        sdfg = graph.editable()
+        for sub in sdfg.all_sdfgs_recursive():
+            for state, entry, owned in _candidates(sub):
+                _nest(sub, state, entry, owned)
+        return Success(Graph.adopt(sdfg, graph.meta))

@@ -1,0 +1,69 @@
+"""`nest_reductions`: a map summing into elements that only some of its parameters index runs parallel over
+those and sequentially over the rest, through a register accumulator, so no sum is atomic. The results of
+every corpus program stay those of the unoptimized route (test_two_routes.py); here, what the pass builds
+and what it must leave alone."""
+
+from __future__ import annotations
+
+import dace
+import numpy as np
+from dace.sdfg import nodes as nd
+
+from gradflow.core.graph import Graph
+from gradflow.optimize.owned_sums import NestReductions, owners
+from gradflow.runtime.compile import compile_sdfg
+
+N, K = dace.symbol("N"), dace.symbol("K")
+
+
+@dace.program
+def matvec(A: dace.float64[N, K], x: dace.float64[K], y: dace.float64[N]):
+    for i, k in dace.map[0:N, 0:K]:
+        with dace.tasklet:
+            a << A[i, k]
+            b << x[k]
+            o >> y(1, lambda p, q: p + q)[i]
+            o = a * b
+
+
+@dace.program
+def shifted_sum(A: dace.float64[N, K], y: dace.float64[N + K]):
+    for i, k in dace.map[0:N, 0:K]:
+        with dace.tasklet:
+            a << A[i, k]
+            o >> y(1, lambda p, q: p + q)[i + k]
+            o = a
+
+
+def _top_maps(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry]]:
+    return [(s, n) for s in sdfg.states() for n in s.nodes() if isinstance(n, nd.MapEntry) and s.entry_node(n) is None]
+
+
+def test_a_contraction_runs_parallel_over_its_outputs_and_accumulates_in_a_register() -> None:
+    plain = Graph.of(matvec.to_sdfg())
+    [(state, entry)] = _top_maps(plain.sdfg)
+    assert owners(state, entry) == ["i"]
+    nested = NestReductions()(plain).unwrap()
+    [(state, outer)] = _top_maps(nested.sdfg)
+    assert outer.map.params == ["i"] and outer.map.schedule == dace.ScheduleType.Default
+    [inner] = [n for n in state.scope_children()[outer] if isinstance(n, nd.MapEntry)]
+    assert inner.map.params == ["k"] and inner.map.schedule == dace.ScheduleType.Sequential
+    accumulators = [n for n, d in nested.sdfg.arrays.items() if n.startswith("gradflow_acc_")]
+    assert accumulators and nested.sdfg.arrays[accumulators[0]].storage == dace.StorageType.Register
+    rng = np.random.default_rng(0)
+    A, x = rng.standard_normal((7, 5)), rng.standard_normal(5)
+    results = []
+    for graph in (plain, nested):
+        y = np.full(7, 0.5)  # the sums add to what y holds
+        compile_sdfg(graph)(A=A, x=x, y=y, N=7, K=5)
+        results.append(y)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-14)
+    np.testing.assert_allclose(results[0], 0.5 + A @ x, rtol=1e-14)
+
+
+def test_sums_no_parameter_owns_are_left_alone() -> None:
+    # y[i + k]: iterations with different i write the same element (i + k = const), so neither owns it
+    plain = Graph.of(shifted_sum.to_sdfg())
+    [(state, entry)] = _top_maps(plain.sdfg)
+    assert owners(state, entry) is None
+    assert NestReductions()(plain).unwrap().fingerprint == plain.fingerprint

@@ -10,9 +10,10 @@ de-duplication, modes as the modules have them), and `check_initializers` reject
 a tensor, naming it and what happened to it.
 
 Training-mode BatchNorm: ONNX's own running-statistics outputs follow ONNX's convention (momentum stored
-as a float32 attribute, population variance), not torch's, so `expose_batch_stats` adds the batch mean
-and (population) variance of each such node's input as extra graph outputs; the compiled module updates
-the buffers from them exactly as torch does (`BatchStats`).
+as a float32 attribute, population variance), not torch's, so `expose_batch_stats` sets each such node's
+momentum to 0, which makes those outputs the batch mean and population variance of its input, and makes
+them graph outputs; the compiled module updates the buffers from them exactly as torch does
+(`BatchStats`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,40 @@ def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], 
     return buf.getvalue()
 
 
+def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False):
+    """`scaled_dot_product_attention` written out (softmax(q k^T * scale + mask) v), for the exporter: the
+    TorchScript exporter cannot trace the fused op as `nn.MultiheadAttention` calls it (`is_causal` arrives
+    as a tensor), while these ops (MatMul, Softmax, Where/Add) it exports and gradflow lowers."""
+    if isinstance(is_causal, torch.Tensor):
+        is_causal = bool(is_causal)  # a traced constant
+    if dropout_p:
+        raise ExportError("attention with dropout in training mode: gradflow cannot replay torch's random mask yet",
+                          "call .eval() on the module, or give it dropout=0")
+    if enable_gqa:
+        raise ExportError("grouped-query attention (enable_gqa=True) is not exported by gradflow yet")
+    weights = torch.matmul(query, key.transpose(-2, -1)) * (query.size(-1) ** -0.5 if scale is None else scale)
+    if is_causal:
+        causal = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool).tril()
+        weights = weights.masked_fill(causal.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        weights = (weights.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool
+                   else weights + attn_mask)
+    return torch.matmul(torch.softmax(weights, dim=-1), value)
+
+
+@contextlib.contextmanager
+def _traceable_attention():
+    """While exporting, `torch.nn.functional.scaled_dot_product_attention` is `_attention_math`."""
+    functional = torch.nn.functional
+    fused = functional.scaled_dot_product_attention
+    functional.scaled_dot_product_attention = _attention_math
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = fused
+
+
 @contextlib.contextmanager
 def _all_buffers_persistent(module: torch.nn.Module):
     """The exporter takes its initializers from the `state_dict`: a non-persistent buffer would be traced as
@@ -118,7 +153,7 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes:
     input_names = [f"{INPUT_PREFIX}{k}" for k in range(len(args))]
     output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(len(shapes))]
     try:
-        with _all_buffers_persistent(module):
+        with _all_buffers_persistent(module), _traceable_attention():
             data = _quiet_export(module, tuple(args), input_names, output_names)
     except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
         raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
@@ -237,8 +272,8 @@ def _training_mode(node: onnx.NodeProto) -> bool:
 
 
 def expose_batch_stats(model: onnx.ModelProto, module: torch.nn.Module) -> tuple[BatchStats, ...]:
-    """Add, for every training-mode BatchNormalization reading a BatchNorm module's running statistics, its
-    input's per-channel mean and population variance as graph outputs (edits `model`, which this module
+    """Expose, for every training-mode BatchNormalization reading a BatchNorm module's running statistics,
+    its input's per-channel mean and population variance as graph outputs (edits `model`, which this module
     created). A training-mode node whose statistics are no module's buffers is an `ExportError`."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     shapes = {vi.name: vi.type.tensor_type for vi in
@@ -247,6 +282,7 @@ def expose_batch_stats(model: onnx.ModelProto, module: torch.nn.Module) -> tuple
     for k, node in enumerate(list(model.graph.node)):
         if node.op_type != "BatchNormalization" or not _training_mode(node):
             continue
+        node_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if not _is_initializer(model, node.input[3]):
             continue  # statistics computed in the graph (track_running_stats=False): no buffers to update
         found = _batchnorm_module(module, node.input[3])
@@ -255,22 +291,21 @@ def expose_batch_stats(model: onnx.ModelProto, module: torch.nn.Module) -> tuple
                               "which is not the running_mean of a torch.nn BatchNorm module",
                               "use torch.nn.BatchNorm1d/2d/3d modules, or compile the module in eval mode")
         path, _ = found
-        x = node.input[0]
-        tt = shapes[x]
-        dims = [d.dim_value for d in tt.shape.dim]
-        axes = [0, *range(2, len(dims))]
-        count = int(np.prod([dims[a] for a in axes]))
+        dims = [d.dim_value for d in shapes[node.input[0]].shape.dim]
+        count = int(np.prod([dims[a] for a in (0, *range(2, len(dims)))]))
+        # The node's running-statistics outputs with momentum 0 are its batch mean and population variance
+        # (running * 0 + batch * 1), which it computes anyway: a second pass over the input is not needed.
         tag = f"{STATS_PREFIX}{k}"
-        axes_name = f"{tag}_axes"
-        model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
         mean, var = f"{tag}_mean", f"{tag}_var"
-        model.graph.node.extend([
-            helper.make_node("ReduceMean", [x, axes_name], [f"{tag}_mean_k"], keepdims=1),
-            helper.make_node("Sub", [x, f"{tag}_mean_k"], [f"{tag}_centered"]),
-            helper.make_node("Mul", [f"{tag}_centered", f"{tag}_centered"], [f"{tag}_squares"]),
-            helper.make_node("ReduceMean", [f"{tag}_squares", axes_name], [var], keepdims=0),
-            helper.make_node("ReduceMean", [x, axes_name], [mean], keepdims=0),
-        ])
-        model.graph.output.extend([helper.make_tensor_value_info(n, tt.elem_type, [dims[1]]) for n in (mean, var)])
+        outputs = list(node.output) + [""] * (3 - len(node.output))
+        outputs[1:3] = [mean, var]
+        del node.output[:]
+        node.output.extend(outputs)
+        del node.attribute[:]  # only epsilon, momentum and training_mode exist in opset 14+
+        node.attribute.extend([helper.make_attribute("epsilon", float(node_attrs.get("epsilon", 1e-5))),
+                               helper.make_attribute("momentum", 0.0),
+                               helper.make_attribute("training_mode", 1)])
+        elem = shapes[node.input[0]].elem_type
+        model.graph.output.extend([helper.make_tensor_value_info(n, elem, [dims[1]]) for n in (mean, var)])
         stats.append(BatchStats(path, mean, var, count))
     return tuple(stats)

@@ -637,6 +637,9 @@ def batch_norm_training(lw: Lowering, node: Node) -> None:
     for k, (running, batch) in enumerate(((rm, mean), (rv, var)), start=1):
         if node.output(k):
             res = lw.output(node.output(k), running.shape, x.dtype)
-            lw.map(node.label, list(zip(c, running.shape)),
-                   {"r": (running, c), "a": (batch, ["0" if j != 1 else c[0] for j in range(x.rank)])},
-                   f"o = r * {mom} + a * (1 - {mom})", {"o": (res, c, None)})
+            batch_at = (batch, ["0" if j != 1 else c[0] for j in range(x.rank)])
+            if float(node.attr("momentum", 0.9)) == 0.0:  # the batch statistic itself (gradflow.torch reads it)
+                lw.map(node.label, list(zip(c, running.shape)), {"a": batch_at}, "o = a", {"o": (res, c, None)})
+            else:
+                lw.map(node.label, list(zip(c, running.shape)), {"r": (running, c), "a": batch_at},
+                       f"o = r * {mom} + a * (1 - {mom})", {"o": (res, c, None)})

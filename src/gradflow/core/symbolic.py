@@ -440,12 +440,13 @@ class _Printer:
             return f"({top})"
         if isinstance(e, sympy.Pow):
             base, exp = e.base, e.exp
+            root = f"math.sqrt(dace.float32({self(base)}))" if self.single else f"sqrt({self(base)})"
             if exp == sympy.Rational(1, 2):
-                return f"sqrt({self(base)})"
+                return root
             if exp == -1:
                 return f"({self._float(1.0)} / {self(base)})"
             if exp == sympy.Rational(-1, 2):
-                return f"({self._float(1.0)} / sqrt({self(base)}))"
+                return f"({self._float(1.0)} / {root})"
             if exp == 2:
                 b = self(base)
                 return f"({b} * {b})"

@@ -111,6 +111,7 @@ def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
     key = build_key(sdfg, graph.fingerprint if graph is not None else None)
     root = usable_cache_root()
     folder = root / key
+    blas.one_thread()
     with _LOCK:
         hit = _LOADED.get(str(folder))
         if hit is not None:

@@ -1,18 +1,12 @@
 """gradflow runs OpenBLAS calls on the calling thread (its pool's spinning workers starved OpenMP's and
 torch's threads), unless the user set OPENBLAS_NUM_THREADS. Checked in fresh processes: the count is
-process state."""
+process state. scipy-openblas32 is a dependency of gradflow, so these run everywhere."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-
-import pytest
-
-from gradflow.runtime import blas
-
-pytestmark = pytest.mark.skipif(not blas.available(), reason="scipy-openblas32 is not installed")
 
 _PROBE = """
 import ctypes

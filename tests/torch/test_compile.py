@@ -252,13 +252,20 @@ def test_optimizer_steps_follow_torch_trajectory(name, optimizer):
     make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
             "adam": lambda ps: torch.optim.Adam(ps, lr=0.05)}[optimizer]
     opts = make(model.parameters()), make(ref.parameters())
+    _train_side_by_side(name, model, ref, opts, lambda want: [torch.ones_like(o) for o in want], power=2)
+
+
+def _train_side_by_side(name, model, ref, opts, cotangents, power: int = 1) -> None:
+    """STEPS optimizer steps of the compiled model and its torch twin on the same inputs, each minimizing
+    `_loss(outputs, cot) ** power` with `cot = cotangents(twin's outputs)` drawn once per step; after each
+    step parameters and buffers must agree, after the last the eval-mode outputs."""
     for step in range(STEPS):
         xs = inputs(name, seed=100 + step)
-        y, want = model(*xs), ref(*xs)
-        cot = [torch.ones_like(o) for o in _outputs(want)]
-        for out, opt in ((y, opts[0]), (want, opts[1])):
+        outs = model(*xs), ref(*xs)
+        cot = cotangents(_outputs(outs[1]))
+        for out, opt in zip(outs, opts):
             opt.zero_grad()
-            (_loss(out, cot) ** 2).backward()
+            (_loss(out, cot) ** power).backward()
             opt.step()
         assert_same_state(model, ref, F64)
     model.eval()
@@ -283,20 +290,8 @@ def test_zoo_training_follows_torch_trajectory(name, optimizer):
     opts = [make([p for p in m.parameters() if p.requires_grad]) for m in (model, ref)]
     gen = torch.Generator().manual_seed(5)
     try:
-        for step in range(STEPS):
-            xs = inputs(name, seed=100 + step)
-            outs = model(*xs), ref(*xs)
-            cot = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in _outputs(outs[1])]
-            for out, opt in zip(outs, opts):
-                opt.zero_grad()
-                _loss(out, cot).backward()
-                opt.step()
-            assert_same_state(model, ref, F64)
-        model.eval()
-        ref.eval()
-        xs = inputs(name, seed=200)
-        for a, b in zip(_outputs(model(*xs)), _outputs(ref(*xs))):
-            torch.testing.assert_close(a, b, **F64)
+        _train_side_by_side(name, model, ref, opts,
+                            lambda want: [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in want])
     finally:
         for p in frozen:
             p.requires_grad_(True)

@@ -110,7 +110,7 @@ def lstm(lw: Lowering, node: Node) -> None:
             peep = {"i": "", "o": "", "f": ""}
             if peephole is not None:  # P[d] = (p_i, p_o, p_f): the gates also see the cell state
                 for k, name in enumerate("iof"):
-                    ins[f"p{name}"] = (peephole, [str(d), f"j + {k * H}" if k else "j"])
+                    ins[f"p{name}"] = (peephole, [str(d), _gate_index(k, H)])
                 peep = {"i": " + pi * cp", "f": " + pf * cp", "o": " + po * cn"}
             lw.map(label, [("b", B), ("j", H)], ins,
                    "\n".join(pre) + "\n"

@@ -67,3 +67,30 @@ def test_sums_no_parameter_owns_are_left_alone() -> None:
     [(state, entry)] = _top_maps(plain.sdfg)
     assert owners(state, entry) is None
     assert NestReductions()(plain).unwrap().fingerprint == plain.fingerprint
+
+
+@dace.program
+def channel_sums(x: dace.float32[6, 4, 5, 16], s: dace.float32[4]):
+    # a BatchNorm's per-channel sum: c owns s[c], the innermost loop has a constant extent of 16
+    for n, c, h, w in dace.map[0:6, 0:4, 0:5, 0:16]:
+        with dace.tasklet:
+            a << x[n, c, h, w]
+            o >> s(1, lambda p, q: p + q)[c]
+            o = a
+
+
+def test_a_short_constant_innermost_loop_sums_into_lanes() -> None:
+    # one accumulator per iteration of the w loop: no add waits for the previous one, the loop vectorizes
+    plain = Graph.of(channel_sums.to_sdfg())
+    nested = NestReductions()(plain).unwrap()
+    [acc] = [d for n, d in nested.sdfg.arrays.items() if n.startswith("gradflow_acc_")]
+    assert tuple(acc.shape) == (16,) and acc.storage == dace.StorageType.Register
+    x = np.random.default_rng(2).standard_normal((6, 4, 5, 16)).astype(np.float32)
+    results = []
+    for graph in (plain, nested):
+        s = np.full(4, 0.5, np.float32)
+        compile_sdfg(graph)(x=x, s=s)
+        results.append(s)
+    want = 0.5 + x.astype(np.float64).sum(axis=(0, 2, 3))
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=2e-6)

@@ -7,8 +7,11 @@ code generator makes every one of them an atomic update: on doubles a compare-an
 as well, and a loop the C++ compiler cannot vectorize. Most of the backward time of the stencil kernels
 went there.
 
-This pass splits such a map into one map per write offset: the copies compute the same body and keep one
-of the conflicting accumulations each, the original keeps the first and everything else it writes. In each
+This pass splits such a map into one map per class of writes whose ranges over the whole map are pairwise
+disjoint (for a stencil, one per offset): the copies compute the same body and keep one class of the
+accumulations each, the original keeps the first class and everything else it writes. Writes that never
+meet (the four gate blocks `g[b, j + 64 k]` of an LSTM row) stay in one map: copying the body for them
+would repeat its work, transcendentals included, once per block. In each
 map every iteration owns the element it adds to, so the sums are plain `+=` and the maps stay parallel.
 Each copy writes through an access node of its own (DaCe makes writes into one access node atomic when
 their subsets intersect, whichever maps they come from), which an empty memlet orders before the original:
@@ -28,10 +31,11 @@ from typing import ClassVar
 import attrs
 import dace
 import sympy as sp
-from dace import dtypes, symbolic
+from dace import dtypes, subsets, symbolic
 from dace.frontend.operations import detect_reduction_type
 from dace.memlet import Memlet
 from dace.sdfg import nodes as nd
+from dace.sdfg import propagation
 from returns.result import Success
 
 from gradflow.core.graph import Graph
@@ -71,8 +75,26 @@ def _elementwise(state: dace.SDFGState, entry: nd.MapEntry) -> list[nd.Node] | N
     return None
 
 
-def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
-    """Groups (per array) of the map's sum accumulations that conflict only with each other, in order."""
+def _classes(state: dace.SDFGState, entry: nd.MapEntry, edges: list) -> list[list]:
+    """`edges` (sums into one array) in classes whose members write pairwise disjoint ranges over the whole
+    map, first fit in order; the first class stays with the original map. Disjoint writes into one array,
+    such as the four gate blocks of an LSTM row, share a map without atomics (DaCe's code generator
+    checks the same propagated ranges), so copying the body for them would only repeat its work."""
+    outer = [propagation.propagate_memlet(state, e.data, entry, False).subset for e in edges]
+    classes: list[list[int]] = []
+    for i in range(len(edges)):
+        for members in classes:
+            if all(subsets.intersects(outer[i], outer[j]) is False for j in members):
+                members.append(i)
+                break
+        else:
+            classes.append([i])
+    return [[edges[i] for i in members] for members in classes]
+
+
+def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list[list]]:
+    """Per array, the map's sum accumulations that conflict only with each other, in classes of writes
+    that may share a map (`_classes`); only arrays that need more than one class."""
     exit_ = state.exit_node(entry)
     params = {symbolic.pystr_to_symbolic(p) for p in entry.map.params}
     read = {e.data.data for e in state.in_edges(entry) if e.data.data is not None}
@@ -93,7 +115,9 @@ def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
         outer = [e for e in state.out_edges(exit_) if e.data.data == data]
         if (all(_is_sum(e.data) and not e.data.dynamic and _owned(e.data.subset, params) for e in edges)
                 and all(isinstance(e.dst, nd.AccessNode) for e in outer)):
-            found.append(edges)
+            classes = _classes(state, entry, edges)
+            if len(classes) > 1:
+                found.append(classes)
     return found
 
 
@@ -115,9 +139,9 @@ def _sink(sdfg: dace.SDFG, state: dace.SDFGState, dtype) -> nd.AccessNode:
     return state.add_access(name)
 
 
-def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep) -> nd.MapExit:
-    """A copy of `entry`'s scope that writes only through `keep` (an in-edge of the map exit); returns its
-    exit. Outputs the copy drops go to fresh scope-local scalars."""
+def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep: list) -> nd.MapExit:
+    """A copy of `entry`'s scope that writes only through the edges `keep` (in-edges of the map exit, sums
+    into one array); returns its exit. Outputs the copy drops go to fresh scope-local scalars."""
     exit_ = state.exit_node(entry)
     body = _elementwise(state, entry)
     twin = {n: copy.deepcopy(n) for n in [entry, exit_, *body]}
@@ -129,7 +153,7 @@ def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep)
         for e in state.out_edges(n):
             if e.dst is not exit_:
                 state.add_edge(twin[n], e.src_conn, twin[e.dst], e.dst_conn, copy.deepcopy(e.data))
-            elif e is keep:
+            elif any(e is k for k in keep):
                 state.add_edge(twin[n], e.src_conn, twin[exit_], e.dst_conn, copy.deepcopy(e.data))
             else:
                 desc = sdfg.arrays[e.data.data]
@@ -137,18 +161,20 @@ def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep)
                 state.add_edge(twin[n], e.src_conn, sink, None, Memlet(data=sink.data, subset="0"))
     # The copy writes through an access node of its own: DaCe makes writes into one access node atomic
     # when their subsets intersect, whichever maps they come from. That node precedes the original map.
-    out_conn = "OUT_" + keep.dst_conn[len("IN_"):]
+    in_conns = {k.dst_conn for k in keep}
+    out_conns = {"OUT_" + conn[len("IN_"):] for conn in in_conns}
+    target = None
     for e in state.out_edges(exit_):
-        if e.src_conn == out_conn:
-            target = state.add_access(e.dst.data)
-            state.add_edge(twin[exit_], out_conn, target, e.dst_conn, copy.deepcopy(e.data))
-            state.add_nedge(target, entry, Memlet())
-    kept_conns = {keep.dst_conn, out_conn}
+        if e.src_conn in out_conns:
+            if target is None:
+                target = state.add_access(e.dst.data)
+                state.add_nedge(target, entry, Memlet())
+            state.add_edge(twin[exit_], e.src_conn, target, e.dst_conn, copy.deepcopy(e.data))
     for conn in list(twin[exit_].in_connectors):
-        if conn not in kept_conns:
+        if conn not in in_conns:
             twin[exit_].remove_in_connector(conn)
     for conn in list(twin[exit_].out_connectors):
-        if conn not in kept_conns:
+        if conn not in out_conns:
             twin[exit_].remove_out_connector(conn)
     return twin[exit_]
 
@@ -183,10 +209,10 @@ class OwnScatterWrites(Pass):
         for sub in sdfg.all_sdfgs_recursive():
             for state in list(sub.states()):
                 for entry, groups in _candidates(state):
-                    extra = [edge for edges in groups for edge in edges[1:]]
+                    extra = [members for classes in groups for members in classes[1:]]
                     # every copy is taken from the whole original, before any accumulation leaves it
-                    for edge in extra:
-                        _split_off(sub, state, entry, edge)
-                    for edge in extra:
+                    for members in extra:
+                        _split_off(sub, state, entry, members)
+                    for edge in (edge for members in extra for edge in members):
                         _drop(sub, state, entry, edge)
         return Success(Graph.adopt(sdfg, graph.meta))

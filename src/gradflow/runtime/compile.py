@@ -1,7 +1,8 @@
 """Content-addressed compilation of SDFGs.
 
-A build lives in `<cache root>/<key>/`, keyed by the SDFG's canonical fingerprint, the DaCe version and
-the BLAS in use (`runtime.blas`: BLAS library nodes become OpenBLAS calls while a build runs), so a second
+A build lives in `<cache root>/<key>/`, keyed by the SDFG's canonical fingerprint, the DaCe version, the
+BLAS in use (`runtime.blas`: BLAS library nodes become OpenBLAS calls while a build runs) and the vector
+math declarations (`runtime.vector_math`: SIMD transcendentals from glibc), so a second
 build of an identical graph is a cache hit in this process (a dict) or in any other (a folder).
 
 How an entry stays trustworthy:
@@ -43,7 +44,7 @@ from gradflow.core import progress
 from gradflow.core.errors import CacheWarning, CompilationError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.core.names import check_identifiers
-from gradflow.runtime import blas
+from gradflow.runtime import blas, heap, vector_math
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def usable_cache_root() -> Path:
 
 
 def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
-    text = f"{fp or fingerprint(sdfg)}|dace={dace.__version__}|blas={blas.tag()}"
+    text = f"{fp or fingerprint(sdfg)}|dace={dace.__version__}|blas={blas.tag()}|math={vector_math.tag()}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -112,6 +113,7 @@ def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
     root = usable_cache_root()
     folder = root / key
     blas.one_thread()
+    heap.keep_freed_blocks()
     with _LOCK:
         hit = _LOADED.get(str(folder))
         if hit is not None:
@@ -254,7 +256,7 @@ def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
 def _build(sdfg: dace.SDFG, folder: Path) -> None:
     try:
         with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context(), \
-                progress.step(f"compiling SDFG '{sdfg.name}'"):
+                vector_math.declared(sdfg), progress.step(f"compiling SDFG '{sdfg.name}'"):
             sdfg.compile(return_program_handle=False)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)

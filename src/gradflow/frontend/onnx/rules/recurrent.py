@@ -159,8 +159,8 @@ def _gates_as_maps(lw: Lowering, label: str, x: Tensor, w: Tensor, r: Tensor, bi
 def _gates_on_blas(lw: Lowering, label: str, x: Tensor, w: Tensor, r: Tensor, bias: Tensor | None, d: int,
                    T: int, B, H: int, I, layout: int):
     """Gate pre-activations with matrix products on BLAS: the input projections of all steps as one Gemm,
-    xs[(t, b), :] @ W[d]^T, and per step h @ R[d]^T (a Gemm into a step temporary); the biases summed
-    once. Same contract as `_gates_as_maps`."""
+    xs[(t, b), :] @ W[d]^T, and per step h @ R[d]^T (a Gemm into a step temporary); both biases added
+    to the input projections once. Same contract as `_gates_as_maps`."""
     rows = norm_dim(T * B)
     xs = lw.temp((rows, I), x.dtype, "steps")
     row = f"t * ({dstr(B)}) + b"
@@ -172,22 +172,18 @@ def _gates_on_blas(lw: Lowering, label: str, x: Tensor, w: Tensor, r: Tensor, bi
                {"o": (dst, ["q", "k"], None)})
     g = lw.temp((rows, 4 * H), x.dtype, "gates")
     library_product(lw, label, Gemm("gemm", alpha=1, beta=0, cin=False, transB=True), {"_a": xs, "_b": wd}, g)
-    bsum = None
-    if bias is not None:
-        bsum = lw.temp((4 * H,), x.dtype, "bias")
-        lw.map(label, [("q", 4 * H)], {"wb": (bias, [str(d), "q"]), "rb": (bias, [str(d), f"q + {4 * H}"])},
-               "o = wb + rb", {"o": (bsum, ["q"], None)})
+    if bias is not None:  # added once for all steps: in the step map its adjoint would be a sum over the batch
+        biased = lw.temp((rows, 4 * H), x.dtype, "gates")
+        lw.map(label, [("s", rows), ("q", 4 * H)],
+               {"a": (g, ["s", "q"]), "wb": (bias, [str(d), "q"]), "rb": (bias, [str(d), f"q + {4 * H}"])},
+               "o = a + wb + rb", {"o": (biased, ["s", "q"], None)})
+        g = biased
 
     def gates(t: int, h_prev: Tensor):
         hr = lw.temp((B, 4 * H), x.dtype, "hr")
         library_product(lw, label, Gemm("gemm", alpha=1, beta=0, cin=False, transB=True), {"_a": h_prev, "_b": rd},
                         hr)
-
-        def terms(k: int):
-            q = _gate_index(k, H)
-            out = [(g, [f"{t} * ({dstr(B)}) + b", q]), (hr, ["b", q])]
-            return out + ([(bsum, [q])] if bsum is not None else [])
-        return terms
+        return lambda k: [(g, [f"{t} * ({dstr(B)}) + b", _gate_index(k, H)]), (hr, ["b", _gate_index(k, H)])]
     return gates
 
 

@@ -1,0 +1,79 @@
+"""`own_scatter_writes`: sums of one map into one array that neighbouring iterations may both hit are split
+into maps whose writes each iteration owns; sums that can never meet stay in one map (copying the body
+for them would repeat its work once per block). What the pass builds, and that the numbers stay."""
+
+from __future__ import annotations
+
+import copy
+
+import dace
+import numpy as np
+from dace.sdfg import nodes as nd
+
+from gradflow.core.graph import Graph
+from gradflow.optimize.scatter import OwnScatterWrites
+from gradflow.runtime.compile import compile_sdfg
+
+N = 9  # concrete: with a symbolic size, ranges like [0, N) and [2N, 3N) are not provably disjoint
+
+
+@dace.program
+def blocks(a: dace.float64[9], g: dace.float64[27]):
+    # the three writes of iteration i fill three disjoint blocks of g, like the gate blocks of an LSTM row
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            x << a[i]
+            o0 >> g(1, lambda p, q: p + q)[i]
+            o1 >> g(1, lambda p, q: p + q)[i + N]
+            o2 >> g(1, lambda p, q: p + q)[i + 2 * N]
+            o0 = x
+            o1 = 2 * x
+            o2 = 3 * x
+
+
+@dace.program
+def stencil_and_block(a: dace.float64[9], g: dace.float64[20]):
+    # g[i] and g[i + 1] meet between neighbours; g[i + N + 2] meets neither
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            x << a[i]
+            o0 >> g(1, lambda p, q: p + q)[i]
+            o1 >> g(1, lambda p, q: p + q)[i + 1]
+            o2 >> g(1, lambda p, q: p + q)[i + N + 2]
+            o0 = x
+            o1 = 2 * x
+            o2 = 3 * x
+
+
+def _maps(graph: Graph) -> list[nd.MapEntry]:
+    return [n for s in graph.sdfg.states() for n in s.nodes() if isinstance(n, nd.MapEntry)]
+
+
+def _run(graph: Graph, a: np.ndarray, size: int) -> np.ndarray:
+    g = np.full(size, 0.25)  # the sums add to what g holds
+    compile_sdfg(graph)(a=a, g=g)
+    return g
+
+
+def test_writes_that_never_meet_stay_in_one_map() -> None:
+    plain = Graph.of(blocks.to_sdfg())
+    assert OwnScatterWrites()(plain).unwrap().fingerprint == plain.fingerprint
+    # and DaCe's code generator, from the same propagated ranges, makes none of the sums atomic
+    code = "".join(obj.clean_code for obj in copy.deepcopy(plain.sdfg).generate_code())
+    assert "wcr_fixed" in code and "reduce_atomic" not in code
+    a = np.random.default_rng(0).standard_normal(N)
+    np.testing.assert_allclose(_run(plain, a, 3 * N), 0.25 + np.concatenate([a, 2 * a, 3 * a]), rtol=1e-15)
+
+
+def test_meeting_writes_get_maps_of_their_own_and_disjoint_ones_share() -> None:
+    plain = Graph.of(stencil_and_block.to_sdfg())
+    split = OwnScatterWrites()(plain).unwrap()
+    # g[i] and g[i + N + 2] stay together, g[i + 1] moves to a copy: two maps, not three
+    assert len(_maps(plain)) == 1 and len(_maps(split)) == 2
+    a = np.random.default_rng(0).standard_normal(N)
+    want = np.full(20, 0.25)
+    want[:9] += a
+    want[1:10] += 2 * a
+    want[11:20] += 3 * a
+    np.testing.assert_allclose(_run(plain, a, 20), want, rtol=1e-15)
+    np.testing.assert_allclose(_run(split, a, 20), want, rtol=1e-15)

@@ -74,6 +74,12 @@ def _conflicting_scatters(g: Graph) -> int:
     return sum(len(_candidates(s)) for sdfg in g.sdfg.all_sdfgs_recursive() for s in sdfg.states())
 
 
+def _zeroed_products(g: Graph) -> int:
+    from gradflow.optimize.first_writes import _candidates
+
+    return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
 def _default_reductions(g: Graph) -> int:
     from gradflow.optimize.reductions import _candidates
 
@@ -129,6 +135,8 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
                            _conflicting_scatters, (2, 0)),
+    "overwrite_zeroed_products": (lambda: Reverse(("X", "Wt"), ("S",))(_normalized(dataflow.df_flatten_matmul)).unwrap(),
+                                  None, _zeroed_products, ("> 0", 0)),
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),

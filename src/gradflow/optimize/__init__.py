@@ -12,6 +12,7 @@ from typing import Any
 
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
+from gradflow.optimize.first_writes import OverwriteZeroedProducts
 from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.owned_sums import NestReductions
 from gradflow.optimize.reductions import LocalReductions
@@ -19,7 +20,7 @@ from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
 
 #: The default optimization pipeline.
-OPTIMIZE = Pipeline((FuseMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules()))
+OPTIMIZE = Pipeline((OverwriteZeroedProducts(), FuseMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -27,4 +28,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "LocalReductions", "NestReductions", "OwnScatterWrites", "optimized"]
+__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "LocalReductions", "NestReductions", "OverwriteZeroedProducts",
+           "OwnScatterWrites", "optimized"]

@@ -497,3 +497,21 @@ def test_a_pre_exported_model_that_lost_parameters_is_refused_at_compile():
         gt.compile(net, (x,), onnx_model=folded)
     with pytest.raises(InvalidArgumentError, match="option onnx_model=3: must be a path"):
         gt.compile(net, (x,), onnx_model=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_products_with_an_extent_of_one(dtype):
+    # one output channel, one output feature, a batch of one: matrices of shape (n, 1) or (1, n), which a
+    # BLAS node once took with a leading dimension of 1 (OpenBLAS refused the call; the output was garbage)
+    torch.manual_seed(3)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(2, 1, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(16, 1),
+                              torch.nn.Tanh(), torch.nn.Linear(1, 3)).to(dtype)
+    model = gt.compile(copy.deepcopy(ref), (torch.randn(1, 2, 4, 4, dtype=dtype),))
+    tol = F32 if dtype == torch.float32 else {"rtol": 1e-9, "atol": 1e-12}
+    x = torch.randn(1, 2, 4, 4, dtype=dtype)
+    y, want = model(x), ref(x)
+    torch.testing.assert_close(y, want, **tol)
+    y.sum().backward()
+    want.sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda s, n=n: f"{n}: {s}")

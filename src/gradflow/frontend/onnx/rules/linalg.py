@@ -54,12 +54,19 @@ def contract(
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def on_blas(*tensors: Tensor) -> bool:
+def on_blas(*tensors: Tensor, matrices: tuple | None = None) -> bool:
     """Whether a product of `tensors` can be a BLAS node: one floating type BLAS has, no extent known to be 0
-    (the library nodes' expansions do not handle empty operands; the map is then empty and writes zeros)."""
+    (the library nodes' expansions do not handle empty operands; the map is then empty and writes zeros),
+    and no matrix extent known to be 1: the rows and columns of the matrices the node multiplies
+    (`matrices`, by default the last two dims of every tensor of rank 2 or more). DaCe's expansion reads the
+    layout of a matrix from its strides, and a (5, 1) matrix has strides (1, 1): it passed a leading
+    dimension of 1 and OpenBLAS refused the call, leaving the output unwritten."""
     dtypes = {np.dtype(t.dtype) for t in tensors}
+    if matrices is None:
+        matrices = tuple(d for t in tensors if t.rank >= 2 for d in t.shape[-2:])
     return (len(dtypes) == 1 and dtypes <= set(_BLAS_TYPES)
-            and not any(isinstance(d, int) and d == 0 for t in tensors for d in t.shape))
+            and not any(isinstance(d, int) and d == 0 for t in tensors for d in t.shape)
+            and not any(norm_dim(d) == 1 for d in matrices))
 
 
 def library_product(lw: Lowering, label: str, lib, reads: dict[str, Tensor], out: Tensor,

@@ -152,7 +152,8 @@ def conv(lw: Lowering, node: Node) -> None:
         # Zero-pad into a temporary first, so every read of the accumulation is an affine memlet (the AD
         # engine differentiates those; a guarded read through the whole array it does not).
         x = _zero_padded(lw, node, x, begin, end)
-    if g == 1 and on_blas(x, w, out) and _im2col_fits(lw, x, ks, out_sp):
+    if (g == 1 and on_blas(x, w, out, matrices=(prod([x.shape[0], *out_sp]), prod([x.shape[1], *ks]), w.shape[0]))
+            and _im2col_fits(lw, x, ks, out_sp)):
         _conv_as_gemm(lw, node, x, w, out, ks, out_sp, st, dil)
         return
     op = params("o", n)

@@ -20,7 +20,8 @@ from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
 
 #: The default optimization pipeline.
-OPTIMIZE = Pipeline((OverwriteZeroedProducts(), FuseMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules()))
+OPTIMIZE = Pipeline((OverwriteZeroedProducts(), FuseMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(),
+                     ChooseSchedules()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:

@@ -11,10 +11,10 @@ The parameters that *own* the outputs are those that index some dimension of eve
 alone, as `a * p + b` with `a >= 1` and no other parameter in that dimension: two iterations with
 different values of them write different elements. This pass expands the map into nested maps: the
 outermost (the first owner) stays parallel, the others are sequential loops inside it. Where the owners
-alone fix the element each sum adds to, they go first and the sum runs in a register; otherwise the
-other parameters keep the map's order (its memory layout). Each thread then owns the elements it adds into, and the sums are plain
-`+=` (DaCe decides atomics per enclosing map from the same criterion), in the original order within
-each thread's part. Maps with no owner are left alone (parallel with atomics; `choose_schedules`
+alone fix the element each sum adds to (and the sum is long enough), they go first and the sum runs in
+registers; otherwise the other parameters keep the map's order (its memory layout). Each thread then
+owns the elements it adds into, and the sums are plain `+=` (DaCe decides atomics per enclosing map from
+the same criterion). Maps with no owner are left alone (parallel with atomics; `choose_schedules`
 handles the one-element case), as are maps whose sum targets are also written some other way in the
 map, through differing subsets.
 """

@@ -9,10 +9,10 @@ went there.
 
 This pass splits such a map into one map per class of writes whose ranges over the whole map are pairwise
 disjoint (for a stencil, one per offset): the copies compute the same body and keep one class of the
-accumulations each, the original keeps the first class and everything else it writes. Writes that never
-meet (the four gate blocks `g[b, j + 64 k]` of an LSTM row) stay in one map: copying the body for them
-would repeat its work, transcendentals included, once per block. In each
-map every iteration owns the element it adds to, so the sums are plain `+=` and the maps stay parallel.
+accumulations each, the original keeps the first class and everything else it writes. In each map every
+iteration owns the element it adds to, so the sums are plain `+=` and the maps stay parallel. Writes that
+never meet (the four gate blocks `g[b, j + 64 k]` of an LSTM row) stay in one map: copying the body for
+them would repeat its work, transcendentals included, once per block.
 Each copy writes through an access node of its own (DaCe makes writes into one access node atomic when
 their subsets intersect, whichever maps they come from), which an empty memlet orders before the original:
 the copies read what the original reads before it overwrites any of it (reverse mode clears an adjoint

@@ -515,3 +515,21 @@ def test_products_with_an_extent_of_one(dtype):
     want.sum().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda s, n=n: f"{n}: {s}")
+
+
+@pytest.mark.parametrize("cin, cout, groups, stride", [(4, 4, 4, 1), (4, 4, 4, 2), (4, 8, 4, 1), (4, 6, 2, 1)])
+def test_grouped_and_depthwise_convolutions(cin, cout, groups, stride):
+    # depthwise (one input channel per group, multiplier 1) has a lowering of its own; multiplier 2 and
+    # two-channel groups take the general grouped one
+    torch.manual_seed(4)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 3, stride, padding=1, groups=groups), torch.nn.Tanh()).double()
+    x = torch.randn(2, cin, 5, 5, dtype=torch.float64, requires_grad=True)
+    model = gt.compile(copy.deepcopy(ref), (x,))
+    xr = x.detach().clone().requires_grad_()
+    y, want = model(x), ref(xr)
+    torch.testing.assert_close(y, want, rtol=1e-9, atol=1e-12)
+    (y * y).sum().backward()
+    (want * want).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-9, atol=1e-12)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda s, n=n: f"{n}: {s}")

@@ -159,10 +159,17 @@ def conv(lw: Lowering, node: Node) -> None:
     op = params("o", n)
     kp = params("k", n)
     _init_with_bias(lw, node, out)
-    ch = f"(m // ({dstr(exact_div(M, g))})) * ({dstr(Cg)}) + c" if g != 1 else "c"
     sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
-    ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), ("c", Cg), *zip(kp, ks)]
-    ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
+    if g != 1 and norm_dim(M - g) == 0 and Cg == 1:
+        # depthwise: output channel m reads input channel m only. Indexed by m alone (no one-iteration c
+        # loop adding `+ c`), m owns both sums of the reverse map (into the input's and the weights'
+        # gradients), so `nest_reductions` runs it parallel over channels without atomics.
+        ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), *zip(kp, ks)]
+        ins = {"x": (x, ["n", "m", *sp]), "w": (w, ["m", "0", *kp])}
+    else:
+        ch = f"(m // ({dstr(exact_div(M, g))})) * ({dstr(Cg)}) + c" if g != 1 else "c"
+        ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), ("c", Cg), *zip(kp, ks)]
+        ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
     lw.map(node.label, ranges, ins, "o = x * w", {"o": (out, ["n", "m", *op], SUM)})
 
 

@@ -183,3 +183,25 @@ def test_known_gather_indices_padded_conv_and_pools_read_single_elements():
     x = np.random.default_rng(1).standard_normal((2, 3, 6, 6)).astype(np.float32)
     for got, want in zip(prog(x), reference(model, {"x": x})):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _gemms(sdfg: dace.SDFG) -> int:
+    from dace.libraries.blas import Gemm
+
+    return sum(isinstance(n, Gemm) for n, _ in sdfg.all_nodes_recursive())
+
+
+@pytest.mark.parametrize("module, shape, on_blas", [
+    (torch.nn.LSTM(3, 4, batch_first=True), (2, 5, 3), True),  # its bias of shape (1, 32) is added by a map
+    (torch.nn.Linear(6, 5), (3, 6), True),
+    (torch.nn.Linear(6, 1), (3, 6), False),  # a (3, 1) product: DaCe's expansion mis-reads its layout
+    (torch.nn.Conv2d(2, 1, 3), (2, 2, 5, 5), False),  # one output channel: an (n, 1) product
+    (torch.nn.Conv2d(2, 3, 3), (2, 2, 5, 5), True),
+])
+def test_which_products_run_on_blas(module, shape, on_blas):
+    x = torch.randn(*shape)
+    model = export(module, (x,), dynamo=False)
+    prog = load(model)
+    assert (_gemms(prog.sdfg) > 0) == on_blas
+    for got, want in zip(prog(x.numpy()), reference(model, {model.graph.input[0].name: x.numpy()})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -86,7 +86,10 @@ def lstm(lw: Lowering, node: Node) -> None:
     yh = lw.output(node.output(1), state_shape, x.dtype) if node.output(1) else None
     yc = lw.output(node.output(2), state_shape, x.dtype) if node.output(2) else None
     label = node.label
-    blas = on_blas(x, w, r) and (bias is None or on_blas(bias, x))
+    # the matrices multiplied: steps (T*B, I) by W[d] (4H, I), and per step h (B, H) by R[d] (4H, H); the
+    # bias (D, 8H) is added by a map, so its extent D = 1 does not matter
+    blas = (on_blas(x, w, r, matrices=(norm_dim(T * B), I, 4 * H, B, H))
+            and (bias is None or on_blas(bias, x, matrices=())))
     for d in range(D):
         backward = direction == "reverse" or d == 1
         h_prev, c_prev = _initial(lw, label, h0, d, (B, H), x.dtype, at_state), \

@@ -5,6 +5,8 @@ and what it must leave alone."""
 
 from __future__ import annotations
 
+import copy
+
 import dace
 import numpy as np
 from dace.sdfg import nodes as nd
@@ -94,3 +96,27 @@ def test_a_short_constant_innermost_loop_sums_into_lanes() -> None:
     want = 0.5 + x.astype(np.float64).sum(axis=(0, 2, 3))
     for got in results:
         np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+@dace.program
+def window_max(x: dace.float32[4, 3, 8, 8], y: dace.float32[4, 3, 4, 4]):
+    # a 2x2 MaxPool: each output element is the max over its window
+    for n, c, o0, o1, k0, k1 in dace.map[0:4, 0:3, 0:4, 0:4, 0:2, 0:2]:
+        with dace.tasklet:
+            a << x[n, c, 2 * o0 + k0, 2 * o1 + k1]
+            o >> y(1, lambda p, q: max(p, q))[n, c, o0, o1]
+            o = a
+
+
+def test_a_max_over_windows_runs_without_critical_sections() -> None:
+    plain = Graph.of(window_max.to_sdfg())
+    [(state, entry)] = _top_maps(plain.sdfg)
+    assert owners(state, entry) == ["n", "c", "o0", "o1"]
+    nested = NestReductions()(plain).unwrap()
+    code = "".join(obj.clean_code for obj in copy.deepcopy(nested.sdfg).generate_code())
+    assert "reduce_atomic" not in code and not any(n.startswith("gradflow_acc_") for n in nested.sdfg.arrays)
+    x = np.random.default_rng(3).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    for graph in (plain, nested):
+        y = np.full((4, 3, 4, 4), -np.inf, np.float32)
+        compile_sdfg(graph)(x=x, y=y)
+        np.testing.assert_array_equal(y, x.reshape(4, 3, 4, 2, 4, 2).max(axis=(3, 5)))

@@ -5,7 +5,8 @@ write-conflict sum that DaCe emits as one atomic update per iteration (a compare
 floating types, also on one thread) because the map is parallel over k too. Contractions lowered from
 ONNX (convolutions, Einsum) have this form in the forward, and reverse mode creates it everywhere: the
 adjoint of a read that ignores a parameter (`w[m, c]` read for every n) is a sum over that parameter
-(`gw[m, c] += ...` over n).
+(`gw[m, c] += ...` over n). Max and min reductions (a MaxPool window) get the same nesting, without
+registers: for them DaCe's atomic update on floating types is an OpenMP critical section.
 
 The parameters that *own* the outputs are those that index some dimension of every conflicting output
 alone, as `a * p + b` with `a >= 1` and no other parameter in that dimension: two iterations with
@@ -36,6 +37,12 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
+#: write-conflict reductions this pass reorders; only sums go through registers. A max or min DaCe makes
+#: an OpenMP critical section per update on floating types (a MaxPool's window: 22% of LeNet's time at two
+#: threads in GOMP_critical_start/end)
+_REORDERED = (dace.dtypes.ReductionType.Sum, dace.dtypes.ReductionType.Max, dace.dtypes.ReductionType.Min)
+
+
 def _owns(subset, param: str, params: set[str]) -> bool:
     """Some single-element dimension of `subset` is `a * param + b`, a >= 1, with no other parameter."""
     sym = symbolic.pystr_to_symbolic(param)
@@ -63,8 +70,8 @@ def owners(state: dace.SDFGState, entry: nd.MapEntry) -> list[str] | None:
     sums = [e for e in out_edges if e.data.wcr is not None]
     if not sums or any(e.data.subset is None for e in out_edges):
         return None
-    if any(detect_reduction_type(e.data.wcr) != dace.dtypes.ReductionType.Sum for e in sums):
-        return None  # only sums are reordered
+    if any(detect_reduction_type(e.data.wcr) not in _REORDERED for e in sums):
+        return None
     targets: dict[str, str] = {}
     for e in out_edges:
         key = str(e.data.subset) if e.data.wcr is not None else None
@@ -94,8 +101,10 @@ def _fixed_by(state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> bo
     the loops over the other parameters, run inside the owners', add into one element: a register can
     hold it."""
     params = set(entry.map.params)
-    return any({str(s) for s in e.data.subset.free_symbols} & params <= set(owned)
-               for e in state.in_edges(state.exit_node(entry)) if e.data.wcr is not None and not e.data.is_empty())
+    sums = [e for e in state.in_edges(state.exit_node(entry)) if e.data.wcr is not None and not e.data.is_empty()]
+    if any(detect_reduction_type(e.data.wcr) != dace.dtypes.ReductionType.Sum for e in sums):
+        return False  # the register code zeroes and adds
+    return any({str(s) for s in e.data.subset.free_symbols} & params <= set(owned) for e in sums)
 
 
 #: a sum over fewer iterations than this per element is not worth a register (zeroing and adding it back

@@ -62,3 +62,13 @@ def test_a_buffer_that_another_contribution_reaches_first_keeps_its_zeros() -> N
     got, want = _grads(rewritten, _inputs()), _grads(plain, _inputs())
     for w, g in zip(want, got):
         np.testing.assert_allclose(g, w, rtol=1e-14)
+
+
+def test_a_loop_whose_condition_reads_the_buffer_touches_it() -> None:
+    from dace.sdfg.state import LoopRegion
+
+    from gradflow.optimize.first_writes import _touches
+
+    loop = LoopRegion("scan", "i < 4 and buf[0] < 3.0", "i", "i = 0", "i = i + 1")
+    loop.add_state("body", is_start_block=True)
+    assert _touches(loop, "buf") and not _touches(loop, "bu") and not _touches(loop, "other")

@@ -15,13 +15,14 @@ array, and the Gemm is its only writer there (a `_c` output covering it, no `_ci
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Iterator
 
 import attrs
 import dace
 from dace.libraries.blas.nodes.gemm import Gemm
 from dace.sdfg import nodes as nd
-from dace.sdfg.state import ControlFlowRegion
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from returns.result import Success
 
 from gradflow.core.graph import Graph
@@ -53,11 +54,26 @@ def _accesses(state: dace.SDFGState, name: str) -> list[nd.AccessNode]:
     return [n for n in state.data_nodes() if n.data == name]
 
 
+def _named_in_code(block, name: str) -> bool:
+    """`name` appears in a loop's or a conditional's own code (its condition, init or update) in `block`."""
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    for region in block.all_control_flow_regions():
+        codes = []
+        if isinstance(region, LoopRegion):
+            codes = [region.loop_condition, region.init_statement, region.update_statement]
+        elif isinstance(region, ConditionalBlock):
+            codes = [condition for condition, _ in region.branches]
+        if any(code is not None and word.search(code.as_string) for code in codes):
+            return True
+    return False
+
+
 def _touches(block, name: str) -> bool:
     if isinstance(block, dace.SDFGState):
         return bool(_accesses(block, name))
-    return any(isinstance(n, nd.AccessNode) and n.data == name for n, _ in block.all_nodes_recursive()) or \
-        any(name in e.data.free_symbols for e in block.all_interstate_edges())
+    return (any(isinstance(n, nd.AccessNode) and n.data == name for n, _ in block.all_nodes_recursive())
+            or any(name in e.data.free_symbols for e in block.all_interstate_edges(recursive=True))
+            or _named_in_code(block, name))
 
 
 def _first_gemm(state: dace.SDFGState, name: str) -> Gemm | None:

@@ -82,9 +82,12 @@ class _Specialized:
     def compiled(self):
         with self._lock:
             if self._compiled is None:
+                from gradflow.optimize import optimized
                 from gradflow.runtime.compile import compile_sdfg
 
-                self._compiled = compile_sdfg(self.graph)
+                # the lowered graph stays as it is (`OnnxProgram.graph`); what runs is optimized, as what
+                # `gradflow.torch.compile` runs (atomics-free sums, BLAS, schedules)
+                self._compiled = compile_sdfg(optimized(self.graph))
                 self._arglist = set(getattr(self._compiled, "_sig", None) or self._compiled.sdfg.arglist().keys())
             return self._compiled
 

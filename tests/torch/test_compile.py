@@ -186,6 +186,11 @@ def _loss(y, cotangents) -> torch.Tensor:
     return sum((o * g).sum() for o, g in zip(_outputs(y), cotangents))
 
 
+def assert_same_grads(model, ref, tol) -> None:
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda s, n=n: f"{n}: {s}")
+
+
 def assert_same_state(model, ref, tol) -> None:
     for (n, a), (m, b) in zip(model.state_dict().items(), ref.state_dict().items()):
         assert n == m
@@ -232,8 +237,7 @@ def test_forward_and_every_gradient_match_torch(name, mode, seed):
     cot = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in _outputs(want)]
     _loss(y, cot).backward()
     _loss(want, cot).backward()
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, **F64, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_grads(model, ref, F64)
     assert_same_state(model, ref, F64)  # BatchNorm statistics after one training-mode call
 
 
@@ -320,8 +324,7 @@ def test_float32(name):
     cot = [torch.ones_like(o) for o in _outputs(want)]
     _loss(y, cot).backward()
     _loss(want, cot).backward()
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, **F32, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_grads(model, ref, F32)
     assert_same_state(model, ref, F32)
 
 
@@ -483,8 +486,7 @@ def test_a_pre_exported_model_that_kept_its_parameters_trains_like_torch(tmp_pat
     torch.testing.assert_close(y, want, **F64)
     y.sum().backward()
     want.sum().backward()
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, **F64, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_grads(model, ref, F64)
     model.eval()
     with pytest.raises(ExportError, match="the ONNX model given to gradflow.torch.compile serves the train/eval"):
         model(x)
@@ -513,8 +515,7 @@ def test_products_with_an_extent_of_one(dtype):
     torch.testing.assert_close(y, want, **tol)
     y.sum().backward()
     want.sum().backward()
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_grads(model, ref, tol)
 
 
 @pytest.mark.parametrize("cin, cout, groups, stride", [(4, 4, 4, 1), (4, 4, 4, 2), (4, 8, 4, 1), (4, 6, 2, 1)])
@@ -531,5 +532,4 @@ def test_grouped_and_depthwise_convolutions(cin, cout, groups, stride):
     (y * y).sum().backward()
     (want * want).sum().backward()
     torch.testing.assert_close(x.grad, xr.grad, rtol=1e-9, atol=1e-12)
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda s, n=n: f"{n}: {s}")
+    assert_same_grads(model, ref, dict(rtol=1e-9, atol=1e-12))

@@ -41,11 +41,13 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 
 def thread_env(threads: int) -> dict[str, str]:
-    """Environment giving every side `threads` threads: OpenMP (gradflow's kernels, torch), OpenBLAS, XLA."""
+    """Environment giving every side `threads` threads: OpenMP (gradflow's kernels and matrix products,
+    torch), MKL, XLA. OpenBLAS (gradflow's) keeps one: gradflow shares a large product out over its OpenMP
+    team itself (runtime/team_gemm.h), and does not when OpenBLAS has threads of its own."""
     xla = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" if threads == 1
            else f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={threads}")
     n = str(threads)
-    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n, "XLA_FLAGS": xla,
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": n, "XLA_FLAGS": xla,
             "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 

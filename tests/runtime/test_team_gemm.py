@@ -1,0 +1,151 @@
+"""Matrix products shared out over the OpenMP team (`runtime/team_gemm.h`, reached through the shim header
+every compiled SDFG's CBLAS calls go through) compute what one OpenBLAS call computes, whichever way a call
+is split: by rows or columns of C, or by the inner dimension into partial products added afterwards.
+
+The header is compiled into a small library that records which split each call took, and run with two
+OpenMP threads in this process (the suite itself runs with OMP_NUM_THREADS=1)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradflow.runtime import blas
+
+pytestmark = pytest.mark.skipif(not blas.available(), reason="scipy-openblas32 is a dependency; not installed here")
+
+_SOURCE = r"""
+static char last_how = 0;
+static int last_team = 0;
+#define GRADFLOW_TEAM_TRACE(how, team) (last_how = (how), last_team = (team))
+#include "gradflow_cblas.h"
+extern "C" {
+void set_threads(int n) { omp_set_num_threads(n); }
+char how() { return last_how; }
+int team() { return last_team; }
+#define EXPORT(NAME, T, CALL)                                                                          \
+    void NAME(int order, int ta, int tb, int M, int N, int K, T alpha, const T *A, int lda, const T *B,  \
+              int ldb, T beta, T *C, int ldc) {                                                        \
+        CALL((CBLAS_ORDER)order, (CBLAS_TRANSPOSE)ta, (CBLAS_TRANSPOSE)tb, M, N, K, alpha, A, lda, B,  \
+             ldb, beta, C, ldc);                                                                        \
+    }
+EXPORT(sgemm, float, cblas_sgemm)
+EXPORT(dgemm, double, cblas_dgemm)
+}
+"""
+
+ROW, COL, NO, TRANS = 101, 102, 111, 112
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("team_gemm")
+    (folder / "probe.cpp").write_text(_SOURCE)
+    wheel_lib = Path(blas.library_path())
+    subprocess.run(["g++", "-O2", "-fopenmp", "-shared", "-fPIC", "-o", str(folder / "probe.so"),
+                    str(folder / "probe.cpp"), f"-I{blas._wheel().get_include_dir()}", f"-I{blas._shim_dir()}",
+                    str(wheel_lib), f"-Wl,-rpath,{wheel_lib.parent}"], check=True, capture_output=True)
+    loaded = ctypes.CDLL(str(folder / "probe.so"))
+    loaded.how.restype = ctypes.c_char
+    blas.one_thread()
+    loaded.set_threads(2)
+    yield loaded
+    loaded.set_threads(1)
+
+
+def _store(logical: np.ndarray, order: int, pad: int) -> np.ndarray:
+    """`logical` laid out in `order` with a leading dimension `pad` elements longer than needed."""
+    rows, cols = logical.shape
+    if order == ROW:
+        memory = np.full((rows, cols + pad), np.nan, logical.dtype)
+        memory[:, :cols] = logical
+    else:
+        memory = np.full((cols, rows + pad), np.nan, logical.dtype)
+        memory[:, :rows] = logical.T
+    return memory
+
+
+def _load(memory: np.ndarray, order: int, rows: int, cols: int) -> np.ndarray:
+    return memory[:, :cols] if order == ROW else memory[:, :rows].T
+
+
+def _pointer(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("order", [COL, ROW])
+@pytest.mark.parametrize("ta, tb", [(NO, NO), (NO, TRANS), (TRANS, NO), (TRANS, TRANS)])
+@pytest.mark.parametrize("m, n, k, beta, split", [
+    # each thread's block just over GRADFLOW_TEAM_MIN_BLOCK multiply-adds; the last is under it: one call
+    (300, 40, 220, 0.0, "m"), (40, 300, 220, 0.5, "n"), (20, 24, 5400, 0.0, "k"), (20, 24, 5400, -1.5, "k"),
+    (37, 5, 11, 0.5, "1"),
+])
+def test_split_products_equal_numpy(lib, dtype, order, ta, tb, m, n, k, beta, split) -> None:
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a = rng.standard_normal((m, k) if ta == NO else (k, m)).astype(dtype)
+    b = rng.standard_normal((k, n) if tb == NO else (n, k)).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    a_mem, b_mem, c_mem = _store(a, order, 3), _store(b, order, 2), _store(c0, order, 1)
+    if beta == 0.0:
+        c_mem[...] = np.nan  # beta 0: C is written, never read
+    ld = lambda mem: mem.shape[1]  # noqa: E731
+    call, ctype = (lib.dgemm, ctypes.c_double) if dtype == np.float64 else (lib.sgemm, ctypes.c_float)
+    call(order, ta, tb, m, n, k, ctype(2.0), _pointer(a_mem), ld(a_mem), _pointer(b_mem), ld(b_mem), ctype(beta),
+         _pointer(c_mem), ld(c_mem))
+    # a row-major call is the transposed column-major one: its M and N trade places
+    taken = {"m": "n", "n": "m"}.get(split, split) if order == ROW else split
+    assert (lib.how().decode(), lib.team()) == (taken, 1 if split == "1" else 2)
+    op_a = a if ta == NO else a.T
+    op_b = b if tb == NO else b.T
+    want = 2.0 * op_a.astype(np.float64) @ op_b.astype(np.float64) + (beta * c0 if beta else 0.0)
+    got = _load(c_mem, order, m, n)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    assert np.isnan(c_mem[:, -1]).all()  # the padding past each column (row) of C is untouched
+
+
+def test_one_thread_calls_openblas_unchanged(lib) -> None:
+    lib.set_threads(1)
+    try:
+        a = np.ones((300, 300)); c = np.zeros((300, 300))  # 2.7e7 multiply-adds: split with two threads
+        lib.dgemm(COL, NO, NO, 300, 300, 300, ctypes.c_double(1.0), _pointer(a), 300, _pointer(a), 300,
+                  ctypes.c_double(0.0), _pointer(c), 300)
+        assert (lib.how().decode(), lib.team()) == ("1", 1) and (c == 300.0).all()
+    finally:
+        lib.set_threads(2)
+
+
+_COMPILED = """
+import numpy as np, dace, gradflow
+from gradflow.runtime.compile import compile_sdfg
+N = 192
+@dace.program
+def product(a: dace.float64[N, N], b: dace.float64[N, N], c: dace.float64[N, N]):
+    c[:] = a @ b
+rng = np.random.default_rng(0)
+a, b, c = rng.standard_normal((N, N)), rng.standard_normal((N, N)), np.zeros((N, N))
+graph = gradflow.Graph.of(product)
+compile_sdfg(graph)(a=a, b=b, c=c)
+from gradflow.runtime.compile import build_key, usable_cache_root
+code = "".join(p.read_text() for p in (usable_cache_root() / build_key(graph.sdfg, graph.fingerprint)).rglob("*.cpp"))
+print("gradflow_cblas.h" in code, "cblas_dgemm(" in code, np.abs(c - a @ b).max() / np.abs(a @ b).max())
+"""
+
+
+def test_a_compiled_product_on_two_threads(tmp_path) -> None:
+    # end to end: the generated code calls cblas_dgemm with the shim (which maps it onto the team wrapper)
+    # included, and gets the product right with two threads; fresh process, as the thread count is its state
+    script = tmp_path / "product.py"  # DaCe parses a program from its source file
+    script.write_text(_COMPILED)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    includes, calls, error = out.stdout.split()[-3:]
+    assert (includes, calls) == ("True", "True") and float(error) < 1e-13

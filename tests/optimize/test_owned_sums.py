@@ -120,3 +120,69 @@ def test_a_max_over_windows_runs_without_critical_sections() -> None:
         y = np.full((4, 3, 4, 4), -np.inf, np.float32)
         compile_sdfg(graph)(x=x, y=y)
         np.testing.assert_array_equal(y, x.reshape(4, 3, 4, 2, 4, 2).max(axis=(3, 5)))
+
+
+@dace.program
+def two_biases(g: dace.float32[64, 16], gb: dace.float32[32]):
+    # the adjoint of adding two bias vectors stored end to end (an LSTM's input and recurrent biases):
+    # iteration (s, q) adds into gb[q] and gb[q + 16]; the two halves never meet, so q owns both
+    for s, q in dace.map[0:64, 0:16]:
+        with dace.tasklet:
+            a << g[s, q]
+            lo >> gb(1, lambda x, y: x + y)[q]
+            hi >> gb(1, lambda x, y: x + y)[q + 16]
+            lo = a
+            hi = 2 * a
+
+
+@dace.program
+def overlapping_halves(g: dace.float32[64, 16], gb: dace.float32[32]):
+    # gb[q] and gb[q + 8]: iteration q = 8 of the first meets q = 0 of the second -- not owned
+    for s, q in dace.map[0:64, 0:16]:
+        with dace.tasklet:
+            a << g[s, q]
+            lo >> gb(1, lambda x, y: x + y)[q]
+            hi >> gb(1, lambda x, y: x + y)[q + 8]
+            lo = a
+            hi = 2 * a
+
+
+def test_sums_through_disjoint_subsets_of_one_array_are_owned() -> None:
+    plain = Graph.of(two_biases.to_sdfg())
+    [(state, entry)] = _top_maps(plain.sdfg)
+    assert owners(state, entry) == ["q"]
+    nested = NestReductions()(plain).unwrap()
+    code = "".join(obj.clean_code for obj in copy.deepcopy(nested.sdfg).generate_code())
+    assert "reduce_atomic" not in code
+    g = np.random.default_rng(4).standard_normal((64, 16)).astype(np.float32)
+    gb = np.full(32, 0.5, np.float32)
+    compile_sdfg(nested)(g=g, gb=gb)
+    column = g.astype(np.float64).sum(axis=0)
+    np.testing.assert_allclose(gb, 0.5 + np.concatenate([column, 2 * column]), rtol=2e-6, atol=2e-6)
+
+
+def test_sums_through_overlapping_subsets_are_left_alone() -> None:
+    plain = Graph.of(overlapping_halves.to_sdfg())
+    [(state, entry)] = _top_maps(plain.sdfg)
+    assert owners(state, entry) is None
+    assert NestReductions()(plain).unwrap().fingerprint == plain.fingerprint
+
+
+@dace.program
+def gate_blocks(g: dace.float32[8, 4], gates: dace.float32[8, 16]):
+    # g[b, j + 4 k] for four blocks k: every element has one (b, j); there is nothing to reorder
+    for b, j in dace.map[0:8, 0:4]:
+        with dace.tasklet:
+            a << g[b, j]
+            o0 >> gates(1, lambda x, y: x + y)[b, j]
+            o1 >> gates(1, lambda x, y: x + y)[b, j + 4]
+            o2 >> gates(1, lambda x, y: x + y)[b, j + 8]
+            o0 = a
+            o1 = 2 * a
+            o2 = 3 * a
+
+
+def test_sums_every_parameter_owns_through_several_subsets_keep_their_order() -> None:
+    plain = Graph.of(gate_blocks.to_sdfg())
+    [(state, entry)] = _top_maps(plain.sdfg)
+    assert owners(state, entry) is None

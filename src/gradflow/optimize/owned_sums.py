@@ -15,9 +15,10 @@ outermost (the first owner) stays parallel, the others are sequential loops insi
 alone fix the element each sum adds to (and the sum is long enough), they go first and the sum runs in
 registers; otherwise the other parameters keep the map's order (its memory layout). Each thread then
 owns the elements it adds into, and the sums are plain `+=` (DaCe decides atomics per enclosing map from
-the same criterion). Maps with no owner are left alone (parallel with atomics; `choose_schedules`
-handles the one-element case), as are maps whose sum targets are also written some other way in the
-map, through differing subsets.
+the same criterion). A target summed through several subsets (`gb[q]`, `gb[q + 256]`) is owned where
+they never meet across owner values (`_apart`), and each subset then leaves the map through a connector of
+its own. Maps with no owner are left alone (parallel with atomics; `choose_schedules` handles the
+one-element case), as are maps whose sum targets are also written plainly in the map.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sympy
 from dace import symbolic
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
+from dace.sdfg.propagation import propagate_memlet
 from dace.transformation.dataflow import MapExpansion
 from returns.result import Success
 
@@ -61,10 +63,47 @@ def _owns(subset, param: str, params: set[str]) -> bool:
     return False
 
 
+def _image(begin, param: str, bounds) -> tuple[int, int] | None:
+    """The constant interval `begin` (an expression in `param` alone) spans while `param` runs over
+    `bounds` (first, last), or None where it is not a constant interval."""
+    lo, hi = (sympy.sympify(begin).subs(symbolic.pystr_to_symbolic(param), b) for b in bounds)
+    lo, hi = symbolic.simplify(lo), symbolic.simplify(hi)
+    if not (lo.is_Integer and hi.is_Integer):
+        return None
+    return min(int(lo), int(hi)), max(int(lo), int(hi))
+
+
+def _apart(subsets: list, param: str, params: set[str], bounds) -> bool:
+    """Sums into one array through several subsets (`gb[q]` and `gb[q + 256]`: an LSTM's two bias
+    vectors stored end to end; `g[b, j + 64 k]`: its four gate blocks) meet no other value of `param`'s
+    elements when, in some dimension, every subset is an expression in `param` alone that `param` owns,
+    and any two of them are the same expression or span disjoint intervals over `param`'s range."""
+    for dim in range(len(subsets[0])):
+        exprs = []
+        for subset in subsets:
+            begin, end, _ = subset.ndrange()[dim]
+            names = {str(x) for x in sympy.sympify(begin).free_symbols}
+            if symbolic.simplify(begin - end) != 0 or names & params != {param}:
+                break
+            exprs.append(sympy.sympify(begin))
+        else:
+            if all(_same_or_disjoint(x, y, param, bounds) for i, x in enumerate(exprs) for y in exprs[i + 1:]):
+                return True
+    return False
+
+
+def _same_or_disjoint(x, y, param: str, bounds) -> bool:
+    if symbolic.simplify(x - y) == 0:
+        return True
+    a, b = _image(x, param, bounds), _image(y, param, bounds)
+    return a is not None and b is not None and (a[1] < b[0] or b[1] < a[0])
+
+
 def owners(state: dace.SDFGState, entry: nd.MapEntry) -> list[str] | None:
     """The parameters owning every write-conflict sum leaving the map (in the map's order), or None when
     there is nothing to change: no sums, sums already owned by every parameter, or outputs written in
-    ways the criterion cannot vouch for (a sum target also written otherwise, or through two subsets)."""
+    ways the criterion cannot vouch for (a sum target also written otherwise; written through several
+    subsets, unless `_apart` shows they never meet)."""
     params = list(entry.map.params)
     out_edges = [e for e in state.in_edges(state.exit_node(entry)) if not e.data.is_empty()]
     sums = [e for e in out_edges if e.data.wcr is not None]
@@ -72,13 +111,16 @@ def owners(state: dace.SDFGState, entry: nd.MapEntry) -> list[str] | None:
         return None
     if any(detect_reduction_type(e.data.wcr) not in _REORDERED for e in sums):
         return None
-    targets: dict[str, str] = {}
-    for e in out_edges:
-        key = str(e.data.subset) if e.data.wcr is not None else None
-        if e.data.data in targets and targets[e.data.data] != key:
-            return None
-        targets[e.data.data] = key
-    owned = [p for p in params if all(_owns(e.data.subset, p, set(params)) for e in sums)]
+    summed = {e.data.data for e in sums}
+    if any(e.data.wcr is None and e.data.data in summed for e in out_edges):
+        return None  # a sum target also written plainly
+    targets: dict[str, dict[str, object]] = {}
+    for e in sums:
+        targets.setdefault(e.data.data, {})[str(e.data.subset)] = e.data.subset
+    bounds = {p: (b, e) for p, (b, e, _) in zip(params, entry.map.range.ranges)}
+    shared = [list(subsets.values()) for subsets in targets.values() if len(subsets) > 1]
+    owned = [p for p in params if all(_owns(e.data.subset, p, set(params)) for e in sums)
+             and all(_apart(subsets, p, set(params), bounds[p]) for subsets in shared)]
     if not owned or len(owned) == len(params):
         return None
     return owned
@@ -121,6 +163,36 @@ def _summed(entry: nd.MapEntry, owned: list[str]):
     return symbolic.simplify(count)
 
 
+def _split_sum_connectors(state: dace.SDFGState, entry: nd.MapEntry) -> None:
+    """Sums into one array through several subsets leave a map through one connector, whose memlet spans
+    them all (`gb[q:q + 17]` for `gb[q]` and `gb[q + 16]`): DaCe would call that a conflict between the
+    owner's iterations and make every add atomic, and no register could hold it. One connector per
+    subset keeps each memlet an element of the owner's. (MapExpansion merges connectors by array, so
+    this runs on the expanded chain.)"""
+    exit_ = state.exit_node(entry)
+    for conn in sorted(exit_.in_connectors):
+        inner = [e for e in state.in_edges(exit_) if e.dst_conn == conn]
+        groups: dict[str, list] = {}
+        for e in inner:
+            groups.setdefault(str(e.data.subset), []).append(e)
+        if len(groups) < 2 or any(e.data.wcr is None for e in inner):
+            continue
+        [outer] = [e for e in state.out_edges(exit_) if e.src_conn == "OUT_" + conn[3:]]
+        for k, edges in enumerate(groups.values()):
+            name = f"{conn[3:]}_part{k}"
+            exit_.add_in_connector("IN_" + name)
+            exit_.add_out_connector("OUT_" + name)
+            for e in edges:
+                state.remove_edge(e)
+                state.add_edge(e.src, e.src_conn, exit_, "IN_" + name, e.data)
+            spread = propagate_memlet(state, edges[0].data, entry, False)
+            spread.wcr = outer.data.wcr
+            state.add_edge(exit_, "OUT_" + name, outer.dst, outer.dst_conn, spread)
+        state.remove_edge(outer)
+        exit_.remove_in_connector(conn)
+        exit_.remove_out_connector("OUT_" + conn[3:])
+
+
 def _nest(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> None:
     m = entry.map
     summed = _summed(entry, owned)
@@ -146,6 +218,8 @@ def _nest(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: lis
         if len(inner) != 1 or len(chain) == len(order):
             break
         chain.append(inner[0])
+    for level in reversed(chain):  # innermost first: each level propagates the parts of the one inside
+        _split_sum_connectors(state, level)
     if registers and len(chain) == len(order):
         _accumulate_in_registers(sdfg, state, chain[len(owned) - 1], chain[len(owned)], chain[-1])
 

@@ -17,6 +17,7 @@ from gradflow.autodiff.passes import Reverse, SplitVJP
 from gradflow.core.graph import Graph
 from gradflow.core.passes import registered_passes
 from gradflow.core.rule_table import RuleTable
+from gradflow.optimize.dead_stores import _dead_writes
 from gradflow.verify.corpus import dataflow, loops, unstructured
 
 
@@ -135,6 +136,9 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
                            _conflicting_scatters, (2, 0)),
+    "drop_dead_stores": (
+        lambda: Reverse(("X", "Wt"), ("S",))(_normalized(dataflow.df_flatten_matmul)).unwrap(), None,
+        lambda g: len(_dead_writes(g.sdfg)), ("> 0", 0)),
     "overwrite_zeroed_products": (
         lambda: Reverse(("X", "Wt"), ("S",))(_normalized(dataflow.df_flatten_matmul)).unwrap(), None,
         _zeroed_products, ("> 0", 0)),

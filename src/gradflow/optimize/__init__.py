@@ -12,6 +12,7 @@ from typing import Any
 
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
+from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.first_writes import OverwriteZeroedProducts
 from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.owned_sums import NestReductions
@@ -20,8 +21,8 @@ from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
 
 #: The default optimization pipeline.
-OPTIMIZE = Pipeline((OverwriteZeroedProducts(), FuseMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(),
-                     ChooseSchedules()))
+OPTIMIZE = Pipeline((OverwriteZeroedProducts(), DropDeadStores(), FuseMaps(), OwnScatterWrites(), NestReductions(),
+                     LocalReductions(), ChooseSchedules()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -29,5 +30,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "FuseMaps", "LocalReductions", "NestReductions", "OverwriteZeroedProducts",
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FuseMaps", "LocalReductions", "NestReductions", "OverwriteZeroedProducts",
            "OwnScatterWrites", "optimized"]

@@ -8,11 +8,12 @@ extra write stream per elementwise adjoint (a BatchNorm's backward map reads two
 one of them the reset), and a zeroing of a buffer nothing reads is all cost.
 
 A write is dead when it is a plain (non-sum) write from a Python tasklet into a transient array (living
-for one call) in a state of the top-level SDFG that no loop or cycle may run again, no access node of the array in that state is
-reached from the written one, no block after the state touches the array (access nodes, interstate
-edges, loop or branch conditions), and no view aliases it. The write's memlet path goes; a tasklet
-left without outputs goes with its inputs, then maps left empty, then access nodes left isolated, then
-the array itself if nothing names it any more. The assignment in the tasklet's code stays as a local.
+for one call) in a state of the top-level SDFG that no loop or cycle may run again, every other access
+node of the array in that state comes before the written one, no block after the state touches the
+array (access nodes, interstate edges, loop or branch conditions), and no view aliases it. The write's
+memlet path goes; a tasklet left without outputs goes with its inputs, then maps left empty, then access
+nodes left isolated, then the array itself if nothing names it any more. The assignment in the tasklet's
+code stays, as a local.
 """
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ def _dead_writes(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.AccessNode]]:
             if (not desc.transient or isinstance(desc, dace.data.View) or node.data in viewed
                     or desc.lifetime in _KEPT or state.out_degree(node) or not state.in_degree(node)):
                 continue
-            later = nx.descendants(state.nx, node)
-            if any(isinstance(n, nd.AccessNode) and n.data == node.data for n in later):
-                continue
+            before = nx.ancestors(state.nx, node)
+            if any(n.data == node.data and n is not node and n not in before for n in state.data_nodes()):
+                continue  # read after the write, or unordered with it
             if not all(_plain_tasklet_writes(state, e) for e in state.in_edges(node)):
                 continue
             if _read_later(sdfg, state, node.data):
@@ -98,9 +99,9 @@ def _plain_tasklet_writes(state: dace.SDFGState, edge) -> bool:
     """One plain write from one Python tasklet reaches `edge` (a tree with more leaves is left alone)."""
     tree = state.memlet_tree(edge)
     leaves = tree.leaves()
-    return (len(leaves) == 1 and edge.data.wcr is None and all(t.edge.data.wcr is None for t in tree.traverse_children(True))
-            and all(isinstance(leaf.src, nd.Tasklet) and leaf.src.language == dace.dtypes.Language.Python
-                    for leaf in leaves))
+    plain = edge.data.wcr is None and all(t.edge.data.wcr is None for t in tree.traverse_children(True))
+    return (plain and len(leaves) == 1 and isinstance(leaves[0].src, nd.Tasklet)
+            and leaves[0].src.language == dace.dtypes.Language.Python)
 
 
 def _cut(state: dace.SDFGState, edge) -> None:

@@ -18,8 +18,6 @@ import pytest
 
 from gradflow.runtime import blas
 
-pytestmark = pytest.mark.skipif(not blas.available(), reason="scipy-openblas32 is a dependency; not installed here")
-
 _SOURCE = r"""
 static char last_how = 0;
 static int last_team = 0;

@@ -51,11 +51,12 @@ def _viewed(sdfg: dace.SDFG) -> set[str]:
     return names
 
 
-def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str) -> bool:
+def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set[str]) -> bool:
     """Whether anything after `state` in `sdfg`'s control flow may read `name` (True where unsure): the
     blocks after it in its region, then after that region in its parent, up to the SDFG; a loop on the way
-    (or a cycle) may run the state again after a later read."""
-    if any(name in e.data.free_symbols for e in sdfg.all_interstate_edges(recursive=True)):
+    (or a cycle) may run the state again after a later read. `on_edges`: the names any interstate edge of
+    `sdfg` reads (conservatively, wherever the edge is)."""
+    if name in on_edges:
         return True
     if _named_in_code(sdfg, name):
         return True
@@ -77,6 +78,7 @@ def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str) -> bool:
 def _dead_writes(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.AccessNode]]:
     """(state, access node) pairs whose incoming plain writes from Python tasklets are dead."""
     viewed = _viewed(sdfg)
+    on_edges = {str(x) for e in sdfg.all_interstate_edges(recursive=True) for x in e.data.free_symbols}
     found = []
     for state in sdfg.states():
         for node in state.data_nodes():
@@ -89,7 +91,7 @@ def _dead_writes(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.AccessNode]]:
                 continue  # read after the write, or unordered with it
             if not all(_plain_tasklet_writes(state, e) for e in state.in_edges(node)):
                 continue
-            if _read_later(sdfg, state, node.data):
+            if _read_later(sdfg, state, node.data, on_edges):
                 continue
             found.append((state, node))
     return found

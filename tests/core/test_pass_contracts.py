@@ -100,6 +100,18 @@ def _conditional_writes(g: Graph) -> int:
     return sum(len(_sites(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
+def _loops(g: Graph) -> int:
+    from dace.sdfg.state import LoopRegion
+
+    return sum(isinstance(b, LoopRegion) for b in g.sdfg.all_control_flow_blocks())
+
+
+def _npbench_conv() -> Graph:
+    from tests.corpus import npbench
+
+    return Graph.of(npbench.nb_conv2d_bias.to_sdfg(simplify=True))
+
+
 def _has_backward(g: Graph) -> bool:
     return any(b.label == "gradflow_backward" for b in g.sdfg.nodes()) and "grad_X" in g.sdfg.arrays
 
@@ -124,6 +136,7 @@ def _normalized(program) -> Graph:
 CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], object], tuple]] = {
     "lift_control_flow": (lambda: Graph.of(unstructured.lp_api_loop_branch()), None, _branching, ("> 0", 0)),
     "lower_breaks": (lambda: Graph.of(loops.lp_break_search.to_sdfg()), None, _breaks, ("> 0", 0)),
+    "raise_convolutions": (_npbench_conv, None, _loops, (2, 0)),
     "remove_views": (lambda: Graph.of(dataflow.df_strided.to_sdfg()), None, _views, ("> 0", 0)),
     "expand_library_nodes": (lambda: Graph.of(dataflow.df_lib_sum.to_sdfg()),
                              ExpandLibraryNodes(RuleTable("library")), _libraries, ("> 0", 0)),

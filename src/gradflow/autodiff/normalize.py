@@ -4,6 +4,9 @@
 - `lift_control_flow` (`lifting.py`): branches and loops written as conditional interstate edges become
   `ConditionalBlock`s and `LoopRegion`s;
 - `lower_breaks` (`jumps.py`): `break` becomes a flag and guarded conditionals;
+- `raise_convolutions` (`idioms.py`): loop nests computing a 2-D convolution (NPBench's form) become a
+  `Convolution` library node, reversed at op level (before `remove_views`, which rewrites the
+  copy of each pixel's result the pattern ends with);
 - `remove_views` (`views.py`): accesses through View nodes are rewritten onto the viewed array, or the
   view becomes an array of its own;
 - `expand_library_nodes`: library nodes without a reverse rule are expanded into maps and tasklets
@@ -190,6 +193,7 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     built-in table). Reverse mode needs its output: structured control flow, one operation per state, no
     views, no breaks."""
     from gradflow.autodiff.conditional_writes import CompleteConditionalWrites
+    from gradflow.autodiff.idioms import RaiseConvolutions
     from gradflow.autodiff.indirection import LowerIndirection
     from gradflow.autodiff.jumps import LowerBreaks
     from gradflow.autodiff.lifting import LiftControlFlow
@@ -198,8 +202,9 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     from gradflow.optimize.fusion import FuseMaps
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LiftControlFlow(), LowerBreaks(), RemoveViews(), expand, LowerIndirection(),
-                     CompleteConditionalWrites(), BoundTransientShapes(), FuseMaps(), CollapseMaps(), SplitOperations()))
+    return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, LowerIndirection(),
+                     CompleteConditionalWrites(), BoundTransientShapes(), FuseMaps(), CollapseMaps(),
+                     SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gradflow.autodiff.idioms import RaiseConvolutions
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.dead_stores import DropDeadStores
@@ -20,9 +21,10 @@ from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
 
-#: The default optimization pipeline.
-OPTIMIZE = Pipeline((OverwriteZeroedProducts(), DropDeadStores(), FuseMaps(), OwnScatterWrites(), NestReductions(),
-                     LocalReductions(), ChooseSchedules()))
+#: The default optimization pipeline. `raise_convolutions` (an AD normalization pass, `autodiff/idioms.py`)
+#: runs first so that a program compiled forward only gets the same convolution nodes as its gradient.
+OPTIMIZE = Pipeline((RaiseConvolutions(), OverwriteZeroedProducts(), DropDeadStores(), FuseMaps(), OwnScatterWrites(),
+                     NestReductions(), LocalReductions(), ChooseSchedules()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:

@@ -77,6 +77,7 @@ def _shim_text(cblas_header: Path) -> str:
         (Path(__file__).parent / "team_gemm.h").read_text(),
     ]
     lines += [f"#define {n} {_TEAM.get(n, 'scipy_' + n)}" for n in names]
+    lines.append((Path(__file__).parent / "conv_kernels.h").read_text())  # calls cblas_?gemm as mapped above
     return "\n".join(lines) + "\n"
 
 
@@ -181,6 +182,9 @@ def _register() -> bool:
                 with_blas[node_cls], [GradflowOpenBLAS], node_cls.implementations["pure"], fallbacks.get(node_cls)))
         elif "pure" in node_cls.implementations:
             node_cls.register_implementation(IMPLEMENTATION, _delegating(node_cls.implementations["pure"], []))
+    from gradflow.library import convolution
+
+    convolution.register_blas(IMPLEMENTATION)
     return True
 
 
@@ -213,5 +217,14 @@ def compile_context():
     if not _register():
         yield False
         return
-    with dace.config.set_temporary("library", "blas", "default_implementation", value=IMPLEMENTATION):
-        yield True
+    from gradflow.library.convolution import NODES
+
+    saved = [cls.default_implementation for cls in NODES]
+    try:
+        for cls in NODES:  # gradflow's own nodes are in no DaCe library: their class default is switched
+            cls.default_implementation = IMPLEMENTATION
+        with dace.config.set_temporary("library", "blas", "default_implementation", value=IMPLEMENTATION):
+            yield True
+    finally:
+        for cls, implementation in zip(NODES, saved):
+            cls.default_implementation = implementation

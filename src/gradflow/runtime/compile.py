@@ -2,7 +2,8 @@
 
 A build lives in `<cache root>/<key>/`, keyed by the SDFG's canonical fingerprint, the DaCe version, the
 BLAS in use (`runtime.blas`: BLAS library nodes become OpenBLAS calls while a build runs) and the vector
-math declarations (`runtime.vector_math`: SIMD transcendentals from glibc), so a second
+math declarations (`runtime.vector_math`: SIMD transcendentals from glibc) and the source of gradflow's own
+library nodes' expansions (`gradflow.library.tag()`), so a second
 build of an identical graph is a cache hit in this process (a dict) or in any other (a folder).
 
 How an entry stays trustworthy:
@@ -98,7 +99,10 @@ def usable_cache_root() -> Path:
 
 
 def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
-    text = f"{fp or fingerprint(sdfg)}|dace={dace.__version__}|blas={blas.tag()}|math={vector_math.tag()}"
+    from gradflow import library
+
+    text = (f"{fp or fingerprint(sdfg)}|dace={dace.__version__}|blas={blas.tag()}|math={vector_math.tag()}"
+            f"|nodes={library.tag()}")
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -186,17 +186,25 @@ def test_known_gather_indices_padded_conv_and_pools_read_single_elements():
 
 
 def _gemms(sdfg: dace.SDFG) -> int:
+    """Nodes whose compiled code calls BLAS's matrix product."""
     from dace.libraries.blas import Gemm
 
-    return sum(isinstance(n, Gemm) for n, _ in sdfg.all_nodes_recursive())
+    from gradflow.library.convolution import Convolution
+
+    return sum(isinstance(n, (Gemm, Convolution)) for n, _ in sdfg.all_nodes_recursive())
 
 
 @pytest.mark.parametrize("module, shape, on_blas", [
     (torch.nn.LSTM(3, 4, batch_first=True), (2, 5, 3), True),  # its bias of shape (1, 32) is added by a map
     (torch.nn.Linear(6, 5), (3, 6), True),
+    (torch.nn.Linear(6, 5), (2, 3, 6), True),  # rows of a 3-D input gathered into one Gemm
     (torch.nn.Linear(6, 1), (3, 6), False),  # a (3, 1) product: DaCe's expansion mis-reads its layout
-    (torch.nn.Conv2d(2, 1, 3), (2, 2, 5, 5), False),  # one output channel: an (n, 1) product
+    # a 2-D Conv is a `Convolution` node, whose kernel passes its leading dimensions itself (so one output
+    # channel is no (n, 1) product DaCe's expansion would mis-read); a 1-D one is im2col and a Gemm
+    (torch.nn.Conv2d(2, 1, 3), (2, 2, 5, 5), True),
     (torch.nn.Conv2d(2, 3, 3), (2, 2, 5, 5), True),
+    (torch.nn.Conv1d(2, 1, 3), (2, 2, 7), False),  # one output channel: an (n, 1) product
+    (torch.nn.Conv1d(2, 3, 3), (2, 2, 7), True),
 ])
 def test_which_products_run_on_blas(module, shape, on_blas):
     x = torch.randn(*shape)

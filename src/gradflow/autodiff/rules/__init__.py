@@ -44,10 +44,10 @@ def rule_modules() -> tuple:
     order). Imported here, not at the top, because the rule modules import this one for their verbs."""
     from gradflow.autodiff import checkpoint, control
     from gradflow.autodiff.rules import copies, elementwise, extremum, library, nested, product
-    from gradflow.autodiff.rules.library import contraction, matmul, reduce, transpose
+    from gradflow.autodiff.rules.library import contraction, convolution, matmul, reduce, transpose
 
-    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction, control,
-            checkpoint)
+    return (elementwise, extremum, product, copies, nested, library, matmul, reduce, transpose, contraction,
+            convolution, control, checkpoint)
 
 
 @functools.cache

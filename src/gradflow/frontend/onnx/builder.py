@@ -201,6 +201,14 @@ def bcast_index(in_shape: Sequence[Dim], out_shape: Sequence[Dim], params: Seque
     return idx
 
 
+def row_major_index(indices: Sequence[str], extents: Sequence[Dim]) -> str:
+    """Row-major linear index of `indices` over `extents` (flattening dimensions into one)."""
+    flat = indices[0]
+    for i, d in zip(indices[1:], extents[1:]):
+        flat = f"({flat}) * ({dstr(d)}) + {i}"
+    return flat
+
+
 def params(prefix: str, n: int) -> list[str]:
     return [f"{prefix}{k}" for k in range(n)]
 

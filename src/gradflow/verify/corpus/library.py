@@ -379,6 +379,41 @@ def transpose_3d(A: f64[N, M, K], W: f64[K, N, M], S: f64[1]):
     S[0] = np.sum(T * W)
 
 
+def _convolution(name: str, x_shape: list, f_shape: list, y_shape: list, strides, dilations,
+                 squares: bool = False) -> BuiltProgram:
+    """S = sum(conv(X, F) * W) through gradflow's `Convolution` node (X taken as already padded), plus
+    sum(X * X) with `squares` (so the input's gradient holds a value when the node's gradient adds to it)."""
+    from gradflow.library.convolution import Convolution, wire
+
+    def build() -> dace.SDFG:
+        sdfg = _arrays(name, {"X": x_shape, "F": f_shape, "W": y_shape, "S": [1]})
+        sdfg.add_transient("Y", y_shape, f64)
+        state = sdfg.add_state("conv", is_start_block=True)
+        index = lambda shape: ", ".join(f"0:{d}" for d in shape)  # noqa: E731
+        wire(state, Convolution("conv", strides=strides, dilations=dilations),
+             {"_x": dace.Memlet(f"X[{index(x_shape)}]"), "_w": dace.Memlet(f"F[{index(f_shape)}]")},
+             ("_y", dace.Memlet(f"Y[{index(y_shape)}]")))
+        total = sdfg.add_state_after(state, "total")
+        _weighted_sum(total, "Y", {f"i{d}": f"0:{n}" for d, n in enumerate(y_shape)},
+                      ", ".join(f"i{d}" for d in range(len(y_shape))))
+        if squares:
+            ranges = {f"j{d}": f"0:{n}" for d, n in enumerate(x_shape)}
+            sdfg.add_state_after(total, "squares").add_mapped_tasklet(
+                "square", ranges, {"x": dace.Memlet(f"X[{', '.join(ranges)}]")}, "s = x * x",
+                {"s": dace.Memlet("S[0]", wcr="lambda a, b: a + b")}, external_edges=True)
+        return sdfg
+
+    build.__name__ = name
+    return BuiltProgram(build, ("X", "F", "W", "S"))
+
+
+# strided and dilated 3x2 kernel over a 7x8 input: a 3x6 output
+conv_strided_dilated = _convolution("conv_strided_dilated", [N, 2, 7, 8], [3, 2, 3, 2], [N, 3, 3, 6], (2, 1), (1, 2))
+# a 1x1 kernel with stride 1: the compiled kernel reads each image as its own unfolded matrix
+conv_pointwise = _convolution("conv_pointwise", [N, 3, 4, 5], [2, 3, 1, 1], [N, 2, 4, 5], (1, 1), (1, 1),
+                              squares=True)
+
+
 def _w(expr, W):
     return (expr * W).sum()
 
@@ -459,6 +494,12 @@ CASES = [
     LibCase("gemm_padded_operand", "Gemm", BuiltProgram(gemm_padded_operand, ("A", "X", "W", "S")),
             lambda A, X, W: _w(A @ X, W), ("A", "X"), {"A": ("N", "K"), "X": ("K", "M"), "W": ("N", "M")},
             ("N", "M", "K")),
+    LibCase("conv_strided_dilated", "Convolution", conv_strided_dilated,
+            lambda X, F, W: _w(torch.nn.functional.conv2d(X, F, stride=(2, 1), dilation=(1, 2)), W), ("X", "F"),
+            {"X": ("N", "2", "7", "8"), "F": ("3", "2", "3", "2"), "W": ("N", "3", "3", "6")}, ("N",)),
+    LibCase("conv_pointwise", "Convolution", conv_pointwise,
+            lambda X, F, W: _w(torch.nn.functional.conv2d(X, F), W) + (X * X).sum(), ("X", "F"),
+            {"X": ("N", "3", "4", "5"), "F": ("2", "3", "1", "1"), "W": ("N", "2", "4", "5")}, ("N",)),
     LibCase("transpose_2d", "Transpose", transpose_2d, lambda A, W: _w(A.T, W), ("A",),
             {"A": ("N", "M"), "W": ("M", "N")}, ("N", "M")),
     LibCase("transpose_3d", "TensorTranspose", transpose_3d, lambda A, W: _w(A.permute(2, 0, 1), W), ("A",),

@@ -13,11 +13,12 @@ from dace.libraries.blas import Gemm
 
 from gradflow.frontend.onnx.builder import (
     Checked, Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, exact_div, literal_float, norm_axis, norm_dim,
-    params, prod, same_extent, storage_dtype, sub,
+    params, prod, row_major_index, same_extent, storage_dtype, sub,
 )
 from gradflow.frontend.onnx.rules.linalg import library_product, on_blas
 from gradflow.frontend.onnx.rules.reduce import kept_shape, reduce_into
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
+from gradflow.library.convolution import Convolution, wire
 
 SUM = "lambda a, b: a + b"
 
@@ -152,6 +153,9 @@ def conv(lw: Lowering, node: Node) -> None:
         # Zero-pad into a temporary first, so every read of the accumulation is an affine memlet (the AD
         # engine differentiates those; a guarded read through the whole array it does not).
         x = _zero_padded(lw, node, x, begin, end)
+    if g == 1 and n == 2 and on_blas(x, w, out, matrices=()):
+        _conv_as_node(lw, node, x, w, out, st, dil)
+        return
     if (g == 1 and on_blas(x, w, out, matrices=(prod([x.shape[0], *out_sp]), prod([x.shape[1], *ks]), w.shape[0]))
             and _im2col_fits(lw, x, ks, out_sp)):
         _conv_as_gemm(lw, node, x, w, out, ks, out_sp, st, dil)
@@ -171,14 +175,6 @@ def conv(lw: Lowering, node: Node) -> None:
         ranges = [("n", x.shape[0]), ("m", M), *zip(op, out_sp), ("c", Cg), *zip(kp, ks)]
         ins = {"x": (x, ["n", ch, *sp]), "w": (w, ["m", "c", *kp])}
     lw.map(node.label, ranges, ins, "o = x * w", {"o": (out, ["n", "m", *op], SUM)})
-
-
-def _flat(indices: list[str], extents: list[Dim]) -> str:
-    """Row-major linear index of `indices` over `extents`."""
-    flat = indices[0]
-    for i, d in zip(indices[1:], extents[1:]):
-        flat = f"({flat}) * ({dstr(d)}) + {i}"
-    return flat
 
 
 def _im2col_fits(lw: Lowering, x: Tensor, ks: list[int], out_sp: list[Dim]) -> bool:
@@ -202,7 +198,7 @@ def _conv_as_gemm(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, k
     N, C, M = x.shape[0], x.shape[1], w.shape[0]
     kp, op = params("k", n), params("o", n)
     rows, cols = prod([N, *out_sp]), prod([C, *ks])
-    row, col_ix = _flat(["n", *op], [N, *out_sp]), _flat(["c", *kp], [C, *ks])
+    row, col_ix = row_major_index(["n", *op], [N, *out_sp]), row_major_index(["c", *kp], [C, *ks])
     col = lw.temp([rows, cols], x.dtype, "im2col")
     sp = [f"{op[k]} * {st[k]} + {kp[k]} * {dil[k]}" for k in range(n)]
     lw.map(node.label, [("n", N), *zip(op, out_sp), ("c", C), *zip(kp, ks)], {"a": (x, ["n", "c", *sp])},
@@ -223,6 +219,26 @@ def _conv_as_gemm(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, k
         ins["b"] = (bias, ["m"])
         code = "o = r + b"
     lw.map(node.label, [("n", N), ("m", M), *zip(op, out_sp)], ins, code, {"o": (out, ["n", "m", *op], None)})
+
+
+def _conv_as_node(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, st: list[int], dil: list[int]) -> None:
+    """A one-group 2-D convolution as a `Convolution` library node (x already zero-padded): compiled, a
+    product per image on BLAS, kept whole by reverse mode (its gradients are two more such nodes, see
+    `gradflow/library/convolution.py`). A bias is added by a map from the node's result."""
+    bias = lw.get(node.input(2)) if node.input(2) else None
+    target = out
+    if bias is not None:
+        if bias.rank != 1:
+            raise InvalidNode(f"bias of shape {tuple(bias.shape)}; it must be ({w.shape[0]},)")
+        same_extent(bias.shape[0], w.shape[0], "the bias and the output channels")
+        target = lw.temp(list(out.shape), x.dtype, "conv")
+    conv = Convolution("conv", strides=st, dilations=dil)
+    conv.label = lw.namer("conv", node.label)
+    wire(lw.state(node.label), conv, {"_x": x.at(None), "_w": w.at(None)}, ("_y", target.at(None)))
+    if bias is not None:
+        p = params("p", 4)
+        lw.map(node.label, list(zip(p, out.shape)), {"r": (target, p), "b": (bias, [p[1]])}, "o = r + b",
+               {"o": (out, p, None)})
 
 
 def _zero_padded(lw: Lowering, node: Node, x: Tensor, begin: list[int], end: list[int], fill: str = "0") -> Tensor:

@@ -14,7 +14,6 @@ cases `conv_*`)."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
 from pathlib import Path
 
 import dace
@@ -25,6 +24,7 @@ import torch
 from gradflow.library.convolution import Convolution, ConvolutionGradInput, ConvolutionGradWeights, wire
 from gradflow.runtime import blas
 from gradflow.runtime.compile import compile_sdfg
+from tests.runtime.shim_probe import compile_probe
 
 pytestmark = pytest.mark.skipif(not blas.available(), reason="the kernels call the scipy-openblas32 wheel")
 
@@ -69,14 +69,7 @@ _PERM = {"NCHW": ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)), "NHWC": ((0, 2, 3, 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("conv_kernels")
-    (folder / "probe.cpp").write_text(_SOURCE)
-    wheel_lib = Path(blas.library_path())
-    subprocess.run(["g++", "-O2", "-fopenmp", "-shared", "-fPIC", "-o", str(folder / "probe.so"),
-                    str(folder / "probe.cpp"), f"-I{blas._wheel().get_include_dir()}", f"-I{blas._shim_dir()}",
-                    str(wheel_lib), f"-Wl,-rpath,{wheel_lib.parent}"], check=True, capture_output=True)
-    loaded = ctypes.CDLL(str(folder / "probe.so"))
-    blas.one_thread()
+    loaded = compile_probe(tmp_path_factory.mktemp("conv_kernels"), _SOURCE)
     yield loaded
     loaded.set_threads(1)
 

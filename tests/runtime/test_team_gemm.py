@@ -11,12 +11,11 @@ import ctypes
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gradflow.runtime import blas
+from tests.runtime.shim_probe import compile_probe
 
 _SOURCE = r"""
 static char last_how = 0;
@@ -43,15 +42,8 @@ ROW, COL, NO, TRANS = 101, 102, 111, 112
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("team_gemm")
-    (folder / "probe.cpp").write_text(_SOURCE)
-    wheel_lib = Path(blas.library_path())
-    subprocess.run(["g++", "-O2", "-fopenmp", "-shared", "-fPIC", "-o", str(folder / "probe.so"),
-                    str(folder / "probe.cpp"), f"-I{blas._wheel().get_include_dir()}", f"-I{blas._shim_dir()}",
-                    str(wheel_lib), f"-Wl,-rpath,{wheel_lib.parent}"], check=True, capture_output=True)
-    loaded = ctypes.CDLL(str(folder / "probe.so"))
+    loaded = compile_probe(tmp_path_factory.mktemp("team_gemm"), _SOURCE)
     loaded.how.restype = ctypes.c_char
-    blas.one_thread()
     loaded.set_threads(2)
     yield loaded
     loaded.set_threads(1)

@@ -1,6 +1,8 @@
 """Neural-network ops: convolutions, pooling, batch normalisation, losses, TopK, CumSum.
 
-Windows (Conv, pools) are maps over output position x kernel offset that accumulate with a WCR. Where
+A one-group 2-D Conv is a `Convolution` library node (per-image BLAS products once compiled); a one-group
+1-D/3-D Conv is im2col and a Gemm; other windows (grouped Conv, pools) are maps over output position x
+kernel offset that accumulate with a WCR. Where
 padding can make a read fall outside the input, the tasklet reads the whole input through a dynamic
 memlet and guards the index; without padding the read is a plain affine memlet.
 """

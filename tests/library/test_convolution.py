@@ -9,7 +9,8 @@
   (the kernels, while a program compiles): both match torch (the gradient nodes' `pure` expansion is
   otherwise used only for operands the kernels cannot take).
 The reverse rule of `Convolution` is checked with the other library rules (`tests/verify/test_library.py`,
-cases `conv_*`)."""
+cases `conv_*`). No skip without the scipy-openblas32 wheel: it is a declared dependency, so its absence
+is a failure."""
 
 from __future__ import annotations
 
@@ -22,11 +23,9 @@ import pytest
 import torch
 
 from gradflow.library.convolution import Convolution, ConvolutionGradInput, ConvolutionGradWeights, wire
-from gradflow.runtime import blas
 from gradflow.runtime.compile import compile_sdfg
 from tests.runtime.shim_probe import compile_probe
 
-pytestmark = pytest.mark.skipif(not blas.available(), reason="the kernels call the scipy-openblas32 wheel")
 
 _SOURCE = r"""
 #include "gradflow_cblas.h"

@@ -143,9 +143,8 @@ class ExpandPure(ExpandTransformation):
 
 # --- BLAS expansion: one call into conv_kernels.h ---------------------------------------------------------
 
-_KERNEL = {"Convolution": ("forward", ("_x", "_w", "_y")),
-           "ConvolutionGradInput": ("grad_input", ("_dy", "_w", "_dx")),
-           "ConvolutionGradWeights": ("grad_weights", ("_x", "_dy", "_dw"))}
+#: the kernel of each node class; its arguments are the node's connectors, inputs then output
+_KERNEL = {"Convolution": "forward", "ConvolutionGradInput": "grad_input", "ConvolutionGradWeights": "grad_weights"}
 
 
 def _call(node, state, sdfg) -> str:
@@ -157,8 +156,8 @@ def _call(node, state, sdfg) -> str:
     dims = [s[k] for k in ("N", "C", "H", "W", "M", "KH", "KW", "OH", "OW")] + [sh, sw, dh, dw,
                                                                                 int(node.layout == "NHWC")]
     shape = ", ".join(f"(long)({sym2cpp(d)})" for d in dims)
-    fn, args = _KERNEL[type(node).__name__]
-    return f"gradflow_conv::{fn}(gradflow_conv::Shape{{{shape}}}, {', '.join(args)});"
+    ins, out = CONNECTORS[type(node).__name__]
+    return f"gradflow_conv::{_KERNEL[type(node).__name__]}(gradflow_conv::Shape{{{shape}}}, {', '.join((*ins, out))});"
 
 
 def _symbols_declared(node, state) -> bool:
@@ -190,6 +189,7 @@ def _blas_expansion():
 
 @properties.make_properties
 class _ConvolutionBase(nd.LibraryNode):
+    # `dace.library.node` gives each decorated subclass its own copy of these
     implementations = {"pure": ExpandPure}
     default_implementation = "pure"
 
@@ -225,24 +225,15 @@ class _ConvolutionBase(nd.LibraryNode):
 class Convolution(_ConvolutionBase):
     """y = conv(x, w) over two spatial dims, x already padded (module docstring)."""
 
-    implementations = {"pure": ExpandPure}
-    default_implementation = "pure"
-
 
 @dace.library.node
 class ConvolutionGradInput(_ConvolutionBase):
     """dx += the input gradient of a `Convolution` (module docstring)."""
 
-    implementations = {"pure": ExpandPure}
-    default_implementation = "pure"
-
 
 @dace.library.node
 class ConvolutionGradWeights(_ConvolutionBase):
     """dw += the weight gradient of a `Convolution` (module docstring)."""
-
-    implementations = {"pure": ExpandPure}
-    default_implementation = "pure"
 
 
 NODES = (Convolution, ConvolutionGradInput, ConvolutionGradWeights)

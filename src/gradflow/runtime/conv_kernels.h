@@ -48,70 +48,56 @@ inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long m, long n, long k,
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
-// col[(c, kh, kw), (oh, ow)] = x[c, oh * SH + kh * DH, ow * SW + kw * DW] for one image
+// f(col offset, x offset, length, x step) for every run of one image's unfolded matrix that is contiguous
+// in it, in the layout's order:
+//   NCHW: col[(c, kh, kw), (oh, ow)] = x[c, oh * SH + kh * DH, ow * SW + kw * DW]: runs along ow;
+//   NHWC: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH, ow * SW + kw * DW, c]: runs along c (the rows
+//         of the weights (KH, KW, C, M) are in the same order).
+template <typename F>
+void for_each_run(const Shape& s, F&& f) {
+    if (s.nhwc) {
+        for (long oh = 0; oh < s.OH; ++oh)
+            for (long ow = 0; ow < s.OW; ++ow)
+                for (long kh = 0; kh < s.KH; ++kh)
+                    for (long kw = 0; kw < s.KW; ++kw)
+                        f(((oh * s.OW + ow) * s.KH * s.KW + kh * s.KW + kw) * s.C,
+                          ((oh * s.SH + kh * s.DH) * s.W + ow * s.SW + kw * s.DW) * s.C, s.C, 1L);
+        return;
+    }
+    for (long c = 0; c < s.C; ++c)
+        for (long kh = 0; kh < s.KH; ++kh)
+            for (long kw = 0; kw < s.KW; ++kw)
+                for (long oh = 0; oh < s.OH; ++oh)
+                    f(((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW,
+                      (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW, s.OW, s.SW);
+}
+
+// col = the unfolded matrix of one image x
 template <typename T>
 void unfold(const Shape& s, const T* __restrict__ x, T* __restrict__ col) {
-    const long P = s.pixels();
-    for (long c = 0; c < s.C; ++c)
-        for (long kh = 0; kh < s.KH; ++kh)
-            for (long kw = 0; kw < s.KW; ++kw) {
-                T* d = col + ((c * s.KH + kh) * s.KW + kw) * P;
-                for (long oh = 0; oh < s.OH; ++oh) {
-                    const T* src = x + (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW;
-                    T* dst = d + oh * s.OW;
-                    if (s.SW == 1) {
-                        std::memcpy(dst, src, sizeof(T) * s.OW);
-                    } else {
-                        for (long ow = 0; ow < s.OW; ++ow) dst[ow] = src[ow * s.SW];
-                    }
-                }
-            }
+    for_each_run(s, [&](long ci, long xi, long n, long step) {
+        if (step == 1) {
+            std::memcpy(col + ci, x + xi, sizeof(T) * n);
+        } else {
+            for (long k = 0; k < n; ++k) col[ci + k] = x[xi + k * step];
+        }
+    });
 }
 
-// the adjoint of `unfold`: x[c, oh * SH + kh * DH, ow * SW + kw * DW] += col[(c, kh, kw), (oh, ow)]
+// the adjoint of `unfold`: each element of col added into the element of x it was copied from
 template <typename T>
 void fold_add(const Shape& s, const T* __restrict__ col, T* __restrict__ x) {
-    const long P = s.pixels();
-    for (long c = 0; c < s.C; ++c)
-        for (long kh = 0; kh < s.KH; ++kh)
-            for (long kw = 0; kw < s.KW; ++kw) {
-                const T* src = col + ((c * s.KH + kh) * s.KW + kw) * P;
-                for (long oh = 0; oh < s.OH; ++oh) {
-                    T* dst = x + (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW;
-                    const T* row = src + oh * s.OW;
-                    for (long ow = 0; ow < s.OW; ++ow) dst[ow * s.SW] += row[ow];
-                }
-            }
+    for_each_run(s, [&](long ci, long xi, long n, long step) {
+        for (long k = 0; k < n; ++k) x[xi + k * step] += col[ci + k];
+    });
 }
 
-// channels last: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH, ow * SW + kw * DW, c] for one image (the
-// rows of the weights (KH, KW, C, M) are in the same order)
+// the unfolded matrix of image x: x itself for a direct (1x1, stride 1) convolution, else `col`, filled
 template <typename T>
-void unfold_last(const Shape& s, const T* __restrict__ x, T* __restrict__ col) {
-    const long R = s.rows();
-    for (long oh = 0; oh < s.OH; ++oh)
-        for (long ow = 0; ow < s.OW; ++ow) {
-            T* d = col + (oh * s.OW + ow) * R;
-            for (long kh = 0; kh < s.KH; ++kh)
-                for (long kw = 0; kw < s.KW; ++kw)
-                    std::memcpy(d + (kh * s.KW + kw) * s.C,
-                                x + ((oh * s.SH + kh * s.DH) * s.W + ow * s.SW + kw * s.DW) * s.C, sizeof(T) * s.C);
-        }
-}
-
-template <typename T>
-void fold_add_last(const Shape& s, const T* __restrict__ col, T* __restrict__ x) {
-    const long R = s.rows();
-    for (long oh = 0; oh < s.OH; ++oh)
-        for (long ow = 0; ow < s.OW; ++ow) {
-            const T* src = col + (oh * s.OW + ow) * R;
-            for (long kh = 0; kh < s.KH; ++kh)
-                for (long kw = 0; kw < s.KW; ++kw) {
-                    T* dst = x + ((oh * s.SH + kh * s.DH) * s.W + ow * s.SW + kw * s.DW) * s.C;
-                    const T* row = src + (kh * s.KW + kw) * s.C;
-                    for (long c = 0; c < s.C; ++c) dst[c] += row[c];
-                }
-        }
+const T* unfolded(const Shape& s, const T* x, std::vector<T>& col) {
+    if (s.direct()) return x;
+    unfold(s, x, col.data());
+    return col.data();
 }
 
 // Threads for a loop over n images: the team when there is one to start, else 1.
@@ -141,11 +127,7 @@ void forward(const Shape& s, const T* x, const T* w, T* y) {
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
         std::vector<T> col(s.direct() ? 0 : R * P);
         for (long n = lo; n < hi; ++n) {
-            const T* b = x + n * in;
-            if (!s.direct()) {
-                s.nhwc ? unfold_last(s, b, col.data()) : unfold(s, b, col.data());
-                b = col.data();
-            }
+            const T* b = unfolded(s, x + n * in, col);
             if (s.nhwc)  // y[n] (pixels x M) = col (pixels x R) @ w (R x M)
                 gemm(CblasNoTrans, CblasNoTrans, P, s.M, R, b, R, w, s.M, T(0), y + n * s.M * P, s.M);
             else  // y[n] (M x pixels) = w (M x R) @ col (R x pixels)
@@ -168,7 +150,7 @@ void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
                 gemm(CblasNoTrans, CblasTrans, P, R, s.M, g, s.M, w, s.M, T(direct), out, R);
             else  // (R x pixels) = w^T @ dy[n] (M x pixels)
                 gemm(CblasTrans, CblasNoTrans, R, P, s.M, w, R, g, P, T(direct), out, P);
-            if (!direct) s.nhwc ? fold_add_last(s, col.data(), dx + n * in) : fold_add(s, col.data(), dx + n * in);
+            if (!direct) fold_add(s, col.data(), dx + n * in);
         }
     });
 }
@@ -183,11 +165,7 @@ void grad_weights(const Shape& s, const T* x, const T* dy, T* dw) {
         std::vector<T> col(s.direct() ? 0 : R * P);
         T* acc = threads > 1 ? partial.data() + t * size : dw;
         for (long n = lo; n < hi; ++n) {
-            const T* b = x + n * in;
-            if (!s.direct()) {
-                s.nhwc ? unfold_last(s, b, col.data()) : unfold(s, b, col.data());
-                b = col.data();
-            }
+            const T* b = unfolded(s, x + n * in, col);
             if (s.nhwc)  // dw (R x M) += col^T @ dy[n] (pixels x M)
                 gemm(CblasTrans, CblasNoTrans, R, s.M, P, b, R, dy + n * s.M * P, s.M, T(1), acc, s.M);
             else  // dw (M x R) += dy[n] (M x pixels) @ col^T

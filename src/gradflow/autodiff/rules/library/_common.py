@@ -129,6 +129,19 @@ def clear(ctx: ReverseContext, op: Operand, label: str) -> None:
                         {"__o": dace.Memlet(f"{grad}[{element(op, params)}]")})
 
 
+def bilinear_needs(ctx: ReverseContext, x: Operand, y: Operand, out: Operand) -> frozenset[str]:
+    """What the reverse of `out = f(x, y)`, linear in each factor (a product, a convolution), reads: each
+    factor whose gradient is wanted needs the other's value; nothing when `out` has no gradient."""
+    if ctx.grad_of(out.array) is None:
+        return frozenset()
+    need = set()
+    if ctx.grad_of(x.array):
+        need.add(y.array)
+    if ctx.grad_of(y.array):
+        need.add(x.array)
+    return frozenset(need)
+
+
 def transient(ctx: ReverseContext, shape, like: str, label: str) -> str:
     """A new backward-only transient of `like`'s dtype."""
     desc = ctx.sdfg.arrays[like]

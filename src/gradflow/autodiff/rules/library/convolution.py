@@ -10,11 +10,9 @@ expansion.
 
 from __future__ import annotations
 
-import dace
-
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.rules import library_rule
-from gradflow.autodiff.rules.library._common import Operand, clear, node_of, operands, where
+from gradflow.autodiff.rules.library._common import Operand, bilinear_needs, clear, node_of, operands, where
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.library.convolution import ConvolutionGradInput, ConvolutionGradWeights, wire
 
@@ -29,15 +27,7 @@ class ConvolutionReverse:
     """Reverse of a 2-D convolution (module doc)."""
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
-        x, w, y = _operands(site)
-        if ctx.grad_of(y.array) is None:
-            return frozenset()
-        need = set()
-        if ctx.grad_of(x.array):
-            need.add(w.array)
-        if ctx.grad_of(w.array):
-            need.add(x.array)
-        return frozenset(need)
+        return bilinear_needs(ctx, *_operands(site))
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
         node = node_of(site)
@@ -54,13 +44,9 @@ class ConvolutionReverse:
         opts = {"strides": node.strides, "dilations": node.dilations, "layout": node.layout}
         gx, gw = ctx.grad_of(x.array), ctx.grad_of(w.array)
         if gx:
-            self._emit(ctx, ConvolutionGradInput(f"rev_{label}_gx", **opts), f"{label}_gx",
-                       {"_dy": y.memlet(gy), "_w": w.memlet(ctx.value_of(site.index, w.array))}, ("_dx", x.memlet(gx)))
+            wire(ctx.new_state(f"reverse_{label}_gx"), ConvolutionGradInput(f"rev_{label}_gx", **opts),
+                 {"_dy": y.memlet(gy), "_w": w.memlet(ctx.value_of(site.index, w.array))}, ("_dx", x.memlet(gx)))
         if gw:
-            self._emit(ctx, ConvolutionGradWeights(f"rev_{label}_gw", **opts), f"{label}_gw",
-                       {"_x": x.memlet(ctx.value_of(site.index, x.array)), "_dy": y.memlet(gy)}, ("_dw", w.memlet(gw)))
+            wire(ctx.new_state(f"reverse_{label}_gw"), ConvolutionGradWeights(f"rev_{label}_gw", **opts),
+                 {"_x": x.memlet(ctx.value_of(site.index, x.array)), "_dy": y.memlet(gy)}, ("_dw", w.memlet(gw)))
         clear(ctx, y, label)
-
-    @staticmethod
-    def _emit(ctx: ReverseContext, node, label: str, reads: dict[str, dace.Memlet], write) -> None:
-        wire(ctx.new_state(f"reverse_{label}"), node, reads, write)

@@ -21,7 +21,7 @@ from gradflow.autodiff.emit import add_element_tasklet
 from gradflow.autodiff.rules import library_rule
 from gradflow.autodiff.rules.library._batched import batched_reverse
 from gradflow.autodiff.rules.library._common import (
-    Operand, accumulates, clear, disjoint, element, node_of, operands, ranges_over, where,
+    Operand, accumulates, bilinear_needs, clear, disjoint, element, node_of, operands, ranges_over, where,
 )
 from gradflow.autodiff.rules.library._contract import Term, contract
 from gradflow.autodiff.rules.library._factors import Product, layout_issue, product_of
@@ -78,14 +78,7 @@ class ProductReverse:
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         a, b, c, _ = _operands(site)
-        if ctx.grad_of(c.array) is None:
-            return frozenset()
-        need = set()
-        if ctx.grad_of(a.array):
-            need.add(b.array)
-        if ctx.grad_of(b.array):
-            need.add(a.array)
-        return frozenset(need)
+        return bilinear_needs(ctx, a, b, c)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
         node = node_of(site)

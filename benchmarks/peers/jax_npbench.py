@@ -71,9 +71,10 @@ def go_fast(a, ct_res, **_):
 # --------------------------------------------------------------------------------- factorisations, solvers
 
 
-def cholesky(A, ct_A, **_):
+def cholesky(A, W, **_):
     """In place, row by row; the strictly lower part of a row left to right (each element needs the ones
-    before it), the diagonal last. The upper part keeps its input values, as in the program."""
+    before it), the diagonal last. The upper part keeps its input values, as in the program. The corpus
+    program (`lp_cholesky_dot`, shared with the loop corpus) names its cotangent `W`."""
     n = A.shape[0]
     idx = jnp.arange(n)
     A = A.at[0, 0].set(jnp.sqrt(A[0, 0]))
@@ -87,11 +88,12 @@ def cholesky(A, ct_A, **_):
         head = jnp.where(idx < i, a[i], 0.0)
         return a.at[i, i].set(jnp.sqrt(a[i, i] - jnp.dot(head, head)))
 
-    return _wsum(lax.fori_loop(1, n, row, A), ct_A)
+    return _wsum(lax.fori_loop(1, n, row, A), W)
 
 
-def lu(A, ct_A, **_):
-    return _wsum(lu_in_place(A), ct_A)
+def lu(A, W, **_):
+    """`lp_lu_slices` (shared with the loop corpus) names its cotangent `W`."""
+    return _wsum(lu_in_place(A), W)
 
 
 def ludcmp(A, b, ct_x, ct_y, **_):

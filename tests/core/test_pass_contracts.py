@@ -106,10 +106,23 @@ def _loops(g: Graph) -> int:
     return sum(isinstance(b, LoopRegion) for b in g.sdfg.all_control_flow_blocks())
 
 
+def _size_versions(g: Graph) -> int:
+    from dace.sdfg.state import ConditionalBlock
+
+    return sum(isinstance(b, ConditionalBlock) and b.label.endswith("_by_size")
+               for b in g.sdfg.all_control_flow_blocks())
+
+
 def _npbench_conv() -> Graph:
     from tests.corpus import npbench
 
     return Graph.of(npbench.nb_conv2d_bias.to_sdfg(simplify=True))
+
+
+def _npbench_syrk() -> Graph:
+    from tests.corpus import npbench
+
+    return Graph.of(npbench.nb_syrk.to_sdfg())
 
 
 def _has_backward(g: Graph) -> bool:
@@ -146,9 +159,11 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "bound_transient_shapes": (lambda: Graph.of(loops.lp_growing_prefix.to_sdfg()), None, _loop_sized, ("> 0", 0)),
     "choose_schedules": (lambda: Reverse(("x",), ("S",))(_normalized(loops.lp_triangular)).unwrap(), None,
                          _small_parallel_maps, ("> 0", 0)),
+    "loops_to_maps": (lambda: Graph.of(loops.lp_go_fast.to_sdfg()), None, _loops, (3, 0)),
+    "version_by_size": (_npbench_syrk, None, _size_versions, (0, "> 0")),
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
-                           _conflicting_scatters, (2, 0)),
+                           _conflicting_scatters, ("> 0", 0)),
     "drop_dead_stores": (
         lambda: Reverse(("X", "Wt"), ("S",))(_normalized(dataflow.df_flatten_matmul)).unwrap(), None,
         lambda g: len(_dead_writes(g.sdfg)), ("> 0", 0)),

@@ -77,3 +77,36 @@ def test_meeting_writes_get_maps_of_their_own_and_disjoint_ones_share() -> None:
     want[11:20] += 3 * a
     np.testing.assert_allclose(_run(plain, a, 20), want, rtol=1e-15)
     np.testing.assert_allclose(_run(split, a, 20), want, rtol=1e-15)
+
+
+@dace.program
+def two_sums_per_element(a: dace.float64[9], b: dace.float64[9], g: dace.float64[9]):
+    # both writes of iteration i go to g[i] (the adjoints of two reads of one element)
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            x << a[i]
+            y << b[i]
+            o0 >> g(1, lambda p, q: p + q)[i]
+            o1 >> g(1, lambda p, q: p + q)[i]
+            o0 = x * y
+            o1 = 3 * x
+
+
+def test_sums_into_the_same_element_of_each_iteration_are_added_in_the_body() -> None:
+    """One write per element: two writes into one element from one map would be atomic, and splitting
+    the map would run its body twice."""
+    plain = Graph.of(two_sums_per_element.to_sdfg())
+    out = OwnScatterWrites()(plain).unwrap()
+    [entry] = _maps(out)
+    state = next(s for s in out.sdfg.states() if entry in s.nodes())
+    writes = [e for e in state.in_edges(state.exit_node(entry)) if e.data.data == "g"]
+    assert len(writes) == 1 and writes[0].data.wcr is not None
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(9), rng.standard_normal(9)
+    results = []
+    for graph in (plain, out):
+        g = np.full(9, 0.25)
+        compile_sdfg(graph)(a=a, b=b, g=g)
+        results.append(g)
+    np.testing.assert_allclose(results[1], 0.25 + a * b + 3 * a, rtol=1e-14)
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-14)

@@ -197,13 +197,14 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
     from gradflow.autodiff.indirection import LowerIndirection
     from gradflow.autodiff.jumps import LowerBreaks
     from gradflow.autodiff.lifting import LiftControlFlow
+    from gradflow.autodiff.parallel_loops import LoopsToMaps
     from gradflow.autodiff.shapes import BoundTransientShapes
     from gradflow.autodiff.views import RemoveViews
     from gradflow.optimize.fusion import FuseMaps
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, LowerIndirection(),
-                     CompleteConditionalWrites(), BoundTransientShapes(), FuseMaps(), CollapseMaps(),
+                     CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(), FuseMaps(), CollapseMaps(),
                      SplitOperations()))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gradflow.autodiff.idioms import RaiseConvolutions
+from gradflow.autodiff.parallel_loops import LoopsToMaps
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.dead_stores import DropDeadStores
@@ -20,11 +21,13 @@ from gradflow.optimize.owned_sums import NestReductions
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
+from gradflow.optimize.versioning import VersionBySize
 
-#: The default optimization pipeline. `raise_convolutions` (an AD normalization pass, `autodiff/idioms.py`)
-#: runs first so that a program compiled forward only gets the same convolution nodes as its gradient.
-OPTIMIZE = Pipeline((RaiseConvolutions(), OverwriteZeroedProducts(), DropDeadStores(), FuseMaps(), OwnScatterWrites(),
-                     NestReductions(), LocalReductions(), ChooseSchedules()))
+#: The default optimization pipeline. `raise_convolutions` and `loops_to_maps` (AD normalization passes,
+#: `autodiff/idioms.py`, `autodiff/parallel_loops.py`) run first so that a program compiled forward only
+#: gets the same convolution nodes and maps as its gradient.
+OPTIMIZE = Pipeline((RaiseConvolutions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(), FuseMaps(),
+                     OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -32,5 +35,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FuseMaps", "LocalReductions", "NestReductions", "OverwriteZeroedProducts",
-           "OwnScatterWrites", "optimized"]
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FuseMaps", "LocalReductions", "NestReductions",
+           "OverwriteZeroedProducts", "OwnScatterWrites", "VersionBySize", "optimized"]

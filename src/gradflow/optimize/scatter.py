@@ -18,6 +18,10 @@ their subsets intersect, whichever maps they come from), which an empty memlet o
 the copies read what the original reads before it overwrites any of it (reverse mode clears an adjoint
 after reading it), and whatever reads the array after the original sees every sum.
 
+Several sums of one tasklet into the same element in each iteration (the adjoints of two reads of
+`B[i, j]`) are first added in the tasklet and written once: DaCe makes two writes into one element from one map atomic, and
+the classes below would copy the body for each of them.
+
 Applies to a top-level parallel map whose body is tasklets and scope-local data, whose conflicting
 writes are sums into an array the map does not read or write otherwise, each at an index that is a map
 parameter plus an offset in one dimension per parameter (so each write alone is injective).
@@ -34,6 +38,7 @@ import sympy as sp
 from dace import dtypes, subsets, symbolic
 from dace.frontend.operations import detect_reduction_type
 from dace.memlet import Memlet
+from dace.properties import CodeBlock
 from dace.sdfg import nodes as nd
 from dace.sdfg import propagation
 from returns.result import Success
@@ -121,6 +126,48 @@ def _conflicts(state: dace.SDFGState, entry: nd.MapEntry) -> list[list[list]]:
     return found
 
 
+def _same_element_sums(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
+    """Groups of two or more sums that one Python tasklet of the map writes into the same element of an
+    array in each iteration (the adjoints of two reads of `B[i, j]`), through connectors used only there."""
+    exit_ = state.exit_node(entry)
+    params = {symbolic.pystr_to_symbolic(p) for p in entry.map.params}
+    groups: dict[tuple, list] = {}
+    for e in state.in_edges(exit_):
+        if (e.data.data is not None and e.data.wcr is not None and isinstance(e.src, nd.Tasklet)
+                and e.src.language == dtypes.Language.Python and _is_sum(e.data) and not e.data.dynamic
+                and _owned(e.data.subset, params) and len(list(state.out_edges_by_connector(e.src, e.src_conn))) == 1):
+            groups.setdefault((id(e.src), e.data.data, str(e.data.subset)), []).append(e)
+    return [edges for edges in groups.values() if len(edges) > 1]
+
+
+def _combine(state: dace.SDFGState, entry: nd.MapEntry, edges: list) -> None:
+    """One sum in place of `edges`: their tasklet adds the values into the first one's output, and the
+    others become local variables of its code."""
+    exit_ = state.exit_node(entry)
+    tasklet = edges[0].src
+    first, others = edges[0].src_conn, [e.src_conn for e in edges[1:]]
+    tasklet.code = CodeBlock(f"{tasklet.code.as_string}\n{first} = {' + '.join([first, *others])}",
+                             dtypes.Language.Python)
+    for e in edges[1:]:
+        state.remove_edge(e)
+        tasklet.remove_out_connector(e.src_conn)
+        if any(x.dst_conn == e.dst_conn for x in state.in_edges(exit_)):
+            continue
+        out_conn = "OUT_" + e.dst_conn[len("IN_"):]
+        for x in [x for x in state.out_edges(exit_) if x.src_conn == out_conn]:
+            state.remove_edge(x)
+            if state.degree(x.dst) == 0:
+                state.remove_node(x.dst)
+        exit_.remove_in_connector(e.dst_conn)
+        exit_.remove_out_connector(out_conn)
+
+
+def _parallel_elementwise_maps(state: dace.SDFGState) -> list[nd.MapEntry]:
+    return [n for n in state.nodes()
+            if isinstance(n, nd.MapEntry) and state.entry_node(n) is None
+            and n.map.schedule != dtypes.ScheduleType.Sequential and _elementwise(state, n) is not None]
+
+
 def _candidates(state: dace.SDFGState) -> list[tuple[nd.MapEntry, list[list]]]:
     found = []
     for node in state.nodes():
@@ -145,14 +192,28 @@ def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep:
     exit_ = state.exit_node(entry)
     body = _elementwise(state, entry)
     twin = {n: copy.deepcopy(n) for n in [entry, exit_, *body]}
+    # The copy's scope-local data gets descriptors of its own: shared between maps, DaCe would declare it
+    # once outside them.
+    local = {n.data for n in body if isinstance(n, nd.AccessNode) and sdfg.arrays[n.data].transient}
+    renamed = {name: sdfg.add_datadesc(name, copy.deepcopy(sdfg.arrays[name]), find_new_name=True)
+               for name in sorted(local)}
     for n in twin.values():
+        if isinstance(n, nd.AccessNode) and n.data in renamed:
+            n.data = renamed[n.data]
         state.add_node(n)
+
+    def moved(memlet: Memlet) -> Memlet:
+        out = copy.deepcopy(memlet)
+        if out.data in renamed:
+            out.data = renamed[out.data]
+        return out
+
     for e in state.in_edges(entry):
         state.add_edge(e.src, e.src_conn, twin[entry], e.dst_conn, copy.deepcopy(e.data))
     for n in [entry, *body]:
         for e in state.out_edges(n):
             if e.dst is not exit_:
-                state.add_edge(twin[n], e.src_conn, twin[e.dst], e.dst_conn, copy.deepcopy(e.data))
+                state.add_edge(twin[n], e.src_conn, twin[e.dst], e.dst_conn, moved(e.data))
             elif any(e is k for k in keep):
                 state.add_edge(twin[n], e.src_conn, twin[exit_], e.dst_conn, copy.deepcopy(e.data))
             else:
@@ -203,11 +264,16 @@ class OwnScatterWrites(Pass):
     name: ClassVar[str] = "own_scatter_writes"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for sub in graph.sdfg.all_sdfgs_recursive() for s in sub.states()):
+        states = [s for sub in graph.sdfg.all_sdfgs_recursive() for s in sub.states()]
+        if not any(_candidates(s) or any(_same_element_sums(s, m) for m in _parallel_elementwise_maps(s))
+                   for s in states):
             return Success(graph)
         sdfg = graph.editable()
         for sub in sdfg.all_sdfgs_recursive():
             for state in list(sub.states()):
+                for entry in _parallel_elementwise_maps(state):
+                    for edges in _same_element_sums(state, entry):
+                        _combine(state, entry, edges)
                 for entry, groups in _candidates(state):
                     extra = [members for classes in groups for members in classes[1:]]
                     # every copy is taken from the whole original, before any accumulation leaves it

@@ -5,8 +5,8 @@ default schedule at the top of a state. Reverse mode emits many maps of a few el
 pops, clears and seeds of single elements), often inside loops, where opening a parallel region costs far
 more than the work (microseconds per iteration of the enclosing loop). This pass gives a map the
 sequential schedule when its iteration count (times that of the largest map nest inside it) is a constant
-below `min_parallel` (symbolic extents are
-assumed large and stay parallel); maps nested inside another map are sequential already.
+below `min_parallel`; maps nested inside another map are sequential already. Symbolic extents are assumed
+large here; inside loops `version_by_size` decides them at run time.
 
 A map every iteration of which adds into the same element (a write-conflict sum whose index uses none
 of the map's parameters: the adjoint of a scalar broadcast over a row, `g_alpha += A[i] * g[i]`) is also
@@ -28,10 +28,14 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
-def _work(state: dace.SDFGState, entry: nd.MapEntry):
+#: Largest transient (elements) inside a sequential map that `make_sequential` keeps on the stack.
+REGISTER_LIMIT = 1024
+
+
+def work(state: dace.SDFGState, entry: nd.MapEntry):
     """Iterations of the map times those of the largest map nest inside it (maps nested by
     `nest_reductions` count with their parent)."""
-    inner = [_work(state, n) for n in state.scope_children()[entry] if isinstance(n, nd.MapEntry)]
+    inner = [work(state, n) for n in state.scope_children()[entry] if isinstance(n, nd.MapEntry)]
     count = entry.map.range.num_elements()
     if not inner:
         return count
@@ -43,9 +47,32 @@ def _work(state: dace.SDFGState, entry: nd.MapEntry):
 
 def _small(state: dace.SDFGState, entry: nd.MapEntry, min_parallel: int) -> bool:
     try:
-        return int(_work(state, entry)) < min_parallel
+        return int(work(state, entry)) < min_parallel
     except TypeError:  # a symbolic count: assumed large
         return False
+
+
+def make_sequential(state: dace.SDFGState, entry: nd.MapEntry) -> None:
+    """Give the map the sequential schedule, and the small transients its body uses stack storage.
+
+    Why the storage: DaCe places a default-storage transient inside a parallel map in registers, but inside
+    a sequential one at the top level on the heap, allocated and freed in every iteration (a fused
+    one-element temporary made nb_syrk's forward 20x slower than the parallel map it replaced)."""
+    entry.map.schedule = dace.ScheduleType.Sequential
+    sdfg = state.sdfg
+    for node in state.scope_subgraph(entry).nodes():
+        if not isinstance(node, nd.AccessNode):
+            continue
+        desc = node.desc(sdfg)
+        if (desc.transient and desc.storage == dace.StorageType.Default and not desc.free_symbols
+                and int(desc.total_size) <= REGISTER_LIMIT and _scope_local(sdfg, node.data)):
+            desc.storage = dace.StorageType.Register
+
+
+def _scope_local(sdfg: dace.SDFG, name: str) -> bool:
+    """Every access to `name` in `sdfg` is inside some map."""
+    return all(parent.entry_node(n) is not None for n, parent in sdfg.all_nodes_recursive()
+               if isinstance(n, nd.AccessNode) and n.data == name and parent.sdfg is sdfg)
 
 
 def _reduces_to_one_element(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
@@ -60,14 +87,14 @@ def _reduces_to_one_element(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
     return False
 
 
-def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[nd.MapEntry]:
+def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[tuple[dace.SDFGState, nd.MapEntry]]:
     found = []
     for state in sdfg.states():
         for node in state.nodes():
             if (isinstance(node, nd.MapEntry) and node.map.schedule == dace.ScheduleType.Default
                     and state.entry_node(node) is None
                     and (_small(state, node, min_parallel) or _reduces_to_one_element(state, node))):
-                found.append(node)
+                found.append((state, node))
     return found
 
 
@@ -85,6 +112,6 @@ class ChooseSchedules(Pass):
             return Success(graph)
         sdfg = graph.editable()
         for sub in sdfg.all_sdfgs_recursive():
-            for entry in _sequential_candidates(sub, self.min_parallel):
-                entry.map.schedule = dace.ScheduleType.Sequential
+            for state, entry in _sequential_candidates(sub, self.min_parallel):
+                make_sequential(state, entry)
         return Success(Graph.adopt(sdfg, graph.meta))

@@ -1,0 +1,97 @@
+"""`loops_to_maps`: counted loops with independent iterations and one-state bodies become maps, so reverse
+mode needs no tape for them. Here: what converts, what must stay a loop, and that the converted program
+computes what the loop did. The gradients of every corpus program through `NORMALIZE` (which runs this
+pass) are checked against torch.autograd by the corpus tests."""
+
+from __future__ import annotations
+
+import dace
+import numpy as np
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import LoopRegion
+
+from gradflow.api import grad_graph
+from gradflow.autodiff.parallel_loops import LoopsToMaps
+from gradflow.core.graph import Graph
+from gradflow.runtime.compile import compile_sdfg
+
+N = dace.symbol("N")
+
+
+@dace.program
+def weighted_sum(A: dace.float64[N, N], B: dace.float64[N, N], S: dace.float64[1]):
+    """go_fast's second loop nest: every iteration adds into S."""
+    for i in range(N):
+        for j in range(N):
+            S[0] += B[i, j] * B[i, j] * A[j, i]
+
+
+@dace.program
+def prefix_sum(x: dace.float64[N], S: dace.float64[1]):
+    """Iteration i reads what iteration i - 1 wrote: not a map."""
+    for i in range(1, N):
+        x[i] = x[i] + x[i - 1]
+    S[0] = np.sum(x)
+
+
+def _loops(sdfg: dace.SDFG) -> list[LoopRegion]:
+    return [r for r in sdfg.all_control_flow_regions(recursive=True) if isinstance(r, LoopRegion)]
+
+
+def test_a_loop_nest_summing_into_one_element_becomes_a_map_with_a_sum() -> None:
+    plain = Graph.of(weighted_sum.to_sdfg())
+    mapped = LoopsToMaps()(plain).unwrap()
+    assert _loops(plain.sdfg) and not _loops(mapped.sdfg)
+    assert not any(isinstance(n, nd.NestedSDFG) for n, _ in mapped.sdfg.all_nodes_recursive())
+    sums = [e for e, _ in mapped.sdfg.all_edges_recursive()
+            if isinstance(e.data, dace.Memlet) and e.data.data == "S" and e.data.wcr is not None]
+    assert sums
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((9, 9)), rng.standard_normal((9, 9))
+    results = []
+    for graph in (plain, mapped):
+        S = np.full(1, 0.25)
+        compile_sdfg(graph)(A=A, B=B, S=S, N=9)
+        results.append(S[0])
+    expected = 0.25 + np.sum(B * B * A.T)
+    np.testing.assert_allclose(results, [expected, expected], rtol=1e-12)
+
+
+def test_the_gradient_of_the_converted_nest_needs_no_tape() -> None:
+    graph = grad_graph(weighted_sum.to_sdfg(), ["A", "B"], "S")
+    assert not [name for name in graph.sdfg.arrays if name.startswith("gradflow_tape")]
+    rng = np.random.default_rng(1)
+    A, B = rng.standard_normal((7, 7)), rng.standard_normal((7, 7))
+    grads = {"grad_A": np.zeros((7, 7)), "grad_B": np.zeros((7, 7))}
+    compile_sdfg(graph)(A=A, B=B, S=np.zeros(1), **grads, N=7)
+    np.testing.assert_allclose(grads["grad_A"], (B * B).T, rtol=1e-12)
+    np.testing.assert_allclose(grads["grad_B"], 2 * B * A.T, rtol=1e-12)
+
+
+def test_a_loop_carrying_a_dependence_stays_a_loop() -> None:
+    plain = Graph.of(prefix_sum.to_sdfg())
+    assert LoopsToMaps()(plain).unwrap() is plain
+
+
+def test_a_loop_whose_body_has_several_states_stays_a_loop() -> None:
+    @dace.program
+    def branchy(x: dace.float64[N], S: dace.float64[1]):
+        for i in range(N):
+            if x[i] > 0:
+                x[i] = 2.0 * x[i]
+        S[0] = np.sum(x)
+
+    plain = Graph.of(branchy.to_sdfg())
+    assert LoopsToMaps()(plain).unwrap() is plain
+
+
+def test_a_converted_inner_loop_tapes_only_what_its_map_writes() -> None:
+    """softmax's `for j: P[i, j] = P[i, j] / s` inside the loop over rows: the map writes row i, so the
+    tape saves that row per iteration, not all of P (unpropagated memlets made it 2 GB at 256 x 512)."""
+    from gradflow.verify.corpus import loops
+
+    graph = grad_graph(loops.lp_softmax.to_sdfg(), ["X"], "S")
+    tapes = {name: desc.total_size for name, desc in graph.sdfg.arrays.items() if name.startswith("gradflow_tape")}
+    assert tapes
+    sizes = {name: int(dace.symbolic.evaluate(size, {"N": 7, "M": 5})) for name, size in tapes.items()}
+    assert max(sizes.values()) <= 7 * 5, sizes

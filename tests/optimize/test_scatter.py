@@ -110,3 +110,47 @@ def test_sums_into_the_same_element_of_each_iteration_are_added_in_the_body() ->
         results.append(g)
     np.testing.assert_allclose(results[1], 0.25 + a * b + 3 * a, rtol=1e-14)
     np.testing.assert_allclose(results[0], results[1], rtol=1e-14)
+
+
+def _stencil_through_a_local() -> dace.SDFG:
+    """A stencil adjoint's shape with a scope-local scalar between two tasklets: g[i] += y, g[i + 1] += 3 y
+    with y = 2 a[i] held in `t`."""
+    sdfg = dace.SDFG("stencil_through_a_local")
+    sdfg.add_array("a", [N], dace.float64)
+    sdfg.add_array("g", [N + 1], dace.float64)
+    sdfg.add_scalar("t", dace.float64, transient=True)
+    state = sdfg.add_state()
+    entry, exit_ = state.add_map("stencil", {"i": f"0:{N}"})
+    first = state.add_tasklet("double", {"x"}, {"y"}, "y = 2 * x")
+    second = state.add_tasklet("scatter", {"y"}, {"o0", "o1"}, "o0 = y\no1 = 3 * y")
+    local = state.add_access("t")
+    state.add_memlet_path(state.add_read("a"), entry, first, dst_conn="x", memlet=dace.Memlet("a[i]"))
+    state.add_edge(first, "y", local, None, dace.Memlet("t[0]"))
+    state.add_edge(local, None, second, "y", dace.Memlet("t[0]"))
+    g = state.add_write("g")
+    for k, (conn, index) in enumerate((("o0", "i"), ("o1", "i + 1"))):
+        exit_.add_in_connector(f"IN_g{k}")
+        exit_.add_out_connector(f"OUT_g{k}")
+        state.add_edge(second, conn, exit_, f"IN_g{k}", dace.Memlet(f"g[{index}]", wcr="lambda p, q: p + q"))
+        state.add_edge(exit_, f"OUT_g{k}", g, None, dace.Memlet(f"g[{k}:{N + k}]", wcr="lambda p, q: p + q"))
+    return sdfg
+
+
+def test_a_split_copy_has_its_own_scope_local_data() -> None:
+    """Shared by the two maps, DaCe would declare `t` once outside them: one variable for every thread."""
+    plain = Graph.of(_stencil_through_a_local())
+    split = OwnScatterWrites()(plain).unwrap()
+    entries = _maps(split)
+    assert len(entries) == 2
+    state = next(s for s in split.sdfg.states() if entries[0] in s.nodes())
+    local = [{n.data for n in state.scope_subgraph(e).nodes() if isinstance(n, nd.AccessNode)
+              and split.sdfg.arrays[n.data].transient} for e in entries]
+    assert all(local) and not local[0] & local[1]
+    a = np.random.default_rng(4).standard_normal(N)
+    want = np.full(N + 1, 0.25)
+    want[:N] += 2 * a
+    want[1:] += 6 * a
+    for graph in (plain, split):
+        g = np.full(N + 1, 0.25)
+        compile_sdfg(graph)(a=a, g=g)
+        np.testing.assert_allclose(g, want, rtol=1e-14)

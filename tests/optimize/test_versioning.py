@@ -87,3 +87,8 @@ def test_maps_outside_loops_and_of_constant_size_are_not_versioned() -> None:
 
     graph = ChooseSchedules()(Graph.of(flat.to_sdfg())).unwrap()
     assert VersionBySize()(graph).unwrap() is graph
+
+
+def test_versioning_twice_changes_nothing_more() -> None:
+    once = _versioned()
+    assert VersionBySize()(once).unwrap() is once

@@ -5,12 +5,13 @@ a tape in the forward sweep and popped in the backward one. A map needs none of 
 map of the adjoints, reading the forward values where they are). NPBench and the loop corpus write many
 loops that are maps in disguise: `for i: for j: S[0] += B[i, j] * B[i, j] * A[j, i]` (go_fast) pushed four
 scalars per iteration, a million of them, and popped them again; as a map with a sum into `S` it has no
-tape (lp_go_fast's forward and backward 11.4 -> 9.0 ms, and the backward is three plain maps).
+tape (lp_go_fast's forward and backward 11.4 -> 7.6 ms, with `own_scatter_writes` adding the two
+adjoints of `B[i, j]` in one map; its backward is three plain maps).
 
 What the pass does, with DaCe's transformations on a private copy:
 1. `AugAssignToWCR`, for additions only: `x[k] = x[k] + e` (a tasklet reading and writing the same
-   element) becomes a write-conflict sum `x[k] += e`, so that iterations adding into one element no longer depend on each
-   other through a read;
+   element) becomes a write-conflict sum `x[k] += e`, so that iterations adding into one element no
+   longer depend on each other through a read;
 2. `LoopToMap`, applied only to loops whose body is one state of tasklets on single elements, or one
    map of them (what a converted inner loop left), so that the map is one reverse mode differentiates
    (DaCe's own dependency analysis decides whether the iterations are independent: no element written
@@ -31,9 +32,9 @@ from typing import ClassVar
 
 import attrs
 import dace
-from dace.sdfg.state import LoopRegion
 from dace.sdfg import nodes as nd
 from dace.sdfg.propagation import propagate_memlets_sdfg
+from dace.sdfg.state import LoopRegion
 from dace.transformation.dataflow import AugAssignToWCR
 from dace.transformation.interstate import InlineSDFG, LoopToMap
 from returns.result import Success
@@ -142,7 +143,7 @@ def _convert(program: dace.SDFG, skip: set[str]) -> tuple[dace.SDFG, int, str | 
     while progress:
         progress = False
         sdfg.reset_cfg_list()
-        for loop in reversed(_loops(sdfg)):  # inner loops after their parents in this order
+        for loop in reversed(_loops(sdfg)):  # listed outer first: reversed, inner loops come first
             if loop.label in skip or not _eligible(loop):
                 continue
             before = {id(n) for n, _ in _nested(sdfg)}

@@ -19,8 +19,8 @@ the copies read what the original reads before it overwrites any of it (reverse 
 after reading it), and whatever reads the array after the original sees every sum.
 
 Several sums of one tasklet into the same element in each iteration (the adjoints of two reads of
-`B[i, j]`) are first added in the tasklet and written once: DaCe makes two writes into one element from one map atomic, and
-the classes below would copy the body for each of them.
+`B[i, j]`) are first added in the tasklet and written once: DaCe makes two writes into one element from
+one map atomic, and the classes below would copy the body for each of them.
 
 Applies to a top-level parallel map whose body is tasklets and scope-local data, whose conflicting
 writes are sums into an array the map does not read or write otherwise, each at an index that is a map
@@ -135,7 +135,8 @@ def _same_element_sums(state: dace.SDFGState, entry: nd.MapEntry) -> list[list]:
     for e in state.in_edges(exit_):
         if (e.data.data is not None and e.data.wcr is not None and isinstance(e.src, nd.Tasklet)
                 and e.src.language == dtypes.Language.Python and _is_sum(e.data) and not e.data.dynamic
-                and _owned(e.data.subset, params) and len(list(state.out_edges_by_connector(e.src, e.src_conn))) == 1):
+                and _owned(e.data.subset, params)
+                and len(list(state.out_edges_by_connector(e.src, e.src_conn))) == 1):
             groups.setdefault((id(e.src), e.data.data, str(e.data.subset)), []).append(e)
     return [edges for edges in groups.values() if len(edges) > 1]
 

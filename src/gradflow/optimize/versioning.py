@@ -32,6 +32,9 @@ from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.schedules import make_sequential, work
 
 
+_SUFFIX = "_by_size"
+
+
 def _in_loop(block) -> bool:
     """Some enclosing control-flow region, in this SDFG or one that nests it, is a loop."""
     region = block.parent_graph
@@ -61,11 +64,16 @@ def _symbolic_maps(state: dace.SDFGState) -> list[tuple[nd.MapEntry, object]]:
     return found
 
 
+def _versioned(state: dace.SDFGState) -> bool:
+    """`state` is one of the two versions this pass made (so it is not versioned again)."""
+    block = state.parent_graph.parent_graph
+    return isinstance(block, ConditionalBlock) and block.label.endswith(_SUFFIX)
+
+
 def _candidates(sdfg: dace.SDFG) -> list[dace.SDFGState]:
     return [s for s in sdfg.states()
             if not any(isinstance(n, nd.NestedSDFG) for n in s.nodes())
-            and not isinstance(s.parent_graph, ConditionalBlock)
-            and _symbolic_maps(s) and _in_loop(s)]
+            and not _versioned(s) and _symbolic_maps(s) and _in_loop(s)]
 
 
 def _state_locals(state: dace.SDFGState) -> set[str]:
@@ -106,7 +114,7 @@ def _version(state: dace.SDFGState, min_parallel: int) -> None:
     small = copy.deepcopy(state)
     small.label = f"{state.label}_sequential"
 
-    block = ConditionalBlock(f"{state.label}_by_size", sdfg=region.sdfg)
+    block = ConditionalBlock(f"{state.label}{_SUFFIX}", sdfg=region.sdfg)
     was_start = region.start_block is state
     incoming = [(e.src, e.data) for e in region.in_edges(state)]
     outgoing = [(e.dst, e.data) for e in region.out_edges(state)]

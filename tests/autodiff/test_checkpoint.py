@@ -238,7 +238,9 @@ def test_thousand_steps_with_ten_snapshots_forward_at_most_eleven_arrays(name: s
     stored = forwarded_bytes(_graph(name, gradflow.STORE_ALL), sizes)
     kept = forwarded_bytes(checkpointed, sizes)
     assert kept <= 11 * array_bytes, f"{kept} bytes forwarded, {array_bytes} per array"
-    assert kept < stored
+    # jacobi_1d's step is linear, and its closing sum is a map (`loops_to_maps`): storing forwards nothing
+    # either, and checkpointing must not forward more; where storing forwards something, it forwards less.
+    assert kept < stored if stored else kept == 0
     assert "CheckpointedLoop" in checkpointed.meta["ad"].rules_used
 
 

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 import attrs
@@ -188,10 +189,11 @@ class SplitOperations(Pass):
         return Success(Graph.adopt(sdfg, graph.meta))
 
 
-def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
+def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Iterable[str] = ()) -> "Pipeline":
     """The normalization pipeline; `library_rules` decides which library nodes stay whole (default: the
-    built-in table). Reverse mode needs its output: structured control flow, one operation per state, no
-    views, no breaks."""
+    built-in table), and the loops labelled in `keep_loops` are not made maps (loops a forwarding policy
+    checkpoints by name). Reverse mode needs its output: structured control flow, one operation per state,
+    no views, no breaks."""
     from gradflow.autodiff.conditional_writes import CompleteConditionalWrites
     from gradflow.autodiff.idioms import RaiseConvolutions
     from gradflow.autodiff.indirection import LowerIndirection
@@ -204,8 +206,8 @@ def normalize_pipeline(library_rules: RuleTable | None = None) -> "Pipeline":
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, LowerIndirection(),
-                     CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(), FuseMaps(), CollapseMaps(),
-                     SplitOperations()))
+                     CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(),
+                     CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

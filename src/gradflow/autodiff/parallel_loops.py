@@ -133,7 +133,7 @@ def _nested(sdfg: dace.SDFG) -> list[tuple[nd.NestedSDFG, dace.SDFGState]]:
     return [(n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nd.NestedSDFG)]
 
 
-def _convert(program: dace.SDFG, skip: set[str]) -> tuple[dace.SDFG, int, str | None]:
+def _convert(program: dace.SDFG, skip: set[str] | frozenset[str]) -> tuple[dace.SDFG, int, str | None]:
     """A copy of `program` with its loops converted, innermost first, except those labelled in `skip`:
     (copy, loops converted, label of a loop whose body could not be inlined back, or None)."""
     sdfg = copy.deepcopy(program)
@@ -167,8 +167,10 @@ def _convert(program: dace.SDFG, skip: set[str]) -> tuple[dace.SDFG, int, str | 
 @attrs.frozen
 class LoopsToMaps(Pass):
     """Counted loops with independent iterations and one-state bodies become maps (see the module
-    docstring)."""
+    docstring). Loops labelled in `keep` stay loops: a forwarding policy that checkpoints a loop names it
+    by its label (`ad_pipeline` passes those labels)."""
 
+    keep: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     name: ClassVar[str] = "loops_to_maps"
 
     def run(self, graph: Graph) -> PassResult:
@@ -177,7 +179,7 @@ class LoopsToMaps(Pass):
         # One loop at a time, its body inlined before the next: the loop around a converted one then has
         # a one-state body with no nested SDFG, which DaCe's analysis can convert in turn. A loop whose
         # body cannot be inlined back is skipped, from a fresh copy.
-        skip: set[str] = set()
+        skip: set[str] = set(self.keep)
         while True:
             sdfg, converted, failed = _convert(graph.sdfg, skip)
             if failed is None:

@@ -319,4 +319,4 @@ class SplitVJP(Pass):
 def ad_pipeline(reverse: Reverse | None = None) -> Pipeline:
     """The default AD pipeline: `NORMALIZE` (with `reverse`'s library table), then `reverse`."""
     reverse = reverse if reverse is not None else Reverse()
-    return normalize_pipeline(reverse.library_rules) + reverse
+    return normalize_pipeline(reverse.library_rules, reverse.forwarding.checkpoint_loops or ()) + reverse

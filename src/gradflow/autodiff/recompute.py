@@ -188,6 +188,13 @@ def _keeps_more(sdfg: dace.SDFG, array: str, plans, accesses: list[OpAccess]) ->
     return sum(_elements(sdfg, r) for r in kept) > _elements(sdfg, array)
 
 
+def _kept_for_free(sdfg: dace.SDFG, array: str, accesses: list[OpAccess]) -> bool:
+    """A program argument that one operation writes and nothing overwrites: the backward sweep reads it
+    where it is, at no cost, so `RECOMPUTE_ALL` does not rerun it (the rerun would only make its inputs
+    forwarded: go_fast's `B = A + trace` rerun kept the scalar `trace`, 8 bytes where storing kept none)."""
+    return not sdfg.arrays[array].transient and sum(array in a.writes for a in accesses) == 1
+
+
 def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
                        accesses: list[OpAccess], policy: Forwarding,
                        chosen_set: frozenset[str] | None = None) -> RecomputePlan:
@@ -215,6 +222,8 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
     before: dict[int, list[tuple[str, OpSite]]] = {}
     for array in sorted(wanted):
         if array not in needed:
+            continue
+        if not strict and _kept_for_free(sdfg, array, accesses):
             continue
         readers = [p for p in sites if array in needs[p.index]]
         plans = [facts.chain(array, p, p, wanted, strict) for p in readers]

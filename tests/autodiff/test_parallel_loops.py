@@ -95,3 +95,12 @@ def test_a_converted_inner_loop_tapes_only_what_its_map_writes() -> None:
     assert tapes
     sizes = {name: int(dace.symbolic.evaluate(size, {"N": 7, "M": 5})) for name, size in tapes.items()}
     assert max(sizes.values()) <= 7 * 5, sizes
+
+
+def test_loops_named_to_keep_stay_loops() -> None:
+    """A checkpointing policy names loops by label; `ad_pipeline` passes them as `keep`."""
+    plain = Graph.of(weighted_sum.to_sdfg())
+    outer = next(r for r in _loops(plain.sdfg) if r.parent_graph is plain.sdfg)
+    kept = LoopsToMaps(keep={outer.label})(plain).unwrap()
+    assert [r.label for r in _loops(kept.sdfg)] == [outer.label]
+    assert any(isinstance(n, nd.MapEntry) for n, _ in kept.sdfg.all_nodes_recursive())

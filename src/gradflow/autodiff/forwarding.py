@@ -9,7 +9,7 @@ the operation that reads it is reversed). The policies:
 - `RECOMPUTE_ALL`: recompute every array for which recomputation is valid (see `recomputable`), store
   the rest; a rerun that reads arrays a later operation overwrites, larger than the value it saves (sizes
   compared with every symbol at 64), is declined (`ForwardingPlan.declined`): the value is stored; a
-  program argument that one operation writes and nothing overwrites is read where it is, not rerun;
+  program argument that a single operation writes is kept as under `STORE_ALL`, not rerun;
 - `Forwarding(recompute={"a", "b"})`: recompute exactly those arrays (an error names any of them for
   which recomputation is not valid);
 - `Forwarding.budget(max_bytes, sizes={...})`: the least rerun work that keeps at most `max_bytes` for

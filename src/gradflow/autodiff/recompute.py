@@ -189,9 +189,10 @@ def _keeps_more(sdfg: dace.SDFG, array: str, plans, accesses: list[OpAccess]) ->
 
 
 def _kept_for_free(sdfg: dace.SDFG, array: str, accesses: list[OpAccess]) -> bool:
-    """A program argument that one operation writes and nothing overwrites: the backward sweep reads it
-    where it is, at no cost, so `RECOMPUTE_ALL` does not rerun it (the rerun would only make its inputs
-    forwarded: go_fast's `B = A + trace` rerun kept the scalar `trace`, 8 bytes where storing kept none)."""
+    """A program argument that a single operation writes: `RECOMPUTE_ALL` keeps it as `STORE_ALL` does (the
+    backward sweep reads it where it is, or the tape restores it where that operation runs again in a
+    loop) instead of rerunning it, which would make the rerun's inputs forwarded: go_fast's `B = A +
+    trace`, rerun, kept the scalar `trace`, 8 bytes where storing kept none."""
     return not sdfg.arrays[array].transient and sum(array in a.writes for a in accesses) == 1
 
 

@@ -174,7 +174,10 @@ class LoopsToMaps(Pass):
     name: ClassVar[str] = "loops_to_maps"
 
     def run(self, graph: Graph) -> PassResult:
-        if not _loops(graph.sdfg):
+        # A loop becomes eligible only through an eligible loop inside it converting: without one to start
+        # from, nothing converts (checked before the copy and the pattern matching, which `OPTIMIZE` would
+        # otherwise spend on every differentiated program).
+        if not any(_eligible(loop) and loop.label not in self.keep for loop in _loops(graph.sdfg)):
             return Success(graph)
         # One loop at a time, its body inlined before the next: the loop around a converted one then has
         # a one-state body with no nested SDFG, which DaCe's analysis can convert in turn. A loop whose

@@ -11,6 +11,7 @@ names first and says which array or symbol to rename. Arguments cannot be rename
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from typing import Iterator
 
@@ -96,3 +97,13 @@ def check_identifiers(sdfg: dace.SDFG) -> None:
             f"rename the {kind} (for example '{name}_'); gradflow does not rename arrays, since arguments are "
             "passed by name",
         )
+
+
+def private_copies(sdfg: dace.SDFG, names, suffix: str = "") -> dict[str, str]:
+    """Descriptors of their own, under fresh names, for the data `names` of `sdfg`: old name -> new name.
+
+    For a pass that copies a piece of dataflow (a map's body, a state): data the copy shares with the
+    original is declared by DaCe once for both, where both can see it: outside a parallel map (one
+    variable for all its threads), or before the loop that defines its size."""
+    return {old: sdfg.add_datadesc(f"{old}{suffix}", copy.deepcopy(sdfg.arrays[old]), find_new_name=True)
+            for old in sorted(names)}

@@ -44,6 +44,7 @@ from dace.sdfg import propagation
 from returns.result import Success
 
 from gradflow.core.graph import Graph
+from gradflow.core.names import private_copies
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
@@ -193,11 +194,9 @@ def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep:
     exit_ = state.exit_node(entry)
     body = _elementwise(state, entry)
     twin = {n: copy.deepcopy(n) for n in [entry, exit_, *body]}
-    # The copy's scope-local data gets descriptors of its own: shared between maps, DaCe would declare it
-    # once outside them.
-    local = {n.data for n in body if isinstance(n, nd.AccessNode) and sdfg.arrays[n.data].transient}
-    renamed = {name: sdfg.add_datadesc(name, copy.deepcopy(sdfg.arrays[name]), find_new_name=True)
-               for name in sorted(local)}
+    # The copy's scope-local data gets descriptors of its own (shared, DaCe declares it outside both maps).
+    renamed = private_copies(sdfg, {n.data for n in body if isinstance(n, nd.AccessNode)
+                                    and sdfg.arrays[n.data].transient})
     for n in twin.values():
         if isinstance(n, nd.AccessNode) and n.data in renamed:
             n.data = renamed[n.data]

@@ -71,8 +71,8 @@ def make_sequential(state: dace.SDFGState, entry: nd.MapEntry) -> None:
 
 def _scope_local(sdfg: dace.SDFG, name: str) -> bool:
     """Every access to `name` in `sdfg` is inside some map."""
-    return all(parent.entry_node(n) is not None for n, parent in sdfg.all_nodes_recursive()
-               if isinstance(n, nd.AccessNode) and n.data == name and parent.sdfg is sdfg)
+    return all(state.entry_node(n) is not None for state in sdfg.states() for n in state.data_nodes()
+               if n.data == name)
 
 
 def _reduces_to_one_element(state: dace.SDFGState, entry: nd.MapEntry) -> bool:

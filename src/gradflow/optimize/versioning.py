@@ -28,6 +28,7 @@ from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from returns.result import Success
 
 from gradflow.core.graph import Graph
+from gradflow.core.names import private_copies
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.schedules import make_sequential, work
 
@@ -94,9 +95,7 @@ def _state_locals(state: dace.SDFGState) -> set[str]:
 
 def _rename(state: dace.SDFGState, names: set[str]) -> None:
     """Give the data `names` in `state` (a copy, already in its SDFG) descriptors of their own."""
-    sdfg = state.sdfg
-    fresh = {old: sdfg.add_datadesc(f"{old}_seq", copy.deepcopy(sdfg.arrays[old]), find_new_name=True)
-             for old in sorted(names)}
+    fresh = private_copies(state.sdfg, names, "_seq")
     for node in state.data_nodes():
         if node.data in fresh:
             node.data = fresh[node.data]

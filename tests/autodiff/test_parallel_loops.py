@@ -104,3 +104,43 @@ def test_loops_named_to_keep_stay_loops() -> None:
     kept = LoopsToMaps(keep={outer.label})(plain).unwrap()
     assert [r.label for r in _loops(kept.sdfg)] == [outer.label]
     assert any(isinstance(n, nd.MapEntry) for n, _ in kept.sdfg.all_nodes_recursive())
+
+
+def test_a_loop_body_written_as_several_statements_converts() -> None:
+    """softmax's `for j: P[i, j] = np.exp(X[i, j] - m); s += P[i, j]`: the frontend makes the body a chain
+    of states and reads P[i, j] back; merged and passed through a temporary, the loop is a map whose sum
+    into `s` is a write-conflict sum. The max loop (`m = max(m, X[i, j])`) carries m: it stays a loop."""
+    from gradflow.verify.corpus import loops
+
+    plain = Graph.of(loops.lp_softmax.to_sdfg())
+    mapped = LoopsToMaps()(plain).unwrap()
+    before, after = len(_loops(plain.sdfg)), len(_loops(mapped.sdfg))
+    assert after < before
+    assert any(r.loop_variable == "j" for r in _loops(mapped.sdfg))  # the max loop
+    sums = [e for e, _ in mapped.sdfg.all_edges_recursive()
+            if isinstance(e.data, dace.Memlet) and e.data.data == "s" and e.data.wcr is not None]
+    assert sums
+    rng = np.random.default_rng(3)
+    X, W = rng.standard_normal((4, 6)), rng.standard_normal((4, 6))
+    results = []
+    for graph in (plain, mapped):
+        P, S = np.zeros((4, 6)), np.zeros(1)
+        compile_sdfg(graph)(X=X, W=W, P=P, S=S, N=4, M=6)
+        results.append((P, S))
+    softmax = np.exp(X - X.max(axis=1, keepdims=True))
+    softmax /= softmax.sum(axis=1, keepdims=True)
+    for P, S in results:
+        np.testing.assert_allclose(P, softmax, rtol=1e-13)
+        np.testing.assert_allclose(S, [np.sum(softmax * W)], rtol=1e-13)
+
+
+def test_a_row_each_iteration_writes_before_reading_it_is_not_pushed() -> None:
+    """In lp_softmax's loop over rows, `P[i, :] = exp(..)` overwrites row i and only later operations of
+    the same iteration read it (`P[i, :] /= s`): the old row is never read, so only the division's
+    overwrite (whose reverse reads the exp values) is pushed. The gradient is checked against torch with
+    the corpus."""
+    from gradflow.verify.corpus import loops
+
+    graph = grad_graph(loops.lp_softmax.to_sdfg(), ["X"], "S")
+    row_tapes = [name for name in graph.sdfg.arrays if name.startswith("gradflow_tape_P")]
+    assert len(row_tapes) == 1, row_tapes

@@ -81,6 +81,23 @@ def _zeroed_products(g: Graph) -> int:
     return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
+def _sibling_sums(g: Graph) -> int:
+    from gradflow.optimize.sibling_sums import _pairs
+
+    return sum(len(_pairs(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
+def _two_outer_products() -> Graph:
+    """nb_atax's gradient with its first writes overwriting and its dead clears gone: grad_A gets one
+    map's write and a later map's sum."""
+    from gradflow.optimize.dead_stores import DropDeadStores
+    from gradflow.optimize.first_writes import OverwriteZeroedProducts
+    from tests.corpus import npbench
+
+    graph = Reverse(("A",), ("S",))(_normalized(npbench.nb_atax)).unwrap()
+    return DropDeadStores()(OverwriteZeroedProducts()(graph).unwrap()).unwrap()
+
+
 def _default_reductions(g: Graph) -> int:
     from gradflow.optimize.reductions import _candidates
 
@@ -172,6 +189,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
         _zeroed_products, ("> 0", 0)),
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
+    "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

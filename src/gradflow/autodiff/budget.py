@@ -128,7 +128,7 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
 
     stored = {(k[1], k[2]) for k in model.index if k[0] == "st"}
     for w, b in rev.overwrite_sites(accesses):
-        readers = [q for q in sites if (b, q.index) in stored and _precedes(q, w)]
+        readers = [q for q in sites if (b, q.index) in stored and rev.may_read_overwritten(q, w, b)]
         if not readers:
             continue
         key = ("u", w.index, b)
@@ -234,9 +234,3 @@ class ForwardingPlan:
 
     def __str__(self) -> str:
         return self.describe()
-
-
-def _precedes(q, w) -> bool:
-    from gradflow.autodiff.engine import may_precede
-
-    return may_precede(q, w)

@@ -102,6 +102,23 @@ class OpSite:
     def written_arrays(self) -> frozenset[str]:
         return frozenset(self.state.node(i).data for i in self.op.writes)
 
+    def read_subset(self, array: str) -> subsets.Range | None:
+        """The bounding box of what the operation reads of `array` (None when it cannot tell)."""
+        state = self.state
+        box = None
+        for i in self.op.reads:
+            node = state.node(i)
+            if node.data != array:
+                continue
+            for e in state.out_edges(node):
+                sub = e.data.get_src_subset(e, state) if not e.data.is_empty() else None
+                if sub is None:
+                    return None
+                box = sub if box is None else subsets.union(box, sub)
+                if not isinstance(box, subsets.Range):
+                    return None
+        return box
+
     def written_subset(self, array: str) -> subsets.Range:
         """The bounding box of what the operation writes to `array` (the whole array when it cannot tell)."""
         state = self.state

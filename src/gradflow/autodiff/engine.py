@@ -274,7 +274,7 @@ class Reversal:
         for p, array in self.overwrite_sites(accesses):
             if array in recomputed or p.index in self.tape_free:  # (a checkpointed loop stores snapshots)
                 continue
-            if not any(array in needs[q.index] and may_precede(q, p) for q in self.sites):
+            if not any(array in needs[q.index] and self.may_read_overwritten(q, p, array) for q in self.sites):
                 continue
             desc = self.sdfg.arrays[array]
             sub = p.written_subset(array)
@@ -282,6 +282,35 @@ class Reversal:
             self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
             self.pops.setdefault(p.index, []).append((array, stack, sub))
             self.stores[stack.array] = array
+
+    def may_read_overwritten(self, q: OpSite, p: OpSite, array: str) -> bool:
+        """Can operation q read, before p runs, what p overwrites of `array` (so that q's reverse, which
+        runs after p's, needs the old value restored)?"""
+        return may_precede(q, p) and not self._reads_other_iterations(q, p, array)
+
+    def _reads_other_iterations(self, q: OpSite, p: OpSite, array: str) -> bool:
+        """q never reads what p overwrites of `array` before p does: q follows p in the body of the one
+        counted loop around both, and in some dimension both touch exactly the element `var + c` of that
+        loop's variable (the same c), so q reads, in each iteration, only what p wrote in that iteration
+        (`P[i, j] = exp(..)` then `P[i, j] /= s` in `for i`: the old row i is never read)."""
+        common = [loop for loop in p.loops if any(loop is other for other in q.loops)]
+        if len(common) != 1 or q.index <= p.index:
+            return False
+        form = self.loops[id(common[0])].counted
+        if form is None:
+            return False
+        var = symbolic.pystr_to_symbolic(form.var)
+        written, read = p.written_subset(array), q.read_subset(array)
+        if read is None or len(read) != len(written):
+            return False
+        for (wb, we, _), (rb, re_, _) in zip(written, read):
+            wb, rb = symbolic.pystr_to_symbolic(str(wb)), symbolic.pystr_to_symbolic(str(rb))
+            if wb != we or rb != re_ or var not in getattr(wb, "free_symbols", ()):
+                continue
+            offset = sympy.simplify(wb - var)
+            if var not in offset.free_symbols and sympy.simplify(rb - wb) == 0:
+                return True
+        return False
 
     def record_regions(self, seq: Seq, loops: tuple, tables: ADTables, ctx: ReverseContext) -> None:
         """Let each region's control rule instrument the forward sweep, inner regions first."""

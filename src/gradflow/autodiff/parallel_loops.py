@@ -36,7 +36,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.propagation import propagate_memlets_sdfg
 from dace.sdfg.state import LoopRegion
 from dace.transformation.dataflow import AugAssignToWCR
-from dace.transformation.interstate import InlineSDFG, LoopToMap
+from dace.transformation.interstate import InlineSDFG, LoopToMap, StateFusion
 from returns.result import Success
 
 from gradflow.core.graph import Graph
@@ -97,6 +97,55 @@ def _eligible(loop: LoopRegion) -> bool:
                              outside))
 
 
+def _state_chain(loop: LoopRegion) -> bool:
+    return len(loop.nodes()) > 1 and all(isinstance(b, dace.SDFGState) for b in loop.nodes())
+
+
+def _fuse_body(loop: LoopRegion) -> None:
+    """Merge a loop body that is a chain of states into one state where DaCe's `StateFusion` can (the
+    frontend writes `P[i, j] = np.exp(X[i, j] - m); s += P[i, j]` as six states)."""
+    while _state_chain(loop):
+        first = loop.start_block
+        out = loop.out_edges(first)
+        if len(out) != 1 or out[0].data.assignments or not out[0].data.is_unconditional():
+            return
+        fusion = StateFusion()
+        fusion.setup_match(loop.sdfg, loop.cfg_id, -1, {StateFusion.first_state: loop.node_id(first),
+                                                         StateFusion.second_state: loop.node_id(out[0].dst)}, 0)
+        if not fusion.can_be_applied(loop, 0, loop.sdfg):
+            return
+        fusion.apply(loop, loop.sdfg)
+
+
+def _forward_written_elements(state: dace.SDFGState) -> None:
+    """Where a tasklet writes one element of an array and the same state then copies that element into a
+    one-element transient (`P[i, j] = e; s += P[i, j]`), the tasklet writes the transient and the array is
+    copied from it: the array then has no reader in the state. DaCe cannot inline the body of a
+    `LoopToMap` map back into the map otherwise (an output of a nested SDFG in a map must not be read
+    there)."""
+    for node in list(state.data_nodes()):
+        writes = state.in_edges(node)
+        if len(writes) != 1 or not isinstance(writes[0].src, nd.Tasklet):
+            continue
+        write = writes[0]
+        if write.data.wcr is not None or write.data.data != node.data or write.data.subset is None \
+                or write.data.subset.num_elements() != 1:
+            continue
+        reads = [r for r in state.out_edges(node)
+                 if isinstance(r.dst, nd.AccessNode) and r.data.data == node.data and r.data.wcr is None
+                 and r.dst.desc(state.sdfg).transient and r.dst.desc(state.sdfg).total_size == 1
+                 and r.data.src_subset == write.data.subset]
+        if len(reads) != 1 or state.out_degree(node) != 1:
+            continue
+        holder = reads[0].dst
+        one = dace.subsets.Range.from_array(holder.desc(state.sdfg))
+        state.remove_edge(write)
+        state.remove_edge(reads[0])
+        state.add_edge(write.src, write.src_conn, holder, None, dace.Memlet(data=holder.data, subset=one))
+        state.add_edge(holder, None, node, None,
+                       dace.Memlet(data=node.data, subset=write.data.subset, other_subset=one))
+
+
 def _to_map(sdfg: dace.SDFG, loop: LoopRegion) -> bool:
     """Apply `LoopToMap` to `loop` if DaCe finds its iterations independent."""
     region = loop.parent_graph
@@ -144,6 +193,10 @@ def _convert(program: dace.SDFG, skip: set[str] | frozenset[str]) -> tuple[dace.
         progress = False
         sdfg.reset_cfg_list()
         for loop in reversed(_loops(sdfg)):  # listed outer first: reversed, inner loops come first
+            if loop.label not in skip:
+                _fuse_body(loop)
+                if len(loop.nodes()) == 1 and isinstance(loop.nodes()[0], dace.SDFGState):
+                    _forward_written_elements(loop.nodes()[0])
             if loop.label in skip or not _eligible(loop):
                 continue
             before = {id(n) for n, _ in _nested(sdfg)}
@@ -177,7 +230,8 @@ class LoopsToMaps(Pass):
         # A loop becomes eligible only through an eligible loop inside it converting: without one to start
         # from, nothing converts (checked before the copy and the pattern matching, which `OPTIMIZE` would
         # otherwise spend on every differentiated program).
-        if not any(_eligible(loop) and loop.label not in self.keep for loop in _loops(graph.sdfg)):
+        if not any((_eligible(loop) or _state_chain(loop)) and loop.label not in self.keep
+                   for loop in _loops(graph.sdfg)):
             return Success(graph)
         # One loop at a time, its body inlined before the next: the loop around a converted one then has
         # a one-state body with no nested SDFG, which DaCe's analysis can convert in turn. A loop whose

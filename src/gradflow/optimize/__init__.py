@@ -20,13 +20,14 @@ from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.owned_sums import NestReductions
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scatter import OwnScatterWrites
+from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.schedules import ChooseSchedules
 from gradflow.optimize.versioning import VersionBySize
 
 #: The default optimization pipeline. `raise_convolutions` and `loops_to_maps` (AD normalization passes,
 #: `autodiff/idioms.py`, `autodiff/parallel_loops.py`) run first so that a program compiled forward only
 #: gets the same convolution nodes and maps as its gradient.
-OPTIMIZE = Pipeline((RaiseConvolutions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(), FuseMaps(),
+OPTIMIZE = Pipeline((RaiseConvolutions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(), MergeElementSums(), FuseMaps(),
                      OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize()))
 
 
@@ -35,5 +36,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FuseMaps", "LocalReductions", "NestReductions",
-           "OverwriteZeroedProducts", "OwnScatterWrites", "VersionBySize", "optimized"]
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FuseMaps", "LocalReductions", "MergeElementSums",
+           "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "VersionBySize", "optimized"]

@@ -29,7 +29,7 @@ from returns.result import Success
 
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.first_writes import _named_in_code, _touches
+from gradflow.optimize.first_writes import _named_in_code, touches
 
 
 #: lifetimes whose values outlive one call: a write may be read by the next
@@ -69,7 +69,7 @@ def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set
             graph = region.nx
             if block not in graph or any(nx.has_path(graph, s, block) for s in graph.successors(block)):
                 return True
-            if any(_touches(later, name) for later in nx.descendants(graph, block)):
+            if any(touches(later, name) for later in nx.descendants(graph, block)):
                 return True
         block = region
     return False

@@ -1,31 +1,37 @@
-"""`overwrite_zeroed_products`: a gradient buffer whose first writer is a matrix product is not zeroed.
+"""`overwrite_zeroed_products`: a gradient buffer whose first writer covers it is not zeroed.
 
 Reverse mode zeroes every gradient buffer before the backward sweep and lets each contribution add into
-it; a matrix product's contribution is a `Gemm` with beta = 1 (`C += A B`). When that Gemm is the first
-thing after the zeroing to touch the buffer and it covers all of it, the zeros are never needed: beta = 0
-(`C = A B`, which BLAS computes without reading C) gives the same buffer, and the zeroing map goes. The
-gradient of a convolution's unfolded input is such a buffer: 4.7 MB zeroed per backward call of a
-16-channel residual block.
+it. When the first thing after the zeroing to touch the buffer adds into all of it exactly once, the zeros
+are never needed:
+- a matrix product's contribution, a `Gemm` with beta = 1 (`C += A B`), gets beta = 0 (`C = A B`, which
+  BLAS computes without reading C): the gradient of a convolution's unfolded input, 4.7 MB zeroed per
+  backward call of a 16-channel residual block;
+- a map whose one tasklet adds into `g[p0, p1, ...]`, indexed by all its parameters, each once and over a
+  whole dimension (`ElementWrite`; an outer product's adjoint `gA[i, j] += u[i] v[j]`), writes instead.
+The zeroing map goes.
 
-Applies where the zeroing map (`a[...] = 0` over the whole array, no inputs) and the Gemm lie in one
-control-flow region whose blocks form a chain, the Gemm's state later in it; nothing in the states in
-between, the rest of the zeroing state, the Gemm's state or the interstate edges crossed touches the
-array, and the Gemm is its only writer there (a `_c` output covering it, no `_cin` input).
+Applies where the zeroing map (`a[...] = 0` over the whole array, no inputs) and the writer lie in one
+control-flow region whose blocks form a chain, the writer's state later in it; nothing in the states in
+between, the rest of the zeroing state, the writer's state or the interstate edges crossed touches the
+array, and the writer is its only one there (for a Gemm: a `_c` output covering it, no `_cin` input).
 """
 
 from __future__ import annotations
 
+import ast
 import re
-from typing import ClassVar, Iterator
+from typing import Callable, ClassVar, Iterator
 
 import attrs
 import dace
+import sympy
 from dace.libraries.blas.nodes.gemm import Gemm
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from returns.result import Success
 
 from gradflow.core.graph import Graph
+from gradflow.core.symbolic import reduction_type
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
@@ -50,7 +56,7 @@ def _zeroing(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode
             yield entry, outs[0].dst
 
 
-def _accesses(state: dace.SDFGState, name: str) -> list[nd.AccessNode]:
+def accesses(state: dace.SDFGState, name: str) -> list[nd.AccessNode]:
     return [n for n in state.data_nodes() if n.data == name]
 
 
@@ -68,29 +74,111 @@ def _named_in_code(block, name: str) -> bool:
     return False
 
 
-def _touches(block, name: str) -> bool:
+def touches(block, name: str) -> bool:
     if isinstance(block, dace.SDFGState):
-        return bool(_accesses(block, name))
+        return bool(accesses(block, name))
     return (any(isinstance(n, nd.AccessNode) and n.data == name for n, _ in block.all_nodes_recursive())
             or any(name in e.data.free_symbols for e in block.all_interstate_edges(recursive=True))
             or _named_in_code(block, name))
 
 
-def _first_gemm(state: dace.SDFGState, name: str) -> Gemm | None:
-    """The Gemm (beta 1, no `_cin`) that is the only writer of `name` in `state`, covering it, when no
-    node of `state` reads it."""
-    nodes = _accesses(state, name)
-    if len(nodes) != 1 or state.out_degree(nodes[0]) or state.in_degree(nodes[0]) != 1:
-        return None
-    edge = state.in_edges(nodes[0])[0]
+def _first_gemm(state: dace.SDFGState, edge) -> Callable[[], None] | None:
+    """Gemm (beta 1, no `_cin`) writing all of the buffer: make it overwrite (beta 0)."""
     gemm = edge.src
     if (not isinstance(gemm, Gemm) or edge.src_conn != "_c" or gemm.beta != 1 or "_cin" in gemm.in_connectors
             or not _covers(state.sdfg, edge.data)):
         return None
-    return gemm
+    return lambda: setattr(gemm, "beta", 0)
 
 
-def _chain(region: ControlFlowRegion) -> list | None:
+def _assigns(tasklet: nd.Tasklet, connector: str) -> bool:
+    """The tasklet's Python code assigns `connector` in a statement of its own, not under a condition."""
+    if tasklet.code.language != dace.Language.Python:
+        return False
+    return any(isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == connector
+                                                    for t in stmt.targets)
+               for stmt in tasklet.code.code)
+
+
+@attrs.frozen
+class ElementWrite:
+    """A top-level map whose one tasklet writes `data[p0, p1, ...]` of a whole array, one dimension per
+    parameter of its enclosing maps (each once, each over a whole dimension): every element is written by
+    exactly one iteration."""
+
+    tasklet: nd.Tasklet
+    leaf: object  # the tasklet's edge into the map exit
+    edges: tuple  # every edge of the write's memlet tree, the outer one first
+    params: tuple[str, ...]  # the parameter indexing each dimension
+    wcr: str | None
+
+
+def element_write(state: dace.SDFGState, edge) -> ElementWrite | None:
+    """The `ElementWrite` behind `edge` (a map exit into an access node), or None. A sum must be the only
+    write-conflict resolution; the tasklet's Python code must assign the connector unconditionally."""
+    if not isinstance(edge.src, nd.MapExit) or edge.data.dynamic:
+        return None
+    if state.entry_node(state.entry_node(edge.src)) is not None:  # (an exit's scope is its own map)
+        return None
+    if edge.data.wcr is not None and reduction_type(edge.data.wcr) != dace.dtypes.ReductionType.Sum:
+        return None
+    tree = state.memlet_tree(edge)
+    leaves = tree.leaves()
+    if len(leaves) != 1:
+        return None
+    leaf = leaves[0]
+    tasklet = leaf.src
+    if not isinstance(tasklet, nd.Tasklet) or leaf.data.dynamic or not _assigns(tasklet, leaf.src_conn):
+        return None
+    ranges = {}
+    scope = state.entry_node(tasklet)
+    while scope is not None:
+        ranges.update({str(p): r for p, r in zip(scope.map.params, scope.map.range)})
+        scope = state.entry_node(scope)
+    shape = state.sdfg.arrays[edge.data.data].shape
+    subset = leaf.data.subset
+    if subset is None or len(subset) != len(shape):
+        return None
+    used = []
+    for (begin, end, _), size in zip(subset, shape):
+        param = str(begin)
+        if begin != end or param not in ranges or param in used:
+            return None
+        low, high, stride = ranges[param]
+        if stride != 1 or sympy.simplify(low) != 0 or sympy.simplify(high - (size - 1)) != 0:
+            return None
+        used.append(param)
+    if set(used) != set(ranges) or not _covers(state.sdfg, dace.Memlet(data=edge.data.data,
+                                                                          subset=edge.data.subset)):
+        return None
+    edges = tuple(node.edge for node in tree.traverse_children(include_self=True))
+    return ElementWrite(tasklet, leaf, edges, tuple(used), edge.data.wcr)
+
+
+def _each_element_once(state: dace.SDFGState, edge) -> Callable[[], None] | None:
+    """A map adding into each element of the buffer once (`ElementWrite`): on a zeroed buffer the
+    addition can be a plain write."""
+    write = element_write(state, edge)
+    if write is None or write.wcr is None:
+        return None
+
+    def overwrite() -> None:
+        for e in write.edges:
+            e.data.wcr = None
+    return overwrite
+
+
+def _first_writer(state: dace.SDFGState, name: str) -> Callable[[], None] | None:
+    """How to make the only writer of `name` in `state` overwrite it, when it covers it and no node of
+    `state` reads it; None when it does not qualify."""
+    nodes = accesses(state, name)
+    if len(nodes) != 1 or state.out_degree(nodes[0]) or state.in_degree(nodes[0]) != 1:
+        return None
+    edge = state.in_edges(nodes[0])[0]
+    return _first_gemm(state, edge) or _each_element_once(state, edge)
+
+
+def chain_of(region: ControlFlowRegion) -> list | None:
     """The blocks of `region` in order when they form a chain, else None."""
     start = region.start_block
     order, block = [start], start
@@ -104,12 +192,12 @@ def _chain(region: ControlFlowRegion) -> list | None:
     return order if len(order) == len(region.nodes()) else None
 
 
-def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.AccessNode, Gemm]]:
+def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.AccessNode, Callable[[], None]]]:
     found = []
     for region in sdfg.all_control_flow_regions():
         if not isinstance(region, ControlFlowRegion) or not region.nodes():
             continue
-        order = _chain(region)
+        order = chain_of(region)
         if order is None:
             continue
         for k, block in enumerate(order):
@@ -117,17 +205,17 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.A
                 continue
             for entry, target in _zeroing(block):
                 name = target.data
-                if len(_accesses(block, name)) != 1 or block.out_degree(target):
+                if len(accesses(block, name)) != 1 or block.out_degree(target):
                     continue
                 for j in range(k + 1, len(order)):
                     edge = region.in_edges(order[j])[0]
                     if name in edge.data.free_symbols:
                         break
-                    if _touches(order[j], name):
+                    if touches(order[j], name):
                         if isinstance(order[j], dace.SDFGState):
-                            gemm = _first_gemm(order[j], name)
-                            if gemm is not None:
-                                found.append((block, entry, target, gemm))
+                            writer = _first_writer(order[j], name)
+                            if writer is not None:
+                                found.append((block, entry, target, writer))
                         break
     return found
 
@@ -135,8 +223,8 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.A
 @register_pass
 @attrs.frozen
 class OverwriteZeroedProducts(Pass):
-    """A zeroed buffer whose first writer is a covering Gemm (beta 1): beta 0, no zeroing (see the module
-    docstring)."""
+    """A zeroed buffer whose first writer covers it (a Gemm with beta 1, a map adding into each element
+    once) overwrites it instead, and is not zeroed (see the module docstring)."""
 
     name: ClassVar[str] = "overwrite_zeroed_products"
 
@@ -145,8 +233,8 @@ class OverwriteZeroedProducts(Pass):
             return Success(graph)
         sdfg = graph.editable()
         for sub in sdfg.all_sdfgs_recursive():
-            for state, entry, target, gemm in _candidates(sub):
-                gemm.beta = 0
+            for state, entry, target, overwrite in _candidates(sub):
+                overwrite()
                 scope = state.scope_subgraph(entry, include_entry=True, include_exit=True).nodes()
                 state.remove_nodes_from([*scope, target])
         return Success(Graph.adopt(sdfg, graph.meta))

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 MARKER = "BUILT"
 #: version of the marker's record; a marker of another version is treated as a mismatch
-MARKER_FORMAT = 1
+MARKER_FORMAT = 2  # 2: records the entry point's parameter names (`arguments`)
 
 _LOADED: dict[str, CompiledSDFG] = {}  # memo: entry folder -> loaded program
 _LOCK = threading.Lock()
@@ -185,9 +185,50 @@ def _problem(folder: Path, key: str, record: object, sdfg: dace.SDFG) -> str | N
             return f"lacks {rel}"
         if _sha256(path) != expected:
             return f"holds a {rel} that differs from the one built (truncated or overwritten)"
-    if record.get("signature") != _signature(sdfg):
+    return None
+
+
+def _problem_calling(record: dict, private: dace.SDFG | None) -> str | None:
+    if private is None or record.get("signature") != _signature(private):
         return "was built for another calling convention"
     return None
+
+
+def _entry_parameters(folder: Path, sdfg: dace.SDFG) -> list[str]:
+    """The parameter names of the built program's entry point, read from its generated C++.
+
+    They can differ from `sdfg.arglist()`: DaCe generates code from the SDFG with its library nodes
+    expanded, and a symbol that only a library node's memlets use (`N` of `np.sum(A, axis=1)` for an
+    `A[N, M]`) is a parameter there but not an argument of the SDFG as given, which would shift every
+    later argument of the call."""
+    entry = f"__program_{sdfg.name}("
+    for source in sorted((folder / "src" / "cpu").glob("*.cpp")):
+        text = source.read_text()
+        at = text.find("DACE_EXPORTED void " + entry)
+        if at >= 0:
+            params = text[at + len("DACE_EXPORTED void " + entry):text.index(")", at)].split(",")
+            return [p.strip().split()[-1].lstrip("*&") for p in params[1:]]  # the first is the state
+    raise CompilationError(f"the build of SDFG '{sdfg.name}' in {folder} has no entry point {entry}...)")
+
+
+def _calling(sdfg: dace.SDFG, parameters: object) -> dace.SDFG | None:
+    """`sdfg` (a private copy) made to pass exactly `parameters`, in that order, where its own argument
+    list differs (see `_entry_parameters`); None where a parameter is none of its data or symbols."""
+    if not isinstance(parameters, list):
+        return None
+    own = sdfg.arglist()
+    if list(own) == parameters:
+        return sdfg
+    known = {**{n: d for n, d in sdfg.arrays.items() if not d.transient},
+             **{n: dace.data.Scalar(t) for n, t in sdfg.symbols.items()}}
+    if not all(isinstance(p, str) and p in known for p in parameters):
+        return None
+    fixed = {p: known[p] for p in parameters}
+    # an instance attribute of this private copy: DaCe's CompiledSDFG and gradflow's call plans read the
+    # calling convention from `arglist()`
+    sdfg.arglist = lambda scalars_only=False, free_symbols=None: dict(  # type: ignore[method-assign]
+        (n, d) for n, d in fixed.items() if not scalars_only or isinstance(d, dace.data.Scalar))
+    return sdfg
 
 
 def _load(folder: Path, key: str, sdfg: dace.SDFG) -> CompiledSDFG | None:
@@ -203,10 +244,12 @@ def _load(folder: Path, key: str, sdfg: dace.SDFG) -> CompiledSDFG | None:
         record, problem = None, f"has an unreadable {MARKER} marker ({exc})"
     else:
         problem = _problem(folder, key, record, sdfg)
+        if problem is None:
+            # a shallow copy (the loaded program only reads its SDFG) that says where the build lives,
+            # carries the name the library's entry points were built under and passes their parameters
+            private = _calling(copy.copy(sdfg), record.get("arguments"))
+            problem = _problem_calling(record, private)
     if problem is None:
-        # a shallow copy (the loaded program only reads its SDFG) that says where the build lives and
-        # carries the name the library's entry points were built under
-        private = copy.copy(sdfg)
         private.name = record["name"]
         private.build_folder = str(folder)
         library = folder / record["library"]
@@ -231,9 +274,14 @@ def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
     start = time.perf_counter()
     _build(private, staging)
     library, stub = _libraries(staging)
+    arguments = _entry_parameters(staging, private)
+    calling = _calling(private, arguments)
+    if calling is None:
+        raise CompilationError(f"the build of SDFG '{sdfg.name}' takes parameters {arguments}, which are not "
+                               "all its data and symbols")
     record = {
         "format": MARKER_FORMAT, "key": key, "name": library.name[3:].rsplit(".", 1)[0],
-        "library": str(library.relative_to(staging)), "signature": _signature(private),
+        "library": str(library.relative_to(staging)), "signature": _signature(calling), "arguments": arguments,
         "files": {str(p.relative_to(staging)): _sha256(p) for p in (library, stub)},
     }
     (staging / f"{MARKER}.tmp").write_text(json.dumps(record, indent=1))

@@ -209,7 +209,7 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.A
                     continue
                 for j in range(k + 1, len(order)):
                     edge = region.in_edges(order[j])[0]
-                    if name in edge.data.free_symbols:
+                    if name in edge.data.free_symbols or not edge.data.is_unconditional():
                         break
                     if touches(order[j], name):
                         if isinstance(order[j], dace.SDFGState):

@@ -95,7 +95,8 @@ def _earlier(region, order: list, j: int, name: str) -> _Single | None:
     to position j."""
     between = []
     for k in range(j - 1, -1, -1):
-        if region.in_edges(order[k + 1])[0].data.assignments:
+        crossed = region.in_edges(order[k + 1])[0].data
+        if crossed.assignments or not crossed.is_unconditional():
             return None
         if touches(order[k], name):
             if not isinstance(order[k], dace.SDFGState):

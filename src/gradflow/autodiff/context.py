@@ -102,16 +102,19 @@ class OpSite:
     def written_arrays(self) -> frozenset[str]:
         return frozenset(self.state.node(i).data for i in self.op.writes)
 
-    def read_subset(self, array: str) -> subsets.Range | None:
-        """The bounding box of what the operation reads of `array` (None when it cannot tell)."""
+    def _box(self, array: str, reads: bool) -> subsets.Range | None:
+        """The bounding box of the subsets of `array` the operation reads (or writes); None when some
+        edge cannot tell, or when it touches none of it."""
         state = self.state
         box = None
-        for i in self.op.reads:
+        for i in self.op.reads if reads else self.op.writes:
             node = state.node(i)
             if node.data != array:
                 continue
-            for e in state.out_edges(node):
-                sub = e.data.get_src_subset(e, state) if not e.data.is_empty() else None
+            for e in state.out_edges(node) if reads else state.in_edges(node):
+                if e.data.is_empty():
+                    return None
+                sub = e.data.get_src_subset(e, state) if reads else e.data.get_dst_subset(e, state)
                 if sub is None:
                     return None
                 box = sub if box is None else subsets.union(box, sub)
@@ -119,20 +122,11 @@ class OpSite:
                     return None
         return box
 
+    def read_subset(self, array: str) -> subsets.Range | None:
+        """The bounding box of what the operation reads of `array` (None when it cannot tell)."""
+        return self._box(array, reads=True)
+
     def written_subset(self, array: str) -> subsets.Range:
         """The bounding box of what the operation writes to `array` (the whole array when it cannot tell)."""
-        state = self.state
-        whole = subsets.Range.from_array(state.sdfg.arrays[array])
-        box = None
-        for i in self.op.writes:
-            node = state.node(i)
-            if node.data != array:
-                continue
-            for e in state.in_edges(node):
-                sub = e.data.get_dst_subset(e, state) if not e.data.is_empty() else None
-                if sub is None:
-                    return whole
-                box = sub if box is None else subsets.union(box, sub)
-                if not isinstance(box, subsets.Range):
-                    return whole
-        return box if box is not None else whole
+        box = self._box(array, reads=False)
+        return box if box is not None else subsets.Range.from_array(self.state.sdfg.arrays[array])

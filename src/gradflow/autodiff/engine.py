@@ -303,8 +303,8 @@ class Reversal:
         written, read = p.written_subset(array), q.read_subset(array)
         if read is None or len(read) != len(written):
             return False
-        for (wb, we, _), (rb, re_, _) in zip(written, read):
-            wb, rb = symbolic.pystr_to_symbolic(str(wb)), symbolic.pystr_to_symbolic(str(rb))
+        for w_range, r_range in zip(written, read):
+            wb, we, rb, re_ = (symbolic.pystr_to_symbolic(str(x)) for x in (*w_range[:2], *r_range[:2]))
             if wb != we or rb != re_ or var not in getattr(wb, "free_symbols", ()):
                 continue
             offset = sympy.simplify(wb - var)

@@ -208,7 +208,7 @@ def _entry_parameters(folder: Path, sdfg: dace.SDFG) -> list[str]:
         if at >= 0:
             params = text[at + len("DACE_EXPORTED void " + entry):text.index(")", at)].split(",")
             return [p.strip().split()[-1].lstrip("*&") for p in params[1:]]  # the first is the state
-    raise CompilationError(f"the build of SDFG '{sdfg.name}' in {folder} has no entry point {entry}...)")
+    raise CompilationError(f"the build of SDFG '{sdfg.name}' in {folder} has no entry point {entry}...")
 
 
 def _calling(sdfg: dace.SDFG, parameters: object) -> dace.SDFG | None:

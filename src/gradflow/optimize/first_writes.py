@@ -35,9 +35,15 @@ from gradflow.core.symbolic import reduction_type
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
-def _covers(sdfg: dace.SDFG, memlet: dace.Memlet) -> bool:
+def _whole(sdfg: dace.SDFG, memlet: dace.Memlet) -> bool:
+    """The memlet's subset covers its whole array."""
     whole = dace.subsets.Range.from_array(sdfg.arrays[memlet.data])
-    return memlet.subset is not None and memlet.subset.covers(whole) and memlet.wcr is None
+    return memlet.subset is not None and memlet.subset.covers(whole)
+
+
+def _covers(sdfg: dace.SDFG, memlet: dace.Memlet) -> bool:
+    """A plain write (no write-conflict resolution) of the whole array."""
+    return _whole(sdfg, memlet) and memlet.wcr is None
 
 
 def _zeroing(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode]]:
@@ -148,8 +154,7 @@ def element_write(state: dace.SDFGState, edge) -> ElementWrite | None:
         if stride != 1 or sympy.simplify(low) != 0 or sympy.simplify(high - (size - 1)) != 0:
             return None
         used.append(param)
-    if set(used) != set(ranges) or not _covers(state.sdfg, dace.Memlet(data=edge.data.data,
-                                                                          subset=edge.data.subset)):
+    if set(used) != set(ranges) or not _whole(state.sdfg, edge.data):
         return None
     edges = tuple(node.edge for node in tree.traverse_children(include_self=True))
     return ElementWrite(tasklet, leaf, edges, tuple(used), edge.data.wcr)

@@ -40,24 +40,27 @@ class _Single:
     write: ElementWrite
 
 
-def _single(state: dace.SDFGState, name: str) -> _Single | None:
-    nodes = accesses(state, name)
+def _single(state: dace.SDFGState) -> _Single | None:
     entries = [n for n in state.nodes() if isinstance(n, nd.MapEntry) and state.entry_node(n) is None]
-    if len(nodes) != 1 or len(entries) != 1 or state.out_degree(nodes[0]) or state.in_degree(nodes[0]) != 1:
+    if len(entries) != 1:
         return None
     entry, exit_ = entries[0], state.exit_node(entries[0])
     top = [n for n in state.nodes() if state.entry_node(n) is None and n is not entry and n is not exit_]
     body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
     if not all(isinstance(n, nd.AccessNode) for n in top) or len(body) != 1 or state.out_degree(exit_) != 1:
         return None
-    write = element_write(state, state.in_edges(nodes[0])[0])
+    target = state.out_edges(exit_)[0].dst
+    nodes = accesses(state, target.data) if isinstance(target, nd.AccessNode) else []
+    if len(nodes) != 1 or state.out_degree(target) or state.in_degree(target) != 1:
+        return None
+    write = element_write(state, state.in_edges(target)[0])
     if write is None or write.tasklet is not body[0] or write.tasklet.language != dace.Language.Python:
         return None
     params = set(entry.map.params)
     code = write.tasklet.code.as_string
     if any(re.search(rf"\b{re.escape(p)}\b", code) for p in params):
         return None
-    return _Single(state, entry, nodes[0], write)
+    return _Single(state, entry, target, write)
 
 
 def _reads(single: _Single) -> set[str]:
@@ -80,13 +83,13 @@ def _pairs(sdfg: dace.SDFG) -> list[tuple[_Single, _Single]]:
         for j, block in enumerate(order):
             if not isinstance(block, dace.SDFGState):
                 continue
-            for node in block.data_nodes():
-                later = _single(block, node.data)
-                if later is None or later.write.wcr is None:
-                    continue
-                earlier = _earlier(region, order, j, node.data)
-                if earlier is not None and node.data not in _reads(earlier):
-                    found.append((earlier, later))
+            later = _single(block)
+            if later is None or later.write.wcr is None:
+                continue
+            name = later.target.data
+            earlier = _earlier(region, order, j, name)
+            if earlier is not None and name not in _reads(earlier):
+                found.append((earlier, later))
     return found
 
 
@@ -101,8 +104,8 @@ def _earlier(region, order: list, j: int, name: str) -> _Single | None:
         if touches(order[k], name):
             if not isinstance(order[k], dace.SDFGState):
                 return None
-            single = _single(order[k], name)
-            if single is None or any(_writes_any(b, _reads(single)) for b in between):
+            single = _single(order[k])
+            if single is None or single.target.data != name or any(_writes_any(b, _reads(single)) for b in between):
                 return None
             return single
         between.append(order[k])

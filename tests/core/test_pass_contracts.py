@@ -98,6 +98,46 @@ def _two_outer_products() -> Graph:
     return DropDeadStores()(OverwriteZeroedProducts()(graph).unwrap()).unwrap()
 
 
+def _product_alphas(g: Graph) -> list:
+    from dace.libraries.blas import MatMul
+
+    return sorted(n.alpha for n, _ in g.sdfg.all_nodes_recursive() if isinstance(n, MatMul))
+
+
+def _broadcasts(g: Graph) -> int:
+    from gradflow.optimize.broadcasts import _candidates
+
+    return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
+def _sum_gradient() -> Graph:
+    """nb_go_fast's gradient, its first writes overwriting and its dead clears gone (as `OPTIMIZE` has them
+    before `forward_broadcasts`): the reverse of its final `np.sum` spreads the sum's gradient over a
+    matrix that the next reverse map reads."""
+    from gradflow.optimize.dead_stores import DropDeadStores
+    from gradflow.optimize.first_writes import OverwriteZeroedProducts
+    from tests.corpus import npbench
+
+    graph = Reverse(("a",), ("S",))(_normalized(npbench.nb_go_fast)).unwrap()
+    return DropDeadStores()(OverwriteZeroedProducts()(graph).unwrap()).unwrap()
+
+
+def _row_products(g: Graph) -> int:
+    from gradflow.autodiff.row_products import _candidates
+
+    return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
+def _npbench_unviewed(name: str) -> Callable[[], Graph]:
+    def build() -> Graph:
+        from gradflow.autodiff.views import RemoveViews
+        from tests.corpus import npbench
+
+        return RemoveViews()(Graph.of(getattr(npbench, name).to_sdfg())).unwrap()
+
+    return build
+
+
 def _default_reductions(g: Graph) -> int:
     from gradflow.optimize.reductions import _candidates
 
@@ -170,6 +210,9 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "remove_views": (lambda: Graph.of(dataflow.df_strided.to_sdfg()), None, _views, ("> 0", 0)),
     "expand_library_nodes": (lambda: Graph.of(dataflow.df_lib_sum.to_sdfg()),
                              ExpandLibraryNodes(RuleTable("library")), _libraries, ("> 0", 0)),
+    "fold_product_scales": (lambda: Graph.of(_npbench_unviewed("nb_gesummv")()), None, _product_alphas,
+                            ([1, 1], [1.2, 1.5])),
+    "hoist_row_products": (_npbench_unviewed("nb_covariance"), None, _row_products, (1, 0)),
     "lower_indirection": (lambda: Graph.of(dataflow.df_gather.to_sdfg()), None, _data_symbols, ("> 0", 0)),
     "complete_conditional_writes": (lambda: Graph.of(dataflow.df_masked_assign.to_sdfg()), None,
                                     _conditional_writes, ("> 0", 0)),
@@ -190,6 +233,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
     "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),
+    "forward_broadcasts": (_sum_gradient, None, _broadcasts, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

@@ -13,6 +13,8 @@
   (then `simplify` inlines the nested SDFGs that expansions create, and the views those make are removed
   as `remove_views` does; before the expansions, since an expansion bakes its operands' layouts into the
   nested SDFG it makes);
+- `fold_product_scales` (`optimize/product_scales.py`): `(c * A) @ x` reads `A` with the product's
+  `alpha` times `c`, so no scaled copy of `A` is made (nor its gradient);
 - `lower_indirection` (`indirection.py`): accesses through index arrays become tasklets that index
   whole-array memlets;
 - `complete_conditional_writes` (`conditional_writes.py`): a tasklet output assigned on some paths only
@@ -200,13 +202,15 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
     from gradflow.autodiff.jumps import LowerBreaks
     from gradflow.autodiff.lifting import LiftControlFlow
     from gradflow.autodiff.parallel_loops import LoopsToMaps
+    from gradflow.autodiff.row_products import HoistRowProducts
     from gradflow.autodiff.shapes import BoundTransientShapes
     from gradflow.autodiff.views import RemoveViews
     from gradflow.optimize.fusion import FuseMaps
+    from gradflow.optimize.product_scales import FoldProductScales
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
-    return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, LowerIndirection(),
-                     CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(),
+    return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, FoldProductScales(),
+                     HoistRowProducts(), LowerIndirection(), CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(),
                      CollapseMaps(), SplitOperations()))
 
 

@@ -12,22 +12,27 @@ from typing import Any
 
 from gradflow.autodiff.idioms import RaiseConvolutions
 from gradflow.autodiff.parallel_loops import LoopsToMaps
+from gradflow.autodiff.row_products import HoistRowProducts
+from gradflow.autodiff.views import RemoveViews
+from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.first_writes import OverwriteZeroedProducts
 from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.owned_sums import NestReductions
+from gradflow.optimize.product_scales import FoldProductScales
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.schedules import ChooseSchedules
 from gradflow.optimize.versioning import VersionBySize
 
-#: The default optimization pipeline. `raise_convolutions` and `loops_to_maps` (AD normalization passes,
-#: `autodiff/idioms.py`, `autodiff/parallel_loops.py`) run first so that a program compiled forward only
-#: gets the same convolution nodes and maps as its gradient.
-OPTIMIZE = Pipeline((RaiseConvolutions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(), MergeElementSums(), FuseMaps(),
+#: The default optimization pipeline. Its first five passes are AD normalization passes too (a no-op on
+#: a differentiated program, which went through them): a program compiled forward only gets the same
+#: convolution nodes, products and maps as its gradient.
+OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(), LoopsToMaps(),
+                     OverwriteZeroedProducts(), DropDeadStores(), ForwardBroadcasts(), MergeElementSums(), FuseMaps(),
                      OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize()))
 
 
@@ -36,5 +41,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FuseMaps", "LocalReductions", "MergeElementSums",
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "HoistRowProducts", "FuseMaps", "LocalReductions", "MergeElementSums",
            "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "VersionBySize", "optimized"]

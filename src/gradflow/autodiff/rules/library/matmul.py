@@ -24,7 +24,7 @@ from gradflow.autodiff.rules.library._common import (
     Operand, accumulates, bilinear_needs, clear, disjoint, element, node_of, operands, ranges_over, where,
 )
 from gradflow.autodiff.rules.library._contract import Term, contract
-from gradflow.autodiff.rules.library._factors import Product, layout_issue, product_of
+from gradflow.autodiff.rules.library._factors import Factor, Product, layout_issue, product_of
 from gradflow.core.errors import NotDifferentiableError
 
 #: Input connectors (first, second) and the output connector of each node class.
@@ -72,6 +72,27 @@ def _product(site: OpSite) -> Product:
     return product
 
 
+def _gram(product: Product) -> bool:
+    """`X^T X` or `X X^T`: both factors are one operand, summed over the same dimension. Its gradient
+    `X (G + G^T)` (or `(G + G^T) X`) is one product where the general rule makes two."""
+    x, y = product.x, product.y
+    return (product.kind == "gemm" and x.op.array == y.op.array and str(x.op.subset) == str(y.op.subset)
+            and x.dims == y.dims and product.oi == "ij" and (product.xi, product.yi) in (("ki", "kj"), ("ik", "jk")))
+
+
+def _symmetrized(ctx: ReverseContext, label: str, out: Term) -> Term:
+    """`G + G^T` of the output's gradient `G` (square), in a new transient, as a factor lettered like `G`."""
+    n = out.factor.sizes()[0]
+    name, _ = ctx.sdfg.add_array(f"gradflow_t_{label}_sym", [n, n], ctx.sdfg.arrays[out.array].dtype, transient=True,
+                                 find_new_name=True)
+    add_element_tasklet(ctx.new_state(f"reverse_{label}_sym"), f"sym_{label}", {"__s0": f"0:{n}", "__s1": f"0:{n}"},
+                        {"__a": dace.Memlet(out.at({"i": "__s0", "j": "__s1"})),
+                         "__b": dace.Memlet(out.at({"i": "__s1", "j": "__s0"}))},
+                        "__o = __a + __b", {"__o": dace.Memlet(f"{name}[__s0, __s1]")})
+    whole = Operand("_c", name, dace.subsets.Range.from_array(ctx.sdfg.arrays[name]))
+    return Term(name, Factor(whole, (0, 1)), out.letters)
+
+
 @library_rule("MatMul", "Gemm", "Gemv", "Dot")
 class ProductReverse:
     """Reverse of a matrix or vector product on any subsets (module doc)."""
@@ -97,6 +118,10 @@ class ProductReverse:
             x = Term(ctx.value_of(site.index, product.x.op.array), product.x, product.xi)
             y = Term(ctx.value_of(site.index, product.y.op.array), product.y, product.yi)
             gx, gy = ctx.grad_of(x.factor.op.array), ctx.grad_of(y.factor.op.array)
+            if gx and _gram(product):
+                both = _symmetrized(ctx, label, out)
+                contract(ctx, f"{label}_g{x.factor.op.conn}", Term(gx, x.factor, x.letters), both, y, alpha)
+                gx = gy = None
             if gx:
                 contract(ctx, f"{label}_g{x.factor.op.conn}", Term(gx, x.factor, x.letters), out, y, alpha)
             if gy:

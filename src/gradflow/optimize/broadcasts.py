@@ -1,0 +1,215 @@
+"""`forward_broadcasts`: reads of an array that only repeats another one's elements read those instead.
+
+The reverse of a sum (`S = np.sum(x)`, or over some axes) spreads the sum's gradient over the summed array:
+a map writing `g_x[i, j] = g_S[0]` (or `g_s[i]` for a sum over rows), read by the next operation's
+reverse map. The broadcast is a full write of `g_x` and a full read of it, where the value is one scalar
+(or one vector); every NPBench kernel ends with such a sum. XLA and torch fuse it away; here, the reader
+reads `g_S[0]` itself and the broadcast goes.
+
+A broadcast is a top-level map whose one tasklet copies (`out = in`) `s[f(p)]`, one element of another
+array chosen by the map's parameters `p`, into `t[p]`, over the whole of `t`. It is forwarded when `t` is a
+transient that nothing but this map writes, and whose every other access node reads it in a state later
+in the same chain of blocks (`first_writes.chain_of`), each reaching only tasklets, one element each, and
+nothing on the way (the blocks in between, the interstate edges crossed, the reading states) writes `s`
+or `t`. Each read `t[e]` becomes `s[f(e)]`; the map and `t` go.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import ClassVar
+
+import attrs
+import dace
+import sympy
+from dace import subsets
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import ControlFlowRegion
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.optimize.first_writes import _named_in_code, accesses, chain_of, touches
+from gradflow.optimize.product_scales import indexes_whole
+
+#: lifetimes whose values outlive one call (a later call may read them)
+_KEPT = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
+         dace.dtypes.AllocationLifetime.External)
+
+
+@attrs.frozen
+class Broadcast:
+    """`target` (array `t`) written as `t[p] = source[index(p)]` by the map `entry` of `state`, read by
+    `readers` (state, access node) later."""
+
+    state: dace.SDFGState
+    entry: nd.MapEntry
+    target: nd.AccessNode
+    source: str
+    index: tuple[sympy.Expr, ...]
+    params: tuple[str, ...]
+    readers: tuple[tuple[dace.SDFGState, nd.AccessNode], ...]
+
+
+def _is_copy(tasklet: nd.Tasklet, inp: str, out: str) -> bool:
+    if tasklet.language != dace.dtypes.Language.Python:
+        return False
+    try:
+        body = ast.parse(tasklet.code.as_string).body
+    except SyntaxError:
+        return False
+    return (len(body) == 1 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
+            and isinstance(body[0].targets[0], ast.Name) and body[0].targets[0].id == out
+            and isinstance(body[0].value, ast.Name) and body[0].value.id == inp)
+
+
+def _element(subset) -> tuple[sympy.Expr, ...] | None:
+    """The index of a one-element subset, else None."""
+    if any(begin != end for begin, end, _ in subset.ndrange()):
+        return None
+    return tuple(sympy.sympify(begin) for begin, _, _ in subset.ndrange())
+
+
+def _producers(state: dace.SDFGState):
+    """(map entry, target access node, source array, source index) of the broadcasts in `state`."""
+    sdfg = state.sdfg
+    for entry in state.nodes():
+        if not isinstance(entry, nd.MapEntry) or state.entry_node(entry) is not None or state.in_degree(entry) != 1:
+            continue
+        body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
+        outs = state.out_edges(state.exit_node(entry))
+        if len(body) != 1 or not isinstance(body[0], nd.Tasklet) or len(outs) != 1:
+            continue
+        tasklet, target = body[0], outs[0].dst
+        ins, writes = state.in_edges(tasklet), state.out_edges(tasklet)
+        if (len(ins) != 1 or len(writes) != 1 or not isinstance(target, nd.AccessNode) or outs[0].data.wcr
+                or writes[0].data.wcr or not _is_copy(tasklet, ins[0].dst_conn, writes[0].src_conn)):
+            continue
+        source = ins[0].data.data
+        index = _element(ins[0].data.subset) if source is not None else None
+        params = set(entry.map.params)
+        if (index is None or source == target.data
+                or not {str(x) for i in index for x in sympy.sympify(i).free_symbols} <= params
+                or not indexes_whole(sdfg, entry, target.data, writes[0].data.subset)):
+            continue
+        yield entry, target, source, index
+
+
+def _writes(state: dace.SDFGState, name: str) -> bool:
+    return any(state.in_degree(n) for n in accesses(state, name))
+
+
+def _reads_elements(state: dace.SDFGState, node: nd.AccessNode) -> bool:
+    """Every path out of `node` ends in a tasklet reading one element."""
+    for edge in state.out_edges(node):
+        if not isinstance(edge.dst, (nd.MapEntry, nd.Tasklet)):
+            return False
+        for leaf in state.memlet_tree(edge).leaves():
+            if not isinstance(leaf.dst, nd.Tasklet) or _element(leaf.data.subset) is None:
+                return False
+    return True
+
+
+def _readers(order: list, k: int, region: ControlFlowRegion, name: str, source: str):
+    """The access nodes of `name` in the blocks after `order[k]`, up to the first block that writes `name`
+    or `source` (or whose incoming edge is conditional or names either); None if one of them does anything
+    but read one element per tasklet."""
+    found = []
+    for block in order[k + 1:]:
+        edge = region.in_edges(block)[0]
+        if not edge.data.is_unconditional() or {name, source} & set(map(str, edge.data.free_symbols)):
+            break
+        if not isinstance(block, dace.SDFGState):
+            if touches(block, name) or touches(block, source):
+                break
+            continue
+        if _writes(block, name) or _writes(block, source):
+            break
+        for node in accesses(block, name):
+            if not _reads_elements(block, node):
+                return None
+            found.append((block, node))
+    return found
+
+
+def _named_by_control(sdfg: dace.SDFG, name: str) -> bool:
+    return (any(name in map(str, e.data.free_symbols) for e in sdfg.all_interstate_edges(recursive=True))
+            or _named_in_code(sdfg, name))
+
+
+def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
+    found = []
+    for region in sdfg.all_control_flow_regions():
+        if not isinstance(region, ControlFlowRegion) or not region.nodes():
+            continue
+        order = chain_of(region)
+        if order is None:
+            continue
+        for k, block in enumerate(order):
+            if not isinstance(block, dace.SDFGState):
+                continue
+            for entry, target, source, index in _producers(block):
+                name = target.data
+                desc = sdfg.arrays[name]
+                if (not desc.transient or isinstance(desc, dace.data.View) or desc.lifetime in _KEPT
+                        or accesses(block, name) != [target] or block.out_degree(target) or _writes(block, source)):
+                    continue
+                readers = _readers(order, k, region, name, source)
+                everywhere = [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nd.AccessNode) and n.data == name]
+                if not readers or len(everywhere) != len(readers) + 1 or _named_by_control(sdfg, name):
+                    continue
+                found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers)))
+    return found
+
+
+def _element_of_source(b: Broadcast, subset) -> dace.Memlet:
+    """The element of the source that `t[subset]` (one element) repeats."""
+    at = dict(zip(b.params, _element(subset)))
+    index = [sympy.sympify(i).subs({x: at[str(x)] for x in sympy.sympify(i).free_symbols}, simultaneous=True)
+             for i in b.index]
+    return dace.Memlet(data=b.source, subset=subsets.Range([(i, i, 1) for i in index]))
+
+
+def _forward(sdfg: dace.SDFG, b: Broadcast) -> None:
+    for state, node in b.readers:
+        new = state.add_access(b.source)
+        for edge in list(state.out_edges(node)):
+            tree = state.memlet_tree(edge)
+            for child in tree.traverse_children(include_self=False):
+                e = child.edge
+                if isinstance(e.dst, nd.Tasklet):
+                    e.data = _element_of_source(b, e.data.subset)
+                else:  # between nested map entries: all of the source (a superset)
+                    e.data = dace.Memlet.from_array(b.source, sdfg.arrays[b.source])
+            memlet = (_element_of_source(b, edge.data.subset) if isinstance(edge.dst, nd.Tasklet)
+                      else dace.Memlet.from_array(b.source, sdfg.arrays[b.source]))
+            state.add_edge(new, edge.src_conn, edge.dst, edge.dst_conn, memlet)
+            state.remove_edge(edge)
+        state.remove_node(node)
+    scope = b.state.scope_subgraph(b.entry, include_entry=True, include_exit=True).nodes()
+    sources = [e.src for e in b.state.in_edges(b.entry)]
+    b.state.remove_nodes_from([*scope, b.target])
+    for n in sources:
+        if isinstance(n, nd.AccessNode) and b.state.degree(n) == 0:
+            b.state.remove_node(n)
+    sdfg.remove_data(b.target.data, validate=False)
+
+
+@register_pass
+@attrs.frozen
+class ForwardBroadcasts(Pass):
+    """Reads of a transient that repeats elements of another array read that array (see the module doc)."""
+
+    name: ClassVar[str] = "forward_broadcasts"
+
+    def run(self, graph: Graph) -> PassResult:
+        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
+            return Success(graph)
+        sdfg = graph.editable()
+        for sub in sdfg.all_sdfgs_recursive():
+            while True:  # one at a time: a forwarded broadcast may be the source of the next
+                found = _candidates(sub)
+                if not found:
+                    break
+                _forward(sub, found[0])
+        return Success(Graph.adopt(sdfg, graph.meta))

@@ -82,3 +82,36 @@ def test_the_gradient_of_a_final_sum_is_not_spread() -> None:
         compile_sdfg(sdfg)(a=a.copy(), ct_res=ct, S=np.zeros(1), grad_a=g, N=n)
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-13)
     np.testing.assert_allclose(grads[1], ct + np.diag((1 - np.tanh(np.diag(a)) ** 2) * ct.sum()), rtol=1e-12)
+
+
+def _added_broadcast_program() -> dace.SDFG:
+    """T = 2 x; T[i, j] += s[i] (a sum's gradient added to its summands'); out = T * y."""
+    sdfg = dace.SDFG("broadcast_added")
+    sdfg.add_array("s", [N], dace.float64)
+    for name in ("x", "y", "out"):
+        sdfg.add_array(name, [N, M], dace.float64)
+    sdfg.add_transient("T", [N, M], dace.float64)
+    first = sdfg.add_state("first", is_start_block=True)
+    first.add_mapped_tasklet("twice", {"i": f"0:{N}", "j": f"0:{M}"}, {"__x": Memlet("x[i, j]")}, "__o = 2 * __x",
+                             {"__o": Memlet("T[i, j]")}, external_edges=True)
+    spread = sdfg.add_state_after(first, "spread")
+    spread.add_mapped_tasklet("spread", {"i": f"0:{N}", "j": f"0:{M}"}, {"__g": Memlet("s[i]")}, "__o = __g",
+                              {"__o": Memlet("T[i, j]", wcr="lambda a, b: a + b")}, external_edges=True)
+    use = sdfg.add_state_after(spread, "use")
+    use.add_mapped_tasklet("times", {"i": f"0:{N}", "j": f"0:{M}"}, {"__t": Memlet("T[i, j]"), "__y": Memlet("y[i, j]")},
+                           "__o = __t * __y", {"__o": Memlet("out[i, j]")}, external_edges=True)
+    return sdfg
+
+
+def test_an_added_broadcast_is_added_by_its_readers() -> None:
+    graph = Graph.of(_added_broadcast_program())
+    [found] = _candidates(graph.sdfg)
+    assert found.adds
+    out_graph = ForwardBroadcasts()(graph).unwrap()
+    assert not any(s.label == "spread" and s.nodes() for s in out_graph.sdfg.states())
+    out_graph.sdfg.validate()
+    rng = np.random.default_rng(8)
+    s, x, y = rng.standard_normal(N), rng.standard_normal((N, M)), rng.standard_normal((N, M))
+    out = np.zeros((N, M))
+    compile_sdfg(out_graph)(s=s, x=x, y=y, out=out)
+    np.testing.assert_allclose(out, (2 * x + s[:, None]) * y, rtol=1e-15)

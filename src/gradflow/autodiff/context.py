@@ -15,7 +15,8 @@ from typing import Any, Iterator, Mapping
 import attrs
 import dace
 from dace import subsets
-from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, SDFGState
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, LoopRegion, SDFGState
 
 from gradflow.analysis.activity import Activity
 from gradflow.analysis.ops import Op
@@ -50,6 +51,22 @@ class ReverseContext:
 
     def grad_of(self, array: str) -> str | None:
         return self.grad_buffers.get(array)
+
+    def final_value(self, state: SDFGState, array: str) -> str | None:
+        """`array` itself when what the operation in `state` writes into it is what the array holds while the
+        whole backward sweep runs: no working copy restores it, `state` is in no loop, and no other
+        access node of the forward program writes it (a rule may then read an operation's result instead
+        of recomputing it). None otherwise."""
+        if array in self.values or self.sdfg.arrays[array].lifetime != dace.dtypes.AllocationLifetime.Scope:
+            return None
+        block = state
+        while block is not None and block is not self.sdfg:
+            if isinstance(block, LoopRegion):
+                return None
+            block = block.parent_graph
+        writers = [(n, s) for n, s in self.sdfg.all_nodes_recursive()
+                   if isinstance(n, nd.AccessNode) and n.data == array and isinstance(s, SDFGState) and s.in_degree(n)]
+        return array if writers and all(s is state for _, s in writers) and len(writers) == 1 else None
 
     def value_of(self, op_index: int, array: str) -> str:
         """The array holding `array`'s value as operation `op_index` read it, at the point where the

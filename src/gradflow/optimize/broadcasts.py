@@ -7,11 +7,15 @@ reverse map. The broadcast is a full write of `g_x` and a full read of it, where
 reads `g_S[0]` itself and the broadcast goes.
 
 A broadcast is a top-level map whose one tasklet copies (`out = in`) `s[f(p)]`, one element of another
-array chosen by the map's parameters `p`, into `t[p]`, over the whole of `t`. It is forwarded when `t` is a
-transient that nothing but this map writes, and whose every other access node reads it in a state later
-in the same chain of blocks (`first_writes.chain_of`), each reaching only tasklets, one element each, and
-nothing on the way (the blocks in between, the interstate edges crossed, the reading states) writes `s`
-or `t`. Each read `t[e]` becomes `s[f(e)]`; the map and `t` go.
+array chosen by the map's parameters `p`, into `t[p]`, over the whole of `t`: a plain write, or a sum
+into what an earlier operation wrote (the sum's gradient added to the gradient of its summands, which
+the operation after the sum gave them; softmax's `e / sum(e)`). It is forwarded when `t` is a transient
+whose access nodes after the map all read it in states later in the same chain of blocks
+(`first_writes.chain_of`), each reaching only Python tasklets, one element each, with nothing on the way
+(the blocks in between, the interstate edges crossed, the reading states) writing `s` or `t`, and whose
+other access nodes come before the map, in a region no loop runs again. Each read `t[e]` becomes
+`s[f(e)]` (a plain write) or `t[e] + s[f(e)]` (a sum); the map goes, and `t` with it when nothing else
+names it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import dace
 import sympy
 from dace import subsets
 from dace.sdfg import nodes as nd
-from dace.sdfg.state import ControlFlowRegion
+from dace.frontend.operations import detect_reduction_type
+from dace.properties import CodeBlock
+from dace.sdfg.state import ControlFlowRegion, LoopRegion
 from returns.result import Success
 
 from gradflow.core.graph import Graph
@@ -49,6 +55,7 @@ class Broadcast:
     index: tuple[sympy.Expr, ...]
     params: tuple[str, ...]
     readers: tuple[tuple[dace.SDFGState, nd.AccessNode], ...]
+    adds: bool  # `t[p] += source[index(p)]` (t written before): readers add the element to what they read
 
 
 def _is_copy(tasklet: nd.Tasklet, inp: str, out: str) -> bool:
@@ -70,8 +77,12 @@ def _element(subset) -> tuple[sympy.Expr, ...] | None:
     return tuple(sympy.sympify(begin) for begin, _, _ in subset.ndrange())
 
 
+def _sum(memlet: dace.Memlet) -> bool:
+    return memlet.wcr is not None and detect_reduction_type(memlet.wcr) == dace.dtypes.ReductionType.Sum
+
+
 def _producers(state: dace.SDFGState):
-    """(map entry, target access node, source array, source index) of the broadcasts in `state`."""
+    """(map entry, target access node, source array, source index, adds) of the broadcasts in `state`."""
     sdfg = state.sdfg
     for entry in state.nodes():
         if not isinstance(entry, nd.MapEntry) or state.entry_node(entry) is not None or state.in_degree(entry) != 1:
@@ -82,8 +93,11 @@ def _producers(state: dace.SDFGState):
             continue
         tasklet, target = body[0], outs[0].dst
         ins, writes = state.in_edges(tasklet), state.out_edges(tasklet)
-        if (len(ins) != 1 or len(writes) != 1 or not isinstance(target, nd.AccessNode) or outs[0].data.wcr
-                or writes[0].data.wcr or not _is_copy(tasklet, ins[0].dst_conn, writes[0].src_conn)):
+        if len(ins) != 1 or len(writes) != 1 or not isinstance(target, nd.AccessNode):
+            continue
+        adds = _sum(outs[0].data) and _sum(writes[0].data)
+        if (not adds and (outs[0].data.wcr or writes[0].data.wcr)) or not _is_copy(tasklet, ins[0].dst_conn,
+                                                                                  writes[0].src_conn):
             continue
         source = ins[0].data.data
         index = _element(ins[0].data.subset) if source is not None else None
@@ -92,7 +106,7 @@ def _producers(state: dace.SDFGState):
                 or not {str(x) for i in index for x in sympy.sympify(i).free_symbols} <= params
                 or not indexes_whole(sdfg, entry, target.data, writes[0].data.subset)):
             continue
-        yield entry, target, source, index
+        yield entry, target, source, index, adds
 
 
 def _writes(state: dace.SDFGState, name: str) -> bool:
@@ -100,14 +114,29 @@ def _writes(state: dace.SDFGState, name: str) -> bool:
 
 
 def _reads_elements(state: dace.SDFGState, node: nd.AccessNode) -> bool:
-    """Every path out of `node` ends in a tasklet reading one element."""
+    """Every path out of `node` ends in a Python tasklet reading one element."""
     for edge in state.out_edges(node):
         if not isinstance(edge.dst, (nd.MapEntry, nd.Tasklet)):
             return False
         for leaf in state.memlet_tree(edge).leaves():
-            if not isinstance(leaf.dst, nd.Tasklet) or _element(leaf.data.subset) is None:
+            if (not isinstance(leaf.dst, nd.Tasklet) or leaf.dst.language != dace.dtypes.Language.Python
+                    or _element(leaf.data.subset) is None):
                 return False
     return True
+
+
+def _in_loop(region) -> bool:
+    while region is not None and not isinstance(region, dace.SDFG):
+        if isinstance(region, LoopRegion):
+            return True
+        region = region.parent_graph
+    return False
+
+
+def _named(block, name: str) -> list[nd.AccessNode]:
+    if isinstance(block, dace.SDFGState):
+        return accesses(block, name)
+    return [n for n, _ in block.all_nodes_recursive() if isinstance(n, nd.AccessNode) and n.data == name]
 
 
 def _readers(order: list, k: int, region: ControlFlowRegion, name: str, source: str):
@@ -148,7 +177,7 @@ def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
         for k, block in enumerate(order):
             if not isinstance(block, dace.SDFGState):
                 continue
-            for entry, target, source, index in _producers(block):
+            for entry, target, source, index, adds in _producers(block):
                 name = target.data
                 desc = sdfg.arrays[name]
                 if (not desc.transient or isinstance(desc, dace.data.View) or desc.lifetime in _KEPT
@@ -156,9 +185,14 @@ def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
                     continue
                 readers = _readers(order, k, region, name, source)
                 everywhere = [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nd.AccessNode) and n.data == name]
-                if not readers or len(everywhere) != len(readers) + 1 or _named_by_control(sdfg, name):
+                # accesses before the broadcast: it overwrites or adds to what they leave, once (no loop runs
+                # them again after it); an addition needs what they wrote
+                before = [n for b in order[:k] for n in _named(b, name)] if not _in_loop(region) else []
+                if (not readers or len(everywhere) != len(readers) + 1 + len(before) or (adds and not before)
+                        or _named_by_control(sdfg, name)):
                     continue
-                found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers)))
+                found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers),
+                                       adds))
     return found
 
 
@@ -170,7 +204,44 @@ def _element_of_source(b: Broadcast, subset) -> dace.Memlet:
     return dace.Memlet(data=b.source, subset=subsets.Range([(i, i, 1) for i in index]))
 
 
+def _add_to_readers(sdfg: dace.SDFG, b: Broadcast) -> None:
+    """Each tasklet reading `t[e]` reads it as a part and `source[f(e)]` as another, and adds them."""
+    for state, node in b.readers:
+        new = state.add_access(b.source)
+        for edge in list(state.out_edges(node)):
+            for e in state.memlet_tree(edge).leaves():
+                path = [x.src for x in state.memlet_path(e)][1:] + [e.dst]
+                tasklet, conn = e.dst, e.dst_conn
+                part, spread = f"{conn}_part", f"{conn}_spread"
+                while part in tasklet.in_connectors or spread in tasklet.in_connectors:
+                    part, spread = part + "_", spread + "_"
+                tasklet.remove_in_connector(conn)
+                tasklet.add_in_connector(part)
+                tasklet.add_in_connector(spread)
+                state.remove_edge(e)
+                state.add_edge(e.src, e.src_conn, tasklet, part, e.data)
+                state.add_memlet_path(new, *path, dst_conn=spread, memlet=_element_of_source(b, e.data.subset))
+                tasklet.code = CodeBlock(f"{conn} = {part} + {spread}\n" + tasklet.code.as_string,
+                                         dace.dtypes.Language.Python)
+
+
 def _forward(sdfg: dace.SDFG, b: Broadcast) -> None:
+    if b.adds:
+        _add_to_readers(sdfg, b)
+    else:
+        _read_source(sdfg, b)
+    scope = b.state.scope_subgraph(b.entry, include_entry=True, include_exit=True).nodes()
+    sources = [e.src for e in b.state.in_edges(b.entry)]
+    b.state.remove_nodes_from([*scope, b.target])
+    for n in sources:
+        if isinstance(n, nd.AccessNode) and b.state.degree(n) == 0:
+            b.state.remove_node(n)
+    if not any(isinstance(n, nd.AccessNode) and n.data == b.target.data for n, _ in sdfg.all_nodes_recursive()):
+        sdfg.remove_data(b.target.data, validate=False)
+
+
+def _read_source(sdfg: dace.SDFG, b: Broadcast) -> None:
+    """Each tasklet reading `t[e]` reads `source[f(e)]` instead."""
     for state, node in b.readers:
         new = state.add_access(b.source)
         for edge in list(state.out_edges(node)):
@@ -186,13 +257,6 @@ def _forward(sdfg: dace.SDFG, b: Broadcast) -> None:
             state.add_edge(new, edge.src_conn, edge.dst, edge.dst_conn, memlet)
             state.remove_edge(edge)
         state.remove_node(node)
-    scope = b.state.scope_subgraph(b.entry, include_entry=True, include_exit=True).nodes()
-    sources = [e.src for e in b.state.in_edges(b.entry)]
-    b.state.remove_nodes_from([*scope, b.target])
-    for n in sources:
-        if isinstance(n, nd.AccessNode) and b.state.degree(n) == 0:
-            b.state.remove_node(n)
-    sdfg.remove_data(b.target.data, validate=False)
 
 
 @register_pass

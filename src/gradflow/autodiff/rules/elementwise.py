@@ -48,13 +48,37 @@ class _Plan:
     assigned: dict[tuple, sympy.Expr]  # overwritten element (key) -> the contribution assigned to its gradient
     accumulated: tuple[int, ...]  # input ports whose contribution is added
     used: frozenset[sympy.Symbol]  # input port symbols the reverse code reads (values and indices)
+    results: dict[int, sympy.Symbol]  # output port -> symbol of its value, read where the code uses it
 
 
 def _index_symbols(port: Port) -> set[sympy.Symbol]:
     return set().union(*(i.free_symbols for i in port.index)) if port.indirect else set()
 
 
-def _plan(ef: ElementFunction, ctx: ReverseContext, where: str) -> _Plan:
+def _result_symbol(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"__res{i}", real=True)
+
+
+def _read_results(ef: ElementFunction, ctx: ReverseContext, state, contrib: dict[int, sympy.Expr]) -> dict[int, sympy.Symbol]:
+    """Outputs computed by a function call (`exp(x - m)`) whose value a contribution contains (the derivative
+    of `exp` is `exp`): the contributions read the value the forward wrote, where the backward sweep finds
+    it unchanged (`ReverseContext.final_value`), instead of calling the function again on inputs it would
+    also have to keep."""
+    found = {}
+    for i, port in enumerate(ef.outputs):
+        expr = ef.exprs[i]
+        if (port.indirect or port.wcr is not None or not expr.atoms(sympy.Function)
+                or any(p.array == port.array for p in ef.inputs) or ctx.final_value(state, port.array) is None):
+            continue
+        symbol = _result_symbol(i)
+        changed = {j: c.subs(expr, symbol) for j, c in contrib.items()}
+        if any(changed[j] != contrib[j] for j in contrib):
+            contrib.update(changed)
+            found[i] = symbol
+    return found
+
+
+def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state=None) -> _Plan:
     gouts = [i for i, p in enumerate(ef.outputs) if ctx.grad_of(p.array)]
     for i in gouts:
         if ef.outputs[i].wcr not in (None, "sum"):
@@ -71,6 +95,7 @@ def _plan(ef: ElementFunction, ctx: ReverseContext, where: str) -> _Plan:
             total += sympy.Symbol(f"__gout{i}", real=True) * derivative(ef.exprs[i], port.symbol)
         if total != 0:
             contrib[j] = total
+    results = _read_results(ef, ctx, state, contrib) if state is not None else {}
 
     in_map = ef.map_entry is not None
     overwritten = {ef.outputs[i].key: ef.outputs[i] for i in gouts if ef.outputs[i].wcr is None}
@@ -105,7 +130,9 @@ def _plan(ef: ElementFunction, ctx: ReverseContext, where: str) -> _Plan:
         extra = _index_symbols(by_symbol[frontier.pop()]) - used
         used |= extra
         frontier.extend(s for s in extra if s in by_symbol)
-    return _Plan(tuple(gouts), contrib, assigned, tuple(accumulated), frozenset(s for s in used if s in by_symbol))
+    results = {i: r for i, r in results.items() if any(r in c.free_symbols for c in contrib.values())}
+    return _Plan(tuple(gouts), contrib, assigned, tuple(accumulated), frozenset(s for s in used if s in by_symbol),
+                 results)
 
 
 def _iteration_number(entry, where: str) -> str:
@@ -148,7 +175,7 @@ class ElementwiseReverse:
     def _plan(site: OpSite, ctx: ReverseContext) -> tuple[ElementFunction, _Plan, str]:
         ef = _element_function(site, ctx)
         where = f"'{site.op.label}' in state '{site.state.label}'"
-        return ef, ctx.memo(("elementwise_plan", site.index), lambda: _plan(ef, ctx, where)), where
+        return ef, ctx.memo(("elementwise_plan", site.index), lambda: _plan(ef, ctx, where, site.state)), where
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         ef, plan, _ = self._plan(site, ctx)
@@ -180,6 +207,8 @@ class ElementwiseReverse:
                     inputs[port.symbol.name] = dace.Memlet(f"{value}[{port.subset}]")
             pending = [p for p in pending if p not in ready]
 
+        for i, symbol in plan.results.items():
+            inputs[symbol.name] = dace.Memlet(f"{ef.outputs[i].array}[{ef.outputs[i].subset}]")
         for i in plan.gouts:
             port = ef.outputs[i]
             grad = ctx.grad_of(port.array)

@@ -5,8 +5,9 @@ Index convention (DaCe's): dimensions of the input subset with extent 1 are sque
 the listed ones among the rest, and the remaining input dimensions map in order onto the output subset's
 non-unit dimensions. Reverse, per input element x[i] reduced into y[o(i)]:
 - sum: gx[i] += gy[o(i)];
-- max/min: the result is recomputed by a `Reduce` node of the same kind into a temporary R, ties are
-  counted (cnt[o] = #{i : x[i] == R[o]}) and gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split
+- max/min: the result R is read from the output where the backward sweep finds it unchanged
+  (`ReverseContext.final_value`: written once, outside loops), else recomputed by a `Reduce` node of the
+  same kind into a temporary; ties are counted (cnt[o] = #{i : x[i] == R[o]}) and gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split
   equally, as `torch.amax`);
 then gy is cleared on the output subset (the reduction overwrote it) unless the node accumulates (no
 identity and a sum).
@@ -125,15 +126,17 @@ class ReduceReverse:
         sdfg = ctx.sdfg
         vx = ctx.value_of(site.index, x.array)
         desc = sdfg.arrays[y.array]
-        result, _ = sdfg.add_array(f"gradflow_t_{kind}_{y.array}", desc.shape, desc.dtype, transient=True,
-                                   find_new_name=True)
         count, _ = sdfg.add_array(f"gradflow_t_count_{y.array}", desc.shape, desc.dtype, transient=True,
                                   find_new_name=True)
-        state = ctx.new_state(f"recompute_{label}")
-        red = Reduce(f"recompute_{label}", wcr=node.wcr, axes=node.axes, identity=node.identity)
-        state.add_node(red)
-        state.add_edge(state.add_read(vx), None, red, None, x.memlet(vx))
-        state.add_edge(red, None, state.add_write(result), None, y.memlet(result))
+        result = ctx.final_value(site.state, y.array) if y.wcr is None else None
+        if result is None:  # the result is recomputed (the output may hold something else by now)
+            result, _ = sdfg.add_array(f"gradflow_t_{kind}_{y.array}", desc.shape, desc.dtype, transient=True,
+                                       find_new_name=True)
+            state = ctx.new_state(f"recompute_{label}")
+            red = Reduce(f"recompute_{label}", wcr=node.wcr, axes=node.axes, identity=node.identity)
+            state.add_node(red)
+            state.add_edge(state.add_read(vx), None, red, None, x.memlet(vx))
+            state.add_edge(red, None, state.add_write(result), None, y.memlet(result))
         fill(ctx.new_state(f"count_{label}_zero"), count, "0")
         add_element_tasklet(ctx.new_state(f"count_{label}"), f"count_{label}", ranges or None,
                             {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]")},

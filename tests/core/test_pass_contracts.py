@@ -128,6 +128,12 @@ def _row_products(g: Graph) -> int:
     return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
+def _loop_reductions(g: Graph) -> int:
+    from gradflow.autodiff.loop_reductions import _candidates
+
+    return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
 def _npbench_unviewed(name: str) -> Callable[[], Graph]:
     def build() -> Graph:
         from gradflow.autodiff.views import RemoveViews
@@ -213,6 +219,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "fold_product_scales": (lambda: Graph.of(_npbench_unviewed("nb_gesummv")()), None, _product_alphas,
                             ([1, 1], [1.2, 1.5])),
     "hoist_row_products": (_npbench_unviewed("nb_covariance"), None, _row_products, (1, 0)),
+    "raise_loop_reductions": (lambda: Graph.of(loops.lp_softmax.to_sdfg()), None, _loop_reductions, (1, 0)),
     "lower_indirection": (lambda: Graph.of(dataflow.df_gather.to_sdfg()), None, _data_symbols, ("> 0", 0)),
     "complete_conditional_writes": (lambda: Graph.of(dataflow.df_masked_assign.to_sdfg()), None,
                                     _conditional_writes, ("> 0", 0)),

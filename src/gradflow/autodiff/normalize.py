@@ -15,6 +15,10 @@
   nested SDFG it makes);
 - `fold_product_scales` (`optimize/product_scales.py`): `(c * A) @ x` reads `A` with the product's
   `alpha` times `c`, so no scaled copy of `A` is made (nor its gradient);
+- `hoist_row_products` (`row_products.py`): a loop of vector-matrix products over the columns of a matrix
+  reads rows of one matrix product computed before it;
+- `raise_loop_reductions` (`loop_reductions.py`): a loop taking the max or min of a row element by element
+  becomes a `Reduce` node;
 - `lower_indirection` (`indirection.py`): accesses through index arrays become tasklets that index
   whole-array memlets;
 - `complete_conditional_writes` (`conditional_writes.py`): a tasklet output assigned on some paths only
@@ -201,6 +205,7 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
     from gradflow.autodiff.indirection import LowerIndirection
     from gradflow.autodiff.jumps import LowerBreaks
     from gradflow.autodiff.lifting import LiftControlFlow
+    from gradflow.autodiff.loop_reductions import RaiseLoopReductions
     from gradflow.autodiff.parallel_loops import LoopsToMaps
     from gradflow.autodiff.row_products import HoistRowProducts
     from gradflow.autodiff.shapes import BoundTransientShapes
@@ -210,7 +215,7 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, FoldProductScales(),
-                     HoistRowProducts(), LowerIndirection(), CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(),
+                     HoistRowProducts(), RaiseLoopReductions(), LowerIndirection(), CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(),
                      CollapseMaps(), SplitOperations()))
 
 

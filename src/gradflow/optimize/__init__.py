@@ -12,6 +12,7 @@ from typing import Any
 
 from gradflow.autodiff.idioms import RaiseConvolutions
 from gradflow.autodiff.parallel_loops import LoopsToMaps
+from gradflow.autodiff.loop_reductions import RaiseLoopReductions
 from gradflow.autodiff.row_products import HoistRowProducts
 from gradflow.autodiff.views import RemoveViews
 from gradflow.optimize.broadcasts import ForwardBroadcasts
@@ -28,12 +29,13 @@ from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.schedules import ChooseSchedules
 from gradflow.optimize.versioning import VersionBySize
 
-#: The default optimization pipeline. Its first five passes are AD normalization passes too (a no-op on
+#: The default optimization pipeline. Its first six passes are AD normalization passes too (a no-op on
 #: a differentiated program, which went through them): a program compiled forward only gets the same
 #: convolution nodes, products and maps as its gradient.
-OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(), LoopsToMaps(),
-                     OverwriteZeroedProducts(), DropDeadStores(), ForwardBroadcasts(), MergeElementSums(), FuseMaps(),
-                     OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize()))
+OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
+                     RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
+                     ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
+                     LocalReductions(), ChooseSchedules(), VersionBySize()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -41,5 +43,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "HoistRowProducts", "FuseMaps", "LocalReductions", "MergeElementSums",
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "HoistRowProducts", "RaiseLoopReductions", "FuseMaps", "LocalReductions", "MergeElementSums",
            "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "VersionBySize", "optimized"]

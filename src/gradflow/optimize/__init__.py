@@ -24,6 +24,7 @@ from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.owned_sums import NestReductions
 from gradflow.optimize.product_scales import FoldProductScales
 from gradflow.optimize.reductions import LocalReductions
+from gradflow.optimize.scalar_sums import RegisterScalarSums
 from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.schedules import ChooseSchedules
@@ -35,7 +36,7 @@ from gradflow.optimize.versioning import VersionBySize
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
-                     LocalReductions(), ChooseSchedules(), VersionBySize()))
+                     LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -43,5 +44,6 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "HoistRowProducts", "RaiseLoopReductions", "FuseMaps", "LocalReductions", "MergeElementSums",
-           "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "VersionBySize", "optimized"]
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
+           "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
+           "OwnScatterWrites", "RaiseLoopReductions", "RegisterScalarSums", "VersionBySize", "optimized"]

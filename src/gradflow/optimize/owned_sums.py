@@ -270,18 +270,22 @@ def _accumulate_in_registers(sdfg: dace.SDFG, state: dace.SDFGState, owner: nd.M
             lane = f"{lanes[0]} - ({lanes[2]})" if lanes is not None and leaf else "0"
             t.data = dace.Memlet(data=acc, subset=lane if leaf or lanes is None else whole, wcr=t.data.wcr)
         ctype = dtype.ctype
-        # a one-element memlet reaches a tasklet as a value, a longer one as a pointer
-        clear = f"for (int l = 0; l < {width}; ++l) o[l] = {ctype}(0);" if width > 1 else f"o = {ctype}(0);"
-        zero = state.add_tasklet(f"zero_{acc}", {}, {"o"}, clear, language=dace.dtypes.Language.CPP)
+        # a one-element memlet reaches a tasklet as a value, a longer one as a pointer; connector names no
+        # program array can have (DaCe rejects a connector named like an array: nb_go_fast has an `a`)
+        clear = (f"for (int l = 0; l < {width}; ++l) __gf_o[l] = {ctype}(0);" if width > 1
+                 else f"__gf_o = {ctype}(0);")
+        zero = state.add_tasklet(f"zero_{acc}", {}, {"__gf_o": None}, clear, language=dace.dtypes.Language.CPP)
         start = state.add_access(acc)
         state.add_nedge(owner, zero, dace.Memlet())
-        state.add_edge(zero, "o", start, None, dace.Memlet(data=acc, subset=whole))
+        state.add_edge(zero, "__gf_o", start, None, dace.Memlet(data=acc, subset=whole))
         state.add_nedge(start, loop, dace.Memlet())
-        summed = (f"{ctype} gradflow_lanes = a[0];\nfor (int l = 1; l < {width}; ++l) gradflow_lanes += a[l];\n"
-                  "o = gradflow_lanes;") if width > 1 else "o = a;"
-        fold = state.add_tasklet(f"fold_{acc}", {"a"}, {"o"}, summed, language=dace.dtypes.Language.CPP)
-        state.add_edge(total, None, fold, "a", dace.Memlet(data=acc, subset=whole))
-        state.add_edge(fold, "o", owner_exit, e.dst_conn, e.data)
+        summed = (f"{ctype} gradflow_lanes = __gf_a[0];\n"
+                  f"for (int l = 1; l < {width}; ++l) gradflow_lanes += __gf_a[l];\n"
+                  "__gf_o = gradflow_lanes;") if width > 1 else "__gf_o = __gf_a;"
+        fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, summed,
+                                 language=dace.dtypes.Language.CPP)
+        state.add_edge(total, None, fold, "__gf_a", dace.Memlet(data=acc, subset=whole))
+        state.add_edge(fold, "__gf_o", owner_exit, e.dst_conn, e.data)
 
 
 @register_pass

@@ -52,3 +52,21 @@ def test_parallel_maps_and_maps_reading_the_sum_are_left_alone() -> None:
         graph = Graph.of(sdfg)
         assert not _candidates(graph.sdfg)
         assert RegisterScalarSums()(graph).unwrap() is graph
+
+
+def test_a_sum_written_on_some_paths_only() -> None:
+    """A dynamic write (the tasklet adds only where `x > 0`) still adds nothing elsewhere, and the element
+    gets the total once."""
+    sdfg = dace.SDFG("positive_squares")
+    sdfg.add_array("x", [N], dace.float64)
+    sdfg.add_array("s", [1], dace.float64)
+    state = sdfg.add_state("main")
+    state.add_mapped_tasklet("squares", {"i": f"0:{N}"}, {"__x": Memlet("x[i]")}, "if __x > 0:\n    __s = __x * __x",
+                             {"__s": Memlet("s[0]", wcr="lambda a, b: a + b", dynamic=True)},
+                             schedule=dace.ScheduleType.Sequential, external_edges=True)
+    out = RegisterScalarSums()(Graph.of(sdfg)).unwrap()
+    assert not _candidates(out.sdfg) and len(out.sdfg.arrays) == 3
+    x = np.random.default_rng(14).standard_normal(N)
+    s = np.array([1.5])
+    compile_sdfg(out)(x=x, s=s)
+    np.testing.assert_allclose(s[0], 1.5 + np.sum(np.where(x > 0, x * x, 0.0)), rtol=1e-14)

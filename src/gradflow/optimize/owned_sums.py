@@ -268,7 +268,8 @@ def _accumulate_in_registers(sdfg: dace.SDFG, state: dace.SDFGState, owner: nd.M
                 continue
             leaf = not isinstance(t.src, nd.ExitNode)
             lane = f"{lanes[0]} - ({lanes[2]})" if lanes is not None and leaf else "0"
-            t.data = dace.Memlet(data=acc, subset=lane if leaf or lanes is None else whole, wcr=t.data.wcr)
+            t.data = dace.Memlet(data=acc, subset=lane if leaf or lanes is None else whole, wcr=t.data.wcr,
+                                 dynamic=t.data.dynamic)
         ctype = dtype.ctype
         # a one-element memlet reaches a tasklet as a value, a longer one as a pointer; connector names no
         # program array can have (DaCe rejects a connector named like an array: nb_go_fast has an `a`)
@@ -285,7 +286,9 @@ def _accumulate_in_registers(sdfg: dace.SDFG, state: dace.SDFGState, owner: nd.M
         fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, summed,
                                  language=dace.dtypes.Language.CPP)
         state.add_edge(total, None, fold, "__gf_a", dace.Memlet(data=acc, subset=whole))
-        state.add_edge(fold, "__gf_o", owner_exit, e.dst_conn, e.data)
+        # one addition into the element (not a dynamic write, which DaCe leaves to the tasklet's code)
+        state.add_edge(fold, "__gf_o", owner_exit, e.dst_conn,
+                       dace.Memlet(data=e.data.data, subset=e.data.subset, wcr=e.data.wcr))
 
 
 @register_pass

@@ -64,8 +64,8 @@ def _accumulate(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, edge
     total = state.add_access(acc)
     into = state.add_edge(exit_, edge.src_conn, total, None, dace.Memlet(data=acc, subset="0", wcr=edge.data.wcr))
     for e in state.memlet_tree(into):
-        if e is not into:
-            e.data = dace.Memlet(data=acc, subset="0", wcr=e.data.wcr)
+        if e is not into:  # a dynamic write (a tasklet adding only on some paths) stays dynamic
+            e.data = dace.Memlet(data=acc, subset="0", wcr=e.data.wcr, dynamic=e.data.dynamic)
     # connector names no program array can have (a user's `a` or `o` would clash)
     zero = state.add_tasklet(f"zero_{acc}", {}, {"__gf_o": None}, f"__gf_o = {dtype.ctype}(0);",
                              language=dace.dtypes.Language.CPP)
@@ -75,7 +75,9 @@ def _accumulate(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, edge
     fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, "__gf_o = __gf_a;",
                              language=dace.dtypes.Language.CPP)
     state.add_edge(total, None, fold, "__gf_a", dace.Memlet(data=acc, subset="0"))
-    state.add_edge(fold, "__gf_o", edge.dst, edge.dst_conn, edge.data)
+    # the element gets exactly one addition (not a dynamic write, which DaCe leaves to the tasklet's code)
+    state.add_edge(fold, "__gf_o", edge.dst, edge.dst_conn,
+                   dace.Memlet(data=edge.data.data, subset=edge.data.subset, wcr=edge.data.wcr))
 
 
 @register_pass

@@ -215,8 +215,8 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, FoldProductScales(),
-                     HoistRowProducts(), RaiseLoopReductions(), LowerIndirection(), CompleteConditionalWrites(), BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(),
-                     CollapseMaps(), SplitOperations()))
+                     HoistRowProducts(), RaiseLoopReductions(), LowerIndirection(), CompleteConditionalWrites(),
+                     BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(), CollapseMaps(), SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

@@ -82,7 +82,9 @@ def _match(loop: LoopRegion, state: dace.SDFGState, node: MatMul, var: str, trip
     a, b, c, others = _edges(state, node)
     if a is None or b is None or c is None or others or node.transA or node.transB or node.beta != 0:
         return None
-    if c.data.wcr is not None or not isinstance(c.dst, nd.AccessNode) or a.data.data in written or b.data.data in written:
+    if c.data.wcr is not None or not isinstance(c.dst, nd.AccessNode):
+        return None
+    if a.data.data in written or b.data.data in written:
         return None
     xa, xb = sdfg.arrays[a.data.data], sdfg.arrays[b.data.data]
     if len(xa.shape) != 2 or len(xb.shape) != 2 or xa.dtype != xb.dtype:

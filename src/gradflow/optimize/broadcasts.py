@@ -184,7 +184,7 @@ def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
                         or accesses(block, name) != [target] or block.out_degree(target) or _writes(block, source)):
                     continue
                 readers = _readers(order, k, region, name, source)
-                everywhere = [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nd.AccessNode) and n.data == name]
+                everywhere = _named(sdfg, name)
                 # accesses before the broadcast: it overwrites or adds to what they leave, once (no loop runs
                 # them again after it); an addition needs what they wrote
                 before = [n for b in order[:k] for n in _named(b, name)] if not _in_loop(region) else []

@@ -59,7 +59,8 @@ def _result_symbol(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"__res{i}", real=True)
 
 
-def _read_results(ef: ElementFunction, ctx: ReverseContext, state, contrib: dict[int, sympy.Expr]) -> dict[int, sympy.Symbol]:
+def _read_results(ef: ElementFunction, ctx: ReverseContext, state,
+                  contrib: dict[int, sympy.Expr]) -> dict[int, sympy.Symbol]:
     """Outputs computed by a function call (`exp(x - m)`) whose value a contribution contains (the derivative
     of `exp` is `exp`): the contributions read the value the forward wrote, where the backward sweep finds
     it unchanged (`ReverseContext.final_value`), instead of calling the function again on inputs it would

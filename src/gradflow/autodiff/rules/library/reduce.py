@@ -7,8 +7,8 @@ non-unit dimensions. Reverse, per input element x[i] reduced into y[o(i)]:
 - sum: gx[i] += gy[o(i)];
 - max/min: the result R is read from the output where the backward sweep finds it unchanged
   (`ReverseContext.final_value`: written once, outside loops), else recomputed by a `Reduce` node of the
-  same kind into a temporary; ties are counted (cnt[o] = #{i : x[i] == R[o]}) and gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split
-  equally, as `torch.amax`);
+  same kind into a temporary; ties are counted (cnt[o] = #{i : x[i] == R[o]}) and
+  gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split equally, as `torch.amax`);
 then gy is cleared on the output subset (the reduction overwrote it) unless the node accumulates (no
 identity and a sum).
 

@@ -47,6 +47,15 @@ def not_extrema(X: dace.float64[N, M], S: dace.float64[1]):
         S[0] += s + t + u
 
 
+@dace.program
+def index_used_after(X: dace.float64[N, M], Y: dace.float64[M], S: dace.float64[1]):
+    m = X[0, 0]
+    for j in range(1, M):
+        m = max(m, X[0, j])
+    Y[j] = m  # the loop variable's last value is read after the loop: the loop stays
+    S[0] = m
+
+
 def _prepared(program) -> Graph:
     return RemoveViews()(Graph.of(program)).unwrap()
 
@@ -75,9 +84,10 @@ def test_max_and_min_loops_become_reductions() -> None:
 
 
 def test_sums_computed_values_and_rewritten_rows_stay_loops() -> None:
-    graph = _prepared(not_extrema)
-    assert _count(graph) == 0
-    assert RaiseLoopReductions()(graph).unwrap() is graph
+    for program in (not_extrema, index_used_after):
+        graph = _prepared(program)
+        assert _count(graph) == 0, program.name
+        assert RaiseLoopReductions()(graph).unwrap() is graph
 
 
 def test_gradient_of_raised_extrema() -> None:

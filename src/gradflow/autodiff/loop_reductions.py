@@ -16,7 +16,8 @@ The pass rewrites a counted loop of step 1 or -1 whose body is one state of acce
 tasklets, where every memlet moves one element, when: the state leaves exactly one element `acc` that
 lives after the loop holding `max(acc, X[e(j)])` (or `min`), with `acc`'s initial value read in the
 state; `e(j)` has the loop variable `j` in one dimension, as `j + c`, and `X` is written nowhere in the
-loop; every other array the state writes is a transient that nothing outside the state names. The loop
+loop; every other array the state writes is a transient that nothing outside the state names; nothing after
+the loop reads the loop variable's last value (outside loops that define it anew). The loop
 becomes one state: `Reduce(X[e(lo):e(hi)])` into a new one-element transient (identity: the type's lowest
 or highest value, as DaCe's `np.max` and `np.min`), then `acc = max(acc, that)`.
 """
@@ -115,6 +116,27 @@ def _named_outside(sdfg: dace.SDFG, name: str, state: dace.SDFGState) -> bool:
             or any(name in map(str, e.data.free_symbols) for e in sdfg.all_interstate_edges(recursive=True)))
 
 
+def _redefines(block, var: str) -> bool:
+    """`block` lies in a loop whose own variable is `var` (it reads that loop's value, not a leftover)."""
+    region = block.parent_graph
+    while region is not None and not isinstance(region, dace.SDFG):
+        if isinstance(region, LoopRegion) and region.loop_variable == var:
+            return True
+        region = region.parent_graph
+    return False
+
+
+def _used_after(sdfg: dace.SDFG, loop: LoopRegion, var: str) -> bool:
+    """The loop variable is read outside the loop and outside every other loop over a variable of the same
+    name (its last value would be gone with the loop)."""
+    inside = set(loop.all_control_flow_blocks()) | {loop}
+    states = [s for s in sdfg.states() if s not in inside and not _redefines(s, var)]
+    edges = [e for e in sdfg.all_interstate_edges(recursive=True)
+             if e.src not in inside and e.dst not in inside and not _redefines(e.src, var)]
+    return (any(var in map(str, s.free_symbols) for s in states)
+            or any(var in map(str, e.data.free_symbols) for e in edges))
+
+
 def _range_of(subset: str, var: str, interval) -> str | None:
     """`subset` (one element) with the dimension holding `var` as `var + c` made the range it takes."""
     dims = [sympy.sympify(symbolic.pystr_to_symbolic(d.strip())) for d in subset.split(",")]
@@ -138,7 +160,7 @@ def _match(sdfg: dace.SDFG, loop: LoopRegion) -> LoopReduction | None:
         return None
     state = blocks[0]
     counted = counted_loop(loop, frozenset(k for e in loop.all_interstate_edges() for k in e.data.assignments))
-    if counted is None or abs(counted.step) != 1:
+    if counted is None or abs(counted.step) != 1 or _used_after(sdfg, loop, counted.var):
         return None
     found = _values(state)
     if found is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import attrs
+import dace
 import sympy
 from dace import symbolic
 from dace.sdfg.state import LoopRegion
@@ -63,11 +64,33 @@ class CountedLoop:
         return {"<": (a, b - 1), "<=": (a, b), ">": (b + 1, a), ">=": (b, a)}[self.cmp]
 
 
+def in_loop(block) -> bool:
+    """`block` (a state or region) lies inside a `LoopRegion` of its SDFG: it may run more than once per call."""
+    region = block.parent_graph
+    while region is not None and not isinstance(region, dace.SDFG):
+        if isinstance(region, LoopRegion):
+            return True
+        region = region.parent_graph
+    return False
+
+
 def _parse(code: str) -> sympy.Basic | None:
     try:
         return symbolic.pystr_to_symbolic(code)
     except (sympy.SympifyError, SyntaxError, TypeError, ValueError, AttributeError):  # unparsable: not counted
         return None
+
+
+def assigned_symbols(region) -> frozenset[str]:
+    """Symbols that `region`'s body assigns: on its interstate edges, or as the variables of loops inside it
+    (what `counted_loop` needs to know is not a bound or the variable itself)."""
+    names = set()
+    for edge in region.all_interstate_edges():
+        names |= set(edge.data.assignments)
+    for block in region.all_control_flow_blocks():
+        if isinstance(block, LoopRegion) and block.loop_variable:
+            names.add(block.loop_variable)
+    return frozenset(names)
 
 
 def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedLoop | None:

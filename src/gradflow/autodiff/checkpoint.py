@@ -41,6 +41,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.graph import SubgraphView
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.loops import assigned_symbols, counted_loop
 from gradflow.analysis.writes import overwritten_before_read_in
 from gradflow.autodiff import revolve
 from gradflow.autodiff.context import ReverseContext
@@ -101,13 +102,10 @@ def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
 def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRegion]:
     """The loops a checkpoint policy names (`labels`; while loops included), or all outermost counted `for`
     loops (None)."""
-    from gradflow.autodiff.structure import _assigned_symbols
-    from gradflow.analysis.loops import counted_loop
-
     loops = [b for b in sdfg.all_control_flow_regions() if isinstance(b, LoopRegion)]
     if labels is None:
         return [loop for loop in loops if not _loops_around(loop)
-                and counted_loop(loop, _assigned_symbols(loop)) is not None and unsupported(sdfg, loop) is None]
+                and counted_loop(loop, assigned_symbols(loop)) is not None and unsupported(sdfg, loop) is None]
     by_label = {loop.label: loop for loop in loops}
     missing = sorted(set(labels) - set(by_label))
     if missing:

@@ -16,9 +16,10 @@ import attrs
 import dace
 from dace import subsets
 from dace.sdfg import nodes as nd
-from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, LoopRegion, SDFGState
+from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, SDFGState
 
 from gradflow.analysis.activity import Activity
+from gradflow.analysis.loops import in_loop
 from gradflow.analysis.ops import Op
 
 
@@ -57,13 +58,9 @@ class ReverseContext:
         whole backward sweep runs: no working copy restores it, `state` is in no loop, and no other
         access node of the forward program writes it (a rule may then read an operation's result instead
         of recomputing it). None otherwise."""
-        if array in self.values or self.sdfg.arrays[array].lifetime != dace.dtypes.AllocationLifetime.Scope:
+        if (array in self.values or self.sdfg.arrays[array].lifetime != dace.dtypes.AllocationLifetime.Scope
+                or in_loop(state)):
             return None
-        block = state
-        while block is not None and block is not self.sdfg:
-            if isinstance(block, LoopRegion):
-                return None
-            block = block.parent_graph
         writers = [(n, s) for n, s in self.sdfg.all_nodes_recursive()
                    if isinstance(n, nd.AccessNode) and n.data == array and isinstance(s, SDFGState) and s.in_degree(n)]
         return array if writers and all(s is state for _, s in writers) and len(writers) == 1 else None

@@ -112,7 +112,7 @@ def _words(code) -> set[str]:
     return set(re.findall(r"[A-Za-z_]\w*", code.as_string)) if code is not None else set()
 
 
-def _read_elsewhere(region: ControlFlowRegion, loop: LoopRegion, name: str) -> bool:
+def read_elsewhere(region: ControlFlowRegion, loop: LoopRegion, name: str) -> bool:
     """Whether `name` is read in `region` outside `loop` where it is not rebound (a loop over a variable of
     the same name, e.g. the next convolution's, assigns it before reading it)."""
     for edge in region.edges():
@@ -126,14 +126,14 @@ def _read_elsewhere(region: ControlFlowRegion, loop: LoopRegion, name: str) -> b
                 return True
         elif isinstance(block, LoopRegion):
             codes = (block.loop_condition, block.init_statement, block.update_statement)
-            if any(name in _words(c) for c in codes) or _read_elsewhere(block, loop, name):
+            if any(name in _words(c) for c in codes) or read_elsewhere(block, loop, name):
                 return True
         elif isinstance(block, ConditionalBlock):
             if any(name in _words(c) for c, _ in block.branches if c is not None):
                 return True
-            if any(_read_elsewhere(branch, loop, name) for _, branch in block.branches):
+            if any(read_elsewhere(branch, loop, name) for _, branch in block.branches):
                 return True
-        elif isinstance(block, ControlFlowRegion) and _read_elsewhere(block, loop, name):
+        elif isinstance(block, ControlFlowRegion) and read_elsewhere(block, loop, name):
             return True
     return False
 
@@ -246,7 +246,7 @@ def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> Convo
         return None
     if _uses(sdfg, t_name) != 1 or _uses(sdfg, o_node.data) != 1:
         return None
-    if any(_read_elsewhere(sdfg, loop, str(v)) for v in (i, j)):
+    if any(read_elsewhere(sdfg, loop, str(v)) for v in (i, j)):
         return None
     return ConvolutionLoops(region, loop, x_name, w_name, out_node.data, (hs[0], ws[0]), (hs[1], ws[1]),
                             (t_name, o_node.data))

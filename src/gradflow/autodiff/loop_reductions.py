@@ -34,12 +34,12 @@ from dace import dtypes, symbolic
 from dace.libraries.standard import Reduce
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
-from returns.result import Success
 
-from gradflow.analysis.loops import counted_loop
+from gradflow.analysis.loops import assigned_symbols, counted_loop
+from gradflow.autodiff.idioms import read_elsewhere
 from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.core.symbolic import UnsupportedCode, read_tasklet
+from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
+from gradflow.core.symbolic import read_tasklet
 
 _KINDS = {sympy.Max: "max", sympy.Min: "min"}
 
@@ -100,7 +100,7 @@ def _values(state: dace.SDFGState):
         try:
             meaning = read_tasklet(node.code.as_string, node.in_connectors, node.out_connectors,
                                    constants=map(str, state.sdfg.free_symbols))
-        except (UnsupportedCode, Exception):  # noqa: BLE001 - anything the reader cannot read is not a match
+        except Exception:  # noqa: BLE001 - code the reader cannot read (UnsupportedCode, ...) is not a match
             return None
         if meaning.reads or meaning.writes:
             return None
@@ -111,30 +111,11 @@ def _values(state: dace.SDFGState):
 
 
 def _named_outside(sdfg: dace.SDFG, name: str, state: dace.SDFGState) -> bool:
+    from gradflow.optimize.first_writes import named_by_control  # `gradflow.optimize` imports this module
+
     return (any(isinstance(n, nd.AccessNode) and n.data == name and s is not state
                 for n, s in sdfg.all_nodes_recursive())
-            or any(name in map(str, e.data.free_symbols) for e in sdfg.all_interstate_edges(recursive=True)))
-
-
-def _redefines(block, var: str) -> bool:
-    """`block` lies in a loop whose own variable is `var` (it reads that loop's value, not a leftover)."""
-    region = block.parent_graph
-    while region is not None and not isinstance(region, dace.SDFG):
-        if isinstance(region, LoopRegion) and region.loop_variable == var:
-            return True
-        region = region.parent_graph
-    return False
-
-
-def _used_after(sdfg: dace.SDFG, loop: LoopRegion, var: str) -> bool:
-    """The loop variable is read outside the loop and outside every other loop over a variable of the same
-    name (its last value would be gone with the loop)."""
-    inside = set(loop.all_control_flow_blocks()) | {loop}
-    states = [s for s in sdfg.states() if s not in inside and not _redefines(s, var)]
-    edges = [e for e in sdfg.all_interstate_edges(recursive=True)
-             if e.src not in inside and e.dst not in inside and not _redefines(e.src, var)]
-    return (any(var in map(str, s.free_symbols) for s in states)
-            or any(var in map(str, e.data.free_symbols) for e in edges))
+            or named_by_control(sdfg, name))
 
 
 def _range_of(subset: str, var: str, interval) -> str | None:
@@ -159,8 +140,8 @@ def _match(sdfg: dace.SDFG, loop: LoopRegion) -> LoopReduction | None:
     if len(blocks) != 1 or not isinstance(blocks[0], dace.SDFGState):
         return None
     state = blocks[0]
-    counted = counted_loop(loop, frozenset(k for e in loop.all_interstate_edges() for k in e.data.assignments))
-    if counted is None or abs(counted.step) != 1 or _used_after(sdfg, loop, counted.var):
+    counted = counted_loop(loop, assigned_symbols(loop))
+    if counted is None or abs(counted.step) != 1 or read_elsewhere(sdfg, loop, counted.var):
         return None
     found = _values(state)
     if found is None:
@@ -241,14 +222,4 @@ class RaiseLoopReductions(Pass):
     name: ClassVar[str] = "raise_loop_reductions"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            while True:
-                found = _candidates(sub)
-                if not found:
-                    break
-                _raise(sub, found[0])
-        sdfg.reset_cfg_list()
-        return Success(Graph.adopt(sdfg, graph.meta))
+        return rewrite_one_at_a_time(graph, _candidates, _raise)

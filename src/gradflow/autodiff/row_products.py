@@ -35,11 +35,10 @@ from dace import symbolic
 from dace.libraries.blas import MatMul
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
-from returns.result import Success
 
-from gradflow.analysis.loops import counted_loop
+from gradflow.analysis.loops import assigned_symbols, counted_loop
 from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
 
 
 @attrs.frozen
@@ -54,11 +53,6 @@ class RowProduct:
     rows: tuple  # (begin, end) inclusive
     column: sympy.Expr
     cols: tuple  # (begin, end) inclusive, of the second operand
-
-
-def _assigned(loop: LoopRegion) -> frozenset[str]:
-    """Symbols assigned on interstate edges inside the loop."""
-    return frozenset(k for e in loop.all_interstate_edges(recursive=True) for k in e.data.assignments)
 
 
 def _written(loop: LoopRegion) -> set[str]:
@@ -113,7 +107,7 @@ def _candidates(sdfg: dace.SDFG) -> list[RowProduct]:
     for loop in sdfg.all_control_flow_regions():
         if not isinstance(loop, LoopRegion):
             continue
-        assigned = _assigned(loop)
+        assigned = assigned_symbols(loop)
         counted = counted_loop(loop, assigned)
         if counted is None:
             continue
@@ -175,14 +169,4 @@ class HoistRowProducts(Pass):
     name: ClassVar[str] = "hoist_row_products"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            while True:
-                found = _candidates(sub)
-                if not found:
-                    break
-                _hoist(sub, found[0])
-        sdfg.reset_cfg_list()
-        return Success(Graph.adopt(sdfg, graph.meta))
+        return rewrite_one_at_a_time(graph, _candidates, _hoist)

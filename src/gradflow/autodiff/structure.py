@@ -22,7 +22,7 @@ import attrs
 import dace
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion, SDFGState
 
-from gradflow.analysis.loops import CountedLoop, counted_loop, guarded_counted_loop
+from gradflow.analysis.loops import CountedLoop, assigned_symbols, counted_loop, guarded_counted_loop
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.context import OpSite
 from gradflow.core.errors import NotDifferentiableError
@@ -129,16 +129,6 @@ def block_chain(region: ControlFlowRegion) -> list:
     return blocks
 
 
-def _assigned_symbols(region: ControlFlowRegion) -> frozenset[str]:
-    names = set()
-    for edge in region.all_interstate_edges():
-        names |= set(edge.data.assignments)
-    for block in region.all_control_flow_blocks():
-        if isinstance(block, LoopRegion) and block.loop_variable:
-            names.add(block.loop_variable)
-    return frozenset(names)
-
-
 def assigned_types(sdfg: dace.SDFG) -> dict[str, dace.typeclass]:
     """The type DaCe infers for every symbol assigned on an interstate edge of `sdfg` (int64 when it cannot
     tell)."""
@@ -196,7 +186,7 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
                     sites.append(site)
                     items.append(OpItem(site))
             elif isinstance(block, LoopRegion):
-                counted = counted_loop(block, _assigned_symbols(block))
+                counted = counted_loop(block, assigned_symbols(block))
                 body = walk(block, loops + (block,))
                 if counted is not None:
                     items.append(LoopItem(block, counted, body, len(loops)))

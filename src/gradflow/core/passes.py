@@ -4,8 +4,9 @@ A pass is a frozen attrs class whose fields are its options and whose `run` maps
 `Result[Graph, GradflowError]`. `__call__` wraps `run` so that an unexpected exception from deep inside
 DaCe becomes a `PassError` value naming the pass (with the exception chained as its cause), never a bare
 traceback, and checks the graph `run` returns (`core/validation.py`: a malformed graph is a `PassError`
-naming the pass, not a crash in DaCe's code generator later). A pass declares the passes that must have run before it (`requires`), and the rule tables it
-uses as fields tagged with `table_field`, so a pipeline can swap a table for all of its steps.
+naming the pass, not a crash in DaCe's code generator later). A pass declares the passes that must have
+run before it (`requires`), and the rule tables it uses as fields tagged with `table_field`, so a pipeline
+can swap a table for all of its steps.
 
 A `Pipeline` is a tuple of passes and is itself a pass. It is a value users edit: by step name
 (`replace`, `insert_before`, `insert_after`, `without`), by table (`with_rules`), and built from the
@@ -80,6 +81,24 @@ class Pass:
     def provides(self) -> tuple[str, ...]:
         """The step names this pass counts as, for prerequisites (a pipeline: all of its steps')."""
         return (self.name,)
+
+
+def rewrite_one_at_a_time(graph: Graph, candidates: Callable[[Any], list],
+                          rewrite: Callable[[Any, Any], None]) -> PassResult:
+    """The run of a pass that rewrites matches one at a time: `candidates(sdfg)` finds them in one SDFG,
+    `rewrite(sdfg, match)` applies the first; found again after each rewrite (one may change what the next
+    sees), in every SDFG of the graph, on one copy. The graph itself when nothing matches."""
+    if not any(candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
+        return Success(graph)
+    sdfg = graph.editable()
+    for sub in sdfg.all_sdfgs_recursive():
+        while True:
+            found = candidates(sub)
+            if not found:
+                break
+            rewrite(sub, found[0])
+    sdfg.reset_cfg_list()
+    return Success(Graph.adopt(sdfg, graph.meta))
 
 
 def register_pass(cls: type[Pass]) -> type[Pass]:

@@ -30,18 +30,14 @@ from dace import subsets
 from dace.sdfg import nodes as nd
 from dace.frontend.operations import detect_reduction_type
 from dace.properties import CodeBlock
-from dace.sdfg.state import ControlFlowRegion, LoopRegion
-from returns.result import Success
+from dace.sdfg.state import ControlFlowRegion
 
 from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.first_writes import _named_in_code, accesses, chain_of, touches
+from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
+from gradflow.analysis.loops import in_loop
+from gradflow.optimize.dead_stores import KEPT_LIFETIMES
+from gradflow.optimize.first_writes import accesses, chain_of, named_by_control, touches
 from gradflow.optimize.product_scales import indexes_whole
-
-#: lifetimes whose values outlive one call (a later call may read them)
-_KEPT = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
-         dace.dtypes.AllocationLifetime.External)
-
 
 @attrs.frozen
 class Broadcast:
@@ -125,14 +121,6 @@ def _reads_elements(state: dace.SDFGState, node: nd.AccessNode) -> bool:
     return True
 
 
-def _in_loop(region) -> bool:
-    while region is not None and not isinstance(region, dace.SDFG):
-        if isinstance(region, LoopRegion):
-            return True
-        region = region.parent_graph
-    return False
-
-
 def _named(block, name: str) -> list[nd.AccessNode]:
     if isinstance(block, dace.SDFGState):
         return accesses(block, name)
@@ -161,11 +149,6 @@ def _readers(order: list, k: int, region: ControlFlowRegion, name: str, source: 
     return found
 
 
-def _named_by_control(sdfg: dace.SDFG, name: str) -> bool:
-    return (any(name in map(str, e.data.free_symbols) for e in sdfg.all_interstate_edges(recursive=True))
-            or _named_in_code(sdfg, name))
-
-
 def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
     found = []
     for region in sdfg.all_control_flow_regions():
@@ -180,16 +163,16 @@ def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
             for entry, target, source, index, adds in _producers(block):
                 name = target.data
                 desc = sdfg.arrays[name]
-                if (not desc.transient or isinstance(desc, dace.data.View) or desc.lifetime in _KEPT
+                if (not desc.transient or isinstance(desc, dace.data.View) or desc.lifetime in KEPT_LIFETIMES
                         or accesses(block, name) != [target] or block.out_degree(target) or _writes(block, source)):
                     continue
                 readers = _readers(order, k, region, name, source)
                 everywhere = _named(sdfg, name)
                 # accesses before the broadcast: it overwrites or adds to what they leave, once (no loop runs
                 # them again after it); an addition needs what they wrote
-                before = [n for b in order[:k] for n in _named(b, name)] if not _in_loop(region) else []
+                before = [n for b in order[:k] for n in _named(b, name)] if not in_loop(block) else []
                 if (not readers or len(everywhere) != len(readers) + 1 + len(before) or (adds and not before)
-                        or _named_by_control(sdfg, name)):
+                        or named_by_control(sdfg, name)):
                     continue
                 found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers),
                                        adds))
@@ -267,13 +250,5 @@ class ForwardBroadcasts(Pass):
     name: ClassVar[str] = "forward_broadcasts"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            while True:  # one at a time: a forwarded broadcast may be the source of the next
-                found = _candidates(sub)
-                if not found:
-                    break
-                _forward(sub, found[0])
-        return Success(Graph.adopt(sdfg, graph.meta))
+        # one at a time: a forwarded broadcast may be the source of the next
+        return rewrite_one_at_a_time(graph, _candidates, _forward)

@@ -33,7 +33,7 @@ from gradflow.optimize.first_writes import _named_in_code, touches
 
 
 #: lifetimes whose values outlive one call: a write may be read by the next
-_KEPT = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
+KEPT_LIFETIMES = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
          dace.dtypes.AllocationLifetime.External)
 
 
@@ -84,7 +84,7 @@ def _dead_writes(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.AccessNode]]:
         for node in state.data_nodes():
             desc = node.desc(sdfg)
             if (not desc.transient or isinstance(desc, dace.data.View) or node.data in viewed
-                    or desc.lifetime in _KEPT or state.out_degree(node) or not state.in_degree(node)):
+                    or desc.lifetime in KEPT_LIFETIMES or state.out_degree(node) or not state.in_degree(node)):
                 continue
             before = nx.ancestors(state.nx, node)
             if any(n.data == node.data and n is not node and n not in before for n in state.data_nodes()):

@@ -80,6 +80,12 @@ def _named_in_code(block, name: str) -> bool:
     return False
 
 
+def named_by_control(sdfg: dace.SDFG, name: str) -> bool:
+    """An interstate edge, or a loop's or a conditional's own code, anywhere in `sdfg` names `name`."""
+    return (any(name in map(str, e.data.free_symbols) for e in sdfg.all_interstate_edges(recursive=True))
+            or _named_in_code(sdfg, name))
+
+
 def touches(block, name: str) -> bool:
     if isinstance(block, dace.SDFGState):
         return bool(accesses(block, name))

@@ -241,54 +241,66 @@ def _lanes(loop: nd.MapEntry) -> tuple[str, int, object] | None:
 
 def _accumulate_in_registers(sdfg: dace.SDFG, state: dace.SDFGState, owner: nd.MapEntry,
                              loop: nd.MapEntry, innermost: nd.MapEntry) -> None:
-    """Each sum into one element per iteration of the owner maps goes through local lanes: zeroed before
-    the sequential loops, summed into there (registers: the C++ compiler cannot keep an element of a heap
-    array in one, as it may alias the other arrays the loop touches), added to the element once after
-    them. Iteration q of the innermost loop adds into lane q, so that loop has no dependence from one
-    iteration to the next and vectorizes; without -ffast-math a single accumulator chains every add
-    on the previous one (4 cycles each: a BatchNorm's channel sums ran at 0.8 ns per element). The lanes
-    are summed in order at the end; a single loop of unknown or large extent gets one lane."""
+    """Each sum into one element per iteration of the owner maps goes through local lanes (see
+    `accumulate_in_register`). Iteration q of the innermost loop adds into lane q, so that loop has no
+    dependence from one iteration to the next and vectorizes; without -ffast-math a single accumulator
+    chains every add on the previous one (4 cycles each: a BatchNorm's channel sums ran at 0.8 ns per
+    element). The lanes are summed in order at the end; a single loop of unknown or large extent gets one
+    lane."""
     owner_exit, loop_exit = state.exit_node(owner), state.exit_node(loop)
     lanes = _lanes(innermost)
     for e in list(state.edges_between(loop_exit, owner_exit)):
         if e.data.wcr is None or e.data.is_empty() or e.data.subset.num_elements() != 1:
             continue
-        # in the element's type: float64 accumulators for float32 elements were tried and made a float32
-        # ResNet block's gradients 100x further from float64 torch's (1.2e-2 vs 9e-5), not closer
-        dtype = sdfg.arrays[e.data.data].dtype
-        width = lanes[1] if lanes is not None else 1
-        acc, _ = sdfg.add_array(f"gradflow_acc_{e.data.data}", [width], dtype, transient=True,
-                                storage=dace.StorageType.Register, find_new_name=True)
-        whole = f"0:{width}"
-        state.remove_edge(e)
-        total = state.add_access(acc)
-        into = state.add_edge(loop_exit, e.src_conn, total, None, dace.Memlet(data=acc, subset=whole, wcr=e.data.wcr))
-        for t in state.memlet_tree(into):
-            if t is into:
-                continue
-            leaf = not isinstance(t.src, nd.ExitNode)
-            lane = f"{lanes[0]} - ({lanes[2]})" if lanes is not None and leaf else "0"
-            t.data = dace.Memlet(data=acc, subset=lane if leaf or lanes is None else whole, wcr=t.data.wcr,
-                                 dynamic=t.data.dynamic)
-        ctype = dtype.ctype
-        # a one-element memlet reaches a tasklet as a value, a longer one as a pointer; connector names no
-        # program array can have (DaCe rejects a connector named like an array: nb_go_fast has an `a`)
-        clear = (f"for (int l = 0; l < {width}; ++l) __gf_o[l] = {ctype}(0);" if width > 1
-                 else f"__gf_o = {ctype}(0);")
-        zero = state.add_tasklet(f"zero_{acc}", {}, {"__gf_o": None}, clear, language=dace.dtypes.Language.CPP)
-        start = state.add_access(acc)
-        state.add_nedge(owner, zero, dace.Memlet())
-        state.add_edge(zero, "__gf_o", start, None, dace.Memlet(data=acc, subset=whole))
-        state.add_nedge(start, loop, dace.Memlet())
-        summed = (f"{ctype} gradflow_lanes = __gf_a[0];\n"
-                  f"for (int l = 1; l < {width}; ++l) gradflow_lanes += __gf_a[l];\n"
-                  "__gf_o = gradflow_lanes;") if width > 1 else "__gf_o = __gf_a;"
-        fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, summed,
-                                 language=dace.dtypes.Language.CPP)
-        state.add_edge(total, None, fold, "__gf_a", dace.Memlet(data=acc, subset=whole))
-        # one addition into the element (not a dynamic write, which DaCe leaves to the tasklet's code)
-        state.add_edge(fold, "__gf_o", owner_exit, e.dst_conn,
-                       dace.Memlet(data=e.data.data, subset=e.data.subset, wcr=e.data.wcr))
+        accumulate_in_register(sdfg, state, e, loop, lanes, opener=owner)
+
+
+def accumulate_in_register(sdfg: dace.SDFG, state: dace.SDFGState, edge, loop: nd.MapEntry,
+                           lanes: tuple[str, int, object] | None = None, opener: nd.Node | None = None) -> None:
+    """The sum `edge` carries out of `loop`'s exit into one element goes through a local `Register`
+    transient (registers: the C++ compiler cannot keep an element of a heap array in one, as it may alias
+    the other arrays the loop touches): zeroed before `loop` (after `opener`, when given), summed into by
+    the loop's iterations (`lanes`: iteration q of that loop parameter into lane q, `_lanes`), and added to
+    the element once after it."""
+    loop_exit = state.exit_node(loop)
+    # in the element's type: float64 accumulators for float32 elements were tried and made a float32
+    # ResNet block's gradients 100x further from float64 torch's (1.2e-2 vs 9e-5), not closer
+    dtype = sdfg.arrays[edge.data.data].dtype
+    width = lanes[1] if lanes is not None else 1
+    acc, _ = sdfg.add_array(f"gradflow_acc_{edge.data.data}", [width], dtype, transient=True,
+                            storage=dace.StorageType.Register, find_new_name=True)
+    whole = f"0:{width}"
+    state.remove_edge(edge)
+    total = state.add_access(acc)
+    into = state.add_edge(loop_exit, edge.src_conn, total, None, dace.Memlet(data=acc, subset=whole, wcr=edge.data.wcr))
+    for t in state.memlet_tree(into):
+        if t is into:
+            continue
+        leaf = not isinstance(t.src, nd.ExitNode)
+        lane = f"{lanes[0]} - ({lanes[2]})" if lanes is not None and leaf else "0"
+        # a dynamic write (a tasklet adding only on some paths) stays dynamic
+        t.data = dace.Memlet(data=acc, subset=lane if leaf or lanes is None else whole, wcr=t.data.wcr,
+                             dynamic=t.data.dynamic)
+    ctype = dtype.ctype
+    # a one-element memlet reaches a tasklet as a value, a longer one as a pointer; connector names no
+    # program array can have (DaCe rejects a connector named like an array: nb_go_fast has an `a`)
+    clear = (f"for (int l = 0; l < {width}; ++l) __gf_o[l] = {ctype}(0);" if width > 1
+             else f"__gf_o = {ctype}(0);")
+    zero = state.add_tasklet(f"zero_{acc}", {}, {"__gf_o": None}, clear, language=dace.dtypes.Language.CPP)
+    start = state.add_access(acc)
+    if opener is not None:
+        state.add_nedge(opener, zero, dace.Memlet())
+    state.add_edge(zero, "__gf_o", start, None, dace.Memlet(data=acc, subset=whole))
+    state.add_nedge(start, loop, dace.Memlet())
+    summed = (f"{ctype} gradflow_lanes = __gf_a[0];\n"
+              f"for (int l = 1; l < {width}; ++l) gradflow_lanes += __gf_a[l];\n"
+              "__gf_o = gradflow_lanes;") if width > 1 else "__gf_o = __gf_a;"
+    fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, summed,
+                             language=dace.dtypes.Language.CPP)
+    state.add_edge(total, None, fold, "__gf_a", dace.Memlet(data=acc, subset=whole))
+    # one addition into the element (not a dynamic write, which DaCe leaves to the tasklet's code)
+    state.add_edge(fold, "__gf_o", edge.dst, edge.dst_conn,
+                   dace.Memlet(data=edge.data.data, subset=edge.data.subset, wcr=edge.data.wcr))
 
 
 @register_pass

@@ -28,11 +28,10 @@ import dace
 import sympy
 from dace.libraries.blas import Gemm, Gemv, MatMul
 from dace.sdfg import nodes as nd
-from returns.result import Success
 
 from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.first_writes import _named_in_code
+from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
+from gradflow.optimize.first_writes import named_by_control
 
 #: the operand connectors of each product node that `alpha` multiplies
 _OPERANDS = {MatMul: ("_a", "_b"), Gemm: ("_a", "_b"), Gemv: ("_A", "_x")}
@@ -98,8 +97,7 @@ def _named_elsewhere(sdfg: dace.SDFG, name: str, node: nd.AccessNode) -> bool:
     conditional's code."""
     if any(isinstance(n, nd.AccessNode) and n.data == name and n is not node for n, _ in sdfg.all_nodes_recursive()):
         return True
-    return (any(name in e.data.free_symbols for e in sdfg.all_interstate_edges(recursive=True))
-            or _named_in_code(sdfg, name))
+    return named_by_control(sdfg, name)
 
 
 def _squeezed_rank(memlet) -> int:
@@ -192,13 +190,4 @@ class FoldProductScales(Pass):
     name: ClassVar[str] = "fold_product_scales"
 
     def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            while True:  # one at a time: a fold can change what the next match sees
-                found = _candidates(sub)
-                if not found:
-                    break
-                _fold(*found[0])
-        return Success(Graph.adopt(sdfg, graph.meta))
+        return rewrite_one_at_a_time(graph, _candidates, lambda sdfg, found: _fold(*found))

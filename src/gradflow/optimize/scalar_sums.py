@@ -26,6 +26,7 @@ from returns.result import Success
 
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.optimize.owned_sums import accumulate_in_register
 
 _FLOATS = (dace.float16, dace.float32, dace.float64)
 
@@ -55,31 +56,6 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, obje
     return found
 
 
-def _accumulate(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, edge) -> None:
-    exit_ = state.exit_node(entry)
-    dtype = sdfg.arrays[edge.data.data].dtype
-    acc, _ = sdfg.add_array(f"gradflow_acc_{edge.data.data}", [1], dtype, transient=True,
-                            storage=dace.StorageType.Register, find_new_name=True)
-    state.remove_edge(edge)
-    total = state.add_access(acc)
-    into = state.add_edge(exit_, edge.src_conn, total, None, dace.Memlet(data=acc, subset="0", wcr=edge.data.wcr))
-    for e in state.memlet_tree(into):
-        if e is not into:  # a dynamic write (a tasklet adding only on some paths) stays dynamic
-            e.data = dace.Memlet(data=acc, subset="0", wcr=e.data.wcr, dynamic=e.data.dynamic)
-    # connector names no program array can have (a user's `a` or `o` would clash)
-    zero = state.add_tasklet(f"zero_{acc}", {}, {"__gf_o": None}, f"__gf_o = {dtype.ctype}(0);",
-                             language=dace.dtypes.Language.CPP)
-    start = state.add_access(acc)
-    state.add_edge(zero, "__gf_o", start, None, dace.Memlet(data=acc, subset="0"))
-    state.add_nedge(start, entry, dace.Memlet())
-    fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, "__gf_o = __gf_a;",
-                             language=dace.dtypes.Language.CPP)
-    state.add_edge(total, None, fold, "__gf_a", dace.Memlet(data=acc, subset="0"))
-    # the element gets exactly one addition (not a dynamic write, which DaCe leaves to the tasklet's code)
-    state.add_edge(fold, "__gf_o", edge.dst, edge.dst_conn,
-                   dace.Memlet(data=edge.data.data, subset=edge.data.subset, wcr=edge.data.wcr))
-
-
 @register_pass
 @attrs.frozen
 class RegisterScalarSums(Pass):
@@ -93,5 +69,5 @@ class RegisterScalarSums(Pass):
         sdfg = graph.editable()
         for sub in sdfg.all_sdfgs_recursive():
             for state, entry, edge in _candidates(sub):
-                _accumulate(sub, state, entry, edge)
+                accumulate_in_register(sub, state, edge, entry)
         return Success(Graph.adopt(sdfg, graph.meta))

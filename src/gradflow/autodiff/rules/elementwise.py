@@ -79,7 +79,7 @@ def _read_results(ef: ElementFunction, ctx: ReverseContext, state,
     return found
 
 
-def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state=None) -> _Plan:
+def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state) -> _Plan:
     gouts = [i for i, p in enumerate(ef.outputs) if ctx.grad_of(p.array)]
     for i in gouts:
         if ef.outputs[i].wcr not in (None, "sum"):
@@ -96,7 +96,7 @@ def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state=None) -> _
             total += sympy.Symbol(f"__gout{i}", real=True) * derivative(ef.exprs[i], port.symbol)
         if total != 0:
             contrib[j] = total
-    results = _read_results(ef, ctx, state, contrib) if state is not None else {}
+    results = _read_results(ef, ctx, state, contrib)
 
     in_map = ef.map_entry is not None
     overwritten = {ef.outputs[i].key: ef.outputs[i] for i in gouts if ef.outputs[i].wcr is None}

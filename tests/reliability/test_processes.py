@@ -61,3 +61,33 @@ def test_four_fresh_processes_share_one_build(tmp_path):
     entries = sorted(p.name for p in cache.iterdir() if p.is_dir())
     assert len(entries) == 1 and (cache / entries[0] / "BUILT").is_file(), entries
     assert all(r["value"] == reports[0]["value"] and r["grads"] == reports[0]["grads"] for r in reports)
+
+
+#: Programs whose loops `LoopToMap` turns into maps: DaCe numbers the new maps' connectors in the order it
+#: iterates a set of names, which follows the hash seed (the fingerprint must not).
+SEEDED = ("lp_softmax", "lp_triangular", "lp_masked_normalise")
+
+FINGERPRINTS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from gradflow.api import grad_graph
+from gradflow.optimize import optimized
+from gradflow.verify.corpus import loops
+cases = {c.name: c for c in loops.CASES}
+print(json.dumps({n: [grad_graph(cases[n].program, wrt=list(cases[n].wrt), of=cases[n].of).fingerprint,
+                      optimized(cases[n].program).fingerprint] for n in sys.argv[2:]}))
+"""
+
+
+def test_gradients_of_loops_made_maps_hash_alike_under_any_hash_seed():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(REPO)])}
+    children = [subprocess.Popen([sys.executable, "-c", FINGERPRINTS, str(REPO), *SEEDED], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env={**env, "PYTHONHASHSEED": str(seed)})
+                for seed in (1, 2)]
+    reports = []
+    for child in children:
+        out, err = child.communicate(timeout=600)
+        assert child.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert set(reports[0]) == set(SEEDED)
+    assert reports[0] == reports[1]

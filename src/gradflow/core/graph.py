@@ -36,6 +36,76 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+#: JSON types of the nodes whose `IN_x`/`OUT_x` connectors are names only: DaCe numbers them in whatever
+#: order a transformation met the data (`LoopToMap` iterates over sets of names: the numbering follows the
+#: hash seed), so the fingerprint renames them in an order of their own.
+_SCOPE_NODES = frozenset({"MapEntry", "MapExit", "ConsumeEntry", "ConsumeExit"})
+_SCOPE_PREFIXES = ("IN_", "OUT_")
+
+
+def _masked(connector: Any) -> Any:
+    """A connector as seen from the other end of an edge: scope connectors without their arbitrary suffix."""
+    if isinstance(connector, str):
+        for prefix in _SCOPE_PREFIXES:
+            if connector.startswith(prefix):
+                return prefix
+    return connector
+
+
+def _renamed_scope_connectors(graph: dict) -> dict:
+    """`graph` (a state's JSON) with the `IN_x`/`OUT_x` connectors of every scope node renamed `IN_1`,
+    `OUT_1`, ... in the order of what they carry (memlet, and the node and connector at the other end).
+
+    A connector pair keeps one suffix; suffixes alike in all of that keep their order (a cache miss at
+    worst). Renaming a node's connectors consistently with its edges does not change the program."""
+    nodes, edges = graph["nodes"], graph["edges"]
+    by_id = {str(n["id"]): n for n in nodes}
+    renames: dict[str, dict[str, str]] = {}
+    for node in nodes:
+        if node.get("type") not in _SCOPE_NODES:
+            continue
+        attrs_ = node.get("attributes", {})
+        names = [c for key in ("in_connectors", "out_connectors") for c in (attrs_.get(key) or {})]
+        suffixes = sorted({c[len(p):] for c in names for p in _SCOPE_PREFIXES if c.startswith(p)})
+        if not suffixes:
+            continue
+        me = str(node["id"])
+        carried: dict[str, list[str]] = {x: [] for x in suffixes}
+        for e in edges:
+            for end, conn, other, other_conn in (("src", e.get("src_connector"), e.get("dst"), e.get("dst_connector")),
+                                                 ("dst", e.get("dst_connector"), e.get("src"), e.get("src_connector"))):
+                if str(e.get(end)) != me or not isinstance(conn, str):
+                    continue
+                for prefix in _SCOPE_PREFIXES:
+                    if conn.startswith(prefix) and conn[len(prefix):] in carried:
+                        far = by_id.get(str(other), {})
+                        carried[conn[len(prefix):]].append(_digest([end, prefix, e.get("attributes"), far.get("type"),
+                                                                    far.get("label"), _masked(other_conn)]))
+        order = sorted(suffixes, key=lambda x: (sorted(carried[x]), suffixes.index(x)))
+        mapping = {p + old: p + str(k + 1) for k, old in enumerate(order) for p in _SCOPE_PREFIXES}
+        if any(old != new for old, new in mapping.items()):
+            renames[me] = mapping
+    if not renames:
+        return graph
+
+    def rename(node_id: Any, conn: Any) -> Any:
+        return renames.get(str(node_id), {}).get(conn, conn) if isinstance(conn, str) else conn
+
+    out_nodes = []
+    for node in nodes:
+        mapping = renames.get(str(node["id"]))
+        if mapping:
+            attrs_ = dict(node["attributes"])
+            for key in ("in_connectors", "out_connectors"):
+                if isinstance(attrs_.get(key), dict):
+                    attrs_[key] = {mapping.get(c, c): t for c, t in attrs_[key].items()}
+            node = dict(node, attributes=attrs_)
+        out_nodes.append(node)
+    out_edges = [dict(e, src_connector=rename(e.get("src"), e.get("src_connector")),
+                      dst_connector=rename(e.get("dst"), e.get("dst_connector"))) for e in edges]
+    return dict(graph, nodes=out_nodes, edges=out_edges)
+
+
 def _canonical_graph(graph: dict) -> dict:
     """`graph` (a state or a control-flow region, already canonical inside) with its nodes sorted by a
     structural key and every id that refers to them renumbered.
@@ -45,9 +115,11 @@ def _canonical_graph(graph: dict) -> dict:
     at worst makes two equal programs hash apart (a cache miss), never two different ones alike. Dataflow
     edges are sorted completely; interstate edges keep their relative order per source block, since the
     order of conditional out-edges may matter to code generation."""
-    nodes, edges = graph["nodes"], graph["edges"]
-    if not all(isinstance(n, dict) and isinstance(n.get("id"), int) for n in nodes):
+    if not all(isinstance(n, dict) and isinstance(n.get("id"), int) for n in graph["nodes"]):
         return graph
+    if graph.get("type") == "SDFGState":
+        graph = _renamed_scope_connectors(graph)
+    nodes, edges = graph["nodes"], graph["edges"]
     position = {str(n["id"]): k for k, n in enumerate(nodes)}
     refs = ("id", "scope_entry", "scope_exit")
     keys = [_digest({k: v for k, v in n.items() if k not in refs}) for n in nodes]

@@ -8,7 +8,8 @@ non-unit dimensions. Reverse, per input element x[i] reduced into y[o(i)]:
 - max/min: the result R is read from the output where the backward sweep finds it unchanged
   (`ReverseContext.final_value`: written once, outside loops), else recomputed by a `Reduce` node of the
   same kind into a temporary; ties are counted (cnt[o] = #{i : x[i] == R[o]}) and
-  gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split equally, as `torch.amax`);
+  gx[i] += gy[o(i)] * (x[i] == R[o(i)]) / cnt[o(i)] (ties split equally, as `torch.amax`). Where
+  dimensions are kept, both happen in one scope per output element (`_count_and_spread_by_output`);
 then gy is cleared on the output subset (the reduction overwrote it) unless the node accumulates (no
 identity and a sum).
 
@@ -18,6 +19,8 @@ where factors are zero (`autodiff/rules/product.py`).
 """
 
 from __future__ import annotations
+
+import re
 
 import dace
 import sympy
@@ -106,7 +109,8 @@ class ReduceReverse:
             return
         x, y, gy, gx = operands
         accumulate = node.identity is None or y.wcr is not None
-        if accumulate and (kind != "sum" or (y.wcr is not None and reduction_type(y.wcr) != dace.dtypes.ReductionType.Sum)):
+        summed = y.wcr is not None and reduction_type(y.wcr) == dace.dtypes.ReductionType.Sum
+        if accumulate and (kind != "sum" or (y.wcr is not None and not summed)):
             raise NotDifferentiableError(f"{where(site)}: a {kind} reduction that combines with the old output value",
                                          "give the reduction an identity")
         label = f"{site.state.label}_{y.array}"
@@ -126,8 +130,6 @@ class ReduceReverse:
         sdfg = ctx.sdfg
         vx = ctx.value_of(site.index, x.array)
         desc = sdfg.arrays[y.array]
-        count, _ = sdfg.add_array(f"gradflow_t_count_{y.array}", desc.shape, desc.dtype, transient=True,
-                                  find_new_name=True)
         result = ctx.final_value(site.state, y.array) if y.wcr is None else None
         if result is None:  # the result is recomputed (the output may hold something else by now)
             result, _ = sdfg.add_array(f"gradflow_t_{kind}_{y.array}", desc.shape, desc.dtype, transient=True,
@@ -137,15 +139,68 @@ class ReduceReverse:
             state.add_node(red)
             state.add_edge(state.add_read(vx), None, red, None, x.memlet(vx))
             state.add_edge(red, None, state.add_write(result), None, y.memlet(result))
+        gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
+        kept = {p: r for p, r in ranges.items() if p in _names(yo)}
+        if kept and len(kept) < len(ranges):
+            _count_and_spread_by_output(ctx.new_state(f"reverse_{label}"), f"{kind}_{label}", kept,
+                                        {p: r for p, r in ranges.items() if p not in kept}, vx, xi, result, yo,
+                                        gy, gx)
+            return
+        count, _ = sdfg.add_array(f"gradflow_t_count_{y.array}", desc.shape, desc.dtype, transient=True,
+                                  find_new_name=True)
         fill(ctx.new_state(f"count_{label}_zero"), count, "0")
         add_element_tasklet(ctx.new_state(f"count_{label}"), f"count_{label}", ranges or None,
                             {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]")},
                             "__c = (__x == __r)", {"__c": dace.Memlet(f"{count}[{yo}]", wcr=SUM)})
         add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_{kind}_{label}", ranges or None,
                             {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]"),
-                             "__c": dace.Memlet(f"{count}[{yo}]"), "__g": dace.Memlet(f"{ctx.grad_of(y.array)}[{yo}]")},
-                            "__o = (__x == __r) * __g / __c",
-                            {"__o": dace.Memlet(f"{ctx.grad_of(x.array)}[{xi}]", wcr=SUM)})
+                             "__c": dace.Memlet(f"{count}[{yo}]"), "__g": dace.Memlet(f"{gy}[{yo}]")},
+                            _SPREAD, {"__o": dace.Memlet(f"{gx}[{xi}]", wcr=SUM)})
+
+
+#: the gradient of an extremum's element: its share among the elements equal to the result
+_SPREAD = "__o = (__x == __r) * __g / __c"
+
+
+def _names(subset: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_]\w*", subset))
+
+
+def _count_and_spread_by_output(state: dace.SDFGState, label: str, kept: dict[str, str], reduced: dict[str, str],
+                                vx: str, xi: str, result: str, yo: str, gy: str, gx: str) -> None:
+    """Ties counted and the gradient spread in one scope per output element: a map over the kept dimensions
+    around two sequential maps over the reduced ones, with the count and each tie's share (the output's
+    gradient over the count) in registers between them. The input elements of one output are read twice
+    while they are in cache (two passes over the whole input before)."""
+    sdfg = state.sdfg
+    dtype = sdfg.arrays[gx].dtype
+    # an integer count: its sum is not a chain of floating-point additions, so the compiler vectorizes it
+    count, _ = sdfg.add_array(f"gradflow_t_count_{label}", [1], dace.int64, transient=True,
+                              storage=dace.StorageType.Register, find_new_name=True)
+    share, _ = sdfg.add_array(f"gradflow_t_share_{label}", [1], dtype, transient=True,
+                              storage=dace.StorageType.Register, find_new_name=True)
+    outer, outer_exit = state.add_map(f"ties_{label}", kept)
+    tally, tally_exit = state.add_map(f"count_{label}", reduced, schedule=dace.ScheduleType.Sequential)
+    spread, spread_exit = state.add_map(f"spread_{label}", reduced, schedule=dace.ScheduleType.Sequential)
+    zero = state.add_tasklet(f"zero_count_{label}", {}, {"__o"}, "__o = 0")
+    counted = state.add_tasklet(f"count_{label}", {"__x", "__r"}, {"__c"}, "__c = (__x == __r)")
+    divide = state.add_tasklet(f"share_{label}", {"__g", "__c"}, {"__s"}, "__s = __g / __c")
+    spreads = state.add_tasklet(f"rev_{label}", {"__x", "__r", "__s"}, {"__o"}, "__o = (__x == __r) * __s")
+    state.add_nedge(outer, zero, dace.Memlet())
+    start, total, each = state.add_access(count), state.add_access(count), state.add_access(share)
+    state.add_edge(zero, "__o", start, None, dace.Memlet(f"{count}[0]"))
+    state.add_nedge(start, tally, dace.Memlet())
+    x_in, r_in = state.add_read(vx), state.add_read(result)
+    for entry, task in ((tally, counted), (spread, spreads)):
+        state.add_memlet_path(x_in, outer, entry, task, memlet=dace.Memlet(f"{vx}[{xi}]"), dst_conn="__x")
+        state.add_memlet_path(r_in, outer, entry, task, memlet=dace.Memlet(f"{result}[{yo}]"), dst_conn="__r")
+    state.add_memlet_path(counted, tally_exit, total, memlet=dace.Memlet(f"{count}[0]", wcr=SUM), src_conn="__c")
+    state.add_edge(total, None, divide, "__c", dace.Memlet(f"{count}[0]"))
+    state.add_memlet_path(state.add_read(gy), outer, divide, memlet=dace.Memlet(f"{gy}[{yo}]"), dst_conn="__g")
+    state.add_edge(divide, "__s", each, None, dace.Memlet(f"{share}[0]"))
+    state.add_memlet_path(each, spread, spreads, memlet=dace.Memlet(f"{share}[0]"), dst_conn="__s")
+    state.add_memlet_path(spreads, spread_exit, outer_exit, state.add_write(gx),
+                          memlet=dace.Memlet(f"{gx}[{xi}]", wcr=SUM), src_conn="__o")
 
 
 

@@ -149,6 +149,21 @@ def _optimized_but_scalar_sums() -> Graph:
     return grad_graph(loops.lp_softmax, wrt="X", of="S", optimize=OPTIMIZE.without("register_scalar_sums"))
 
 
+def _unmarked_simd_sums(g: Graph) -> int:
+    from gradflow.optimize.simd_sums import _candidates
+
+    return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
+def _optimized_but_simd_sums() -> Graph:
+    """lp_softmax's gradient through every other step of `OPTIMIZE`: its per-row loops sum into register
+    accumulators."""
+    from gradflow.api import grad_graph
+    from gradflow.optimize import OPTIMIZE
+
+    return grad_graph(loops.lp_softmax, wrt="X", of="S", optimize=OPTIMIZE.without("simd_register_sums"))
+
+
 def _npbench_unviewed(name: str) -> Callable[[], Graph]:
     def build() -> Graph:
         from gradflow.autodiff.views import RemoveViews
@@ -257,6 +272,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),
     "forward_broadcasts": (_sum_gradient, None, _broadcasts, ("> 0", 0)),
     "register_scalar_sums": (_optimized_but_scalar_sums, None, _scalar_sums, ("> 0", 0)),
+    "simd_register_sums": (_optimized_but_simd_sums, None, _unmarked_simd_sums, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

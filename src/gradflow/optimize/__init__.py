@@ -26,6 +26,7 @@ from gradflow.optimize.product_scales import FoldProductScales
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scalar_sums import RegisterScalarSums
 from gradflow.optimize.scatter import OwnScatterWrites
+from gradflow.optimize.simd_sums import SimdRegisterSums
 from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.schedules import ChooseSchedules
 from gradflow.optimize.versioning import VersionBySize
@@ -36,7 +37,8 @@ from gradflow.optimize.versioning import VersionBySize
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
-                     LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums()))
+                     LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
+                     SimdRegisterSums()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -46,4 +48,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
-           "OwnScatterWrites", "RaiseLoopReductions", "RegisterScalarSums", "VersionBySize", "optimized"]
+           "OwnScatterWrites", "RaiseLoopReductions", "RegisterScalarSums", "SimdRegisterSums", "VersionBySize",
+           "optimized"]

@@ -1,0 +1,120 @@
+"""`simd_register_sums`: a sequential loop that sums into local accumulators is marked `omp simd`.
+
+A one-element `Register` accumulator (`register_scalar_sums`, `nest_reductions` over a loop of unknown
+extent) takes every iteration's value in order: without `-ffast-math` the C++ compiler vectorizes the
+rest of the loop but adds the lanes one after the other, a chain of dependent adds (4 cycles each: the
+per-row sums of softmax's backward, over 128 elements, spent a third of its time there). OpenMP's
+`#pragma omp simd reduction(+: acc[0:1])` licenses that one sum to be kept in several partial sums, as
+`gradflow-vector`'s `Reduce` does and numpy's pairwise sums, torch and XLA do; nothing else in the
+program is reassociated.
+
+A map is marked (its `instrument` set to `SIMD_SUMS`, which `SimdSumsProvider` turns into the pragma on
+the loop) when it is sequential, one-dimensional with unit step, holds no other scope, every write-conflict
+it makes goes either into such an accumulator (read nowhere in the loop) or into one element per
+iteration (an index affine in the loop variable), and at least one goes into an accumulator. Iterations
+of a map are independent, so the `simd` promise holds for the rest of the body.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import dace
+import sympy
+from dace import dtypes, registry, symbolic
+from dace.codegen.instrumentation.provider import InstrumentationProvider
+from dace.frontend.operations import detect_reduction_type
+from dace.sdfg import nodes as nd
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult, register_pass
+
+#: the instrumentation type that stands for "emit the `omp simd` pragma of this loop"
+SIMD_SUMS = (dtypes.InstrumentationType.SIMD_SUMS if "SIMD_SUMS" in dtypes.InstrumentationType.__members__
+             else dtypes.InstrumentationType.register("SIMD_SUMS"))
+
+#: reductions OpenMP names, by DaCe's reduction type
+_OMP = {dtypes.ReductionType.Sum: "+", dtypes.ReductionType.Product: "*", dtypes.ReductionType.Max: "max",
+        dtypes.ReductionType.Min: "min"}
+_TYPES = (dace.float32, dace.float64, dace.int32, dace.int64)
+
+
+def _accumulator(sdfg: dace.SDFG, memlet) -> str | None:
+    """The OpenMP reduction of a write into a one-element local accumulator, else None."""
+    desc = sdfg.arrays[memlet.data]
+    if desc.storage != dace.StorageType.Register or desc.total_size != 1 or desc.dtype not in _TYPES:
+        return None
+    return _OMP.get(detect_reduction_type(memlet.wcr))
+
+
+def _one_per_iteration(memlet, param: str) -> bool:
+    """The write touches one element, at an index that moves with the loop variable."""
+    if memlet.subset.num_elements() != 1:
+        return False
+    p = symbolic.symbol(param)
+    for begin, _, _ in memlet.subset.ndrange():
+        slope = sympy.diff(symbolic.pystr_to_symbolic(str(begin)), p)
+        if slope.is_number and slope != 0:
+            return True
+    return False
+
+
+def reductions(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> dict[str, str] | None:
+    """The accumulators of `entry`'s loop with their OpenMP reductions, or None when the loop may not be
+    marked (module doc)."""
+    m = entry.map
+    if m.schedule != dace.ScheduleType.Sequential or len(m.params) != 1 or m.range.ranges[0][2] != 1:
+        return None
+    inside = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
+    if any(isinstance(n, nd.EntryNode) for n in inside):
+        return None
+    exit_ = state.exit_node(entry)
+    read = {e.data.data for e in state.in_edges(entry) if not e.data.is_empty()}
+    found: dict[str, str] = {}
+    for e in state.in_edges(exit_):
+        if e.data.is_empty() or e.data.wcr is None:
+            continue
+        op = _accumulator(sdfg, e.data)
+        if op is not None and e.data.data not in read and found.get(e.data.data, op) == op:
+            found[e.data.data] = op
+        elif not _one_per_iteration(e.data, m.params[0]):
+            return None
+    return found or None
+
+
+def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry]]:
+    return [(state, n) for state in sdfg.states() for n in state.nodes()
+            if isinstance(n, nd.MapEntry) and n.map.instrument != SIMD_SUMS and reductions(sdfg, state, n)]
+
+
+@registry.autoregister_params(type=SIMD_SUMS)
+class SimdSumsProvider(InstrumentationProvider):
+    """Writes `#pragma omp simd reduction(...)` right before the loop of a map marked `SIMD_SUMS`."""
+
+    def writes_to_report(self) -> bool:
+        return False
+
+    def on_scope_entry(self, sdfg, cfg, state, node, outer_stream, inner_stream, global_stream) -> None:
+        found = reductions(sdfg, state, node) if isinstance(node, nd.MapEntry) else None
+        if found:  # re-checked: a marked map edited after the pass gets no promise it may not keep
+            clauses = " ".join(f"reduction({op}: {name}[0:1])" for name, op in sorted(found.items()))
+            outer_stream.write(f"#pragma omp simd {clauses}", cfg, state.block_id, node)
+
+
+@register_pass
+@attrs.frozen
+class SimdRegisterSums(Pass):
+    """Mark sequential loops that sum into local accumulators for `omp simd` (module doc)."""
+
+    name: ClassVar[str] = "simd_register_sums"
+
+    def run(self, graph: Graph) -> PassResult:
+        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
+            return Success(graph)
+        sdfg = graph.editable()
+        for sub in sdfg.all_sdfgs_recursive():
+            for _, entry in _candidates(sub):
+                entry.map.instrument = SIMD_SUMS
+        return Success(Graph.adopt(sdfg, graph.meta))

@@ -1,0 +1,80 @@
+"""`simd_register_sums`: sequential loops that sum into one-element register accumulators get
+`#pragma omp simd reduction(...)`; loops whose other write-conflicts could meet in one element, or that
+read their accumulator, do not. Values: the two-route test runs every corpus program through it."""
+
+from __future__ import annotations
+
+import re
+
+import dace
+import numpy as np
+import pytest
+
+from gradflow.core.graph import Graph
+from gradflow.optimize.simd_sums import SIMD_SUMS, SimdRegisterSums, reductions
+from gradflow.runtime.compile import compile_sdfg
+
+N = dace.symbol("N")
+
+
+def _loop(write: str, reads_acc: bool = False) -> dace.SDFG:
+    """acc[0] = 0; for j (sequential): acc[0] += X[j] * X[j] (+ acc[0] when `reads_acc`), and `write`
+    (B[...] += X[j], or nothing); S[0] = acc[0]."""
+    sdfg = dace.SDFG("simd_" + re.sub(r"\W", "_", str(write)) + ("_reads" if reads_acc else ""))
+    sdfg.add_array("X", [N], dace.float64)
+    sdfg.add_array("B", [N], dace.float64)
+    sdfg.add_array("S", [1], dace.float64)
+    sdfg.add_array("acc", [1], dace.float64, transient=True, storage=dace.StorageType.Register)
+    state = sdfg.add_state()
+    zero = state.add_tasklet("zero", {}, {"o"}, "o = 0")
+    start = state.add_access("acc")
+    state.add_edge(zero, "o", start, None, dace.Memlet("acc[0]"))
+    entry, exit_ = state.add_map("loop", {"j": "0:N"}, schedule=dace.ScheduleType.Sequential)
+    state.add_nedge(start, entry, dace.Memlet())
+    inputs = {"x"} | ({"a"} if reads_acc else set())
+    outputs = {"s"} | ({"b"} if write else set())
+    code = "s = x * x" + (" + a" if reads_acc else "") + ("\nb = x" if write else "")
+    task = state.add_tasklet("body", inputs, outputs, code)
+    state.add_memlet_path(state.add_read("X"), entry, task, memlet=dace.Memlet("X[j]"), dst_conn="x")
+    if reads_acc:
+        state.add_memlet_path(state.add_read("acc"), entry, task, memlet=dace.Memlet("acc[0]"), dst_conn="a")
+    total = state.add_access("acc")
+    state.add_memlet_path(task, exit_, total, memlet=dace.Memlet("acc[0]", wcr="lambda a, b: a + b"), src_conn="s")
+    if write:
+        state.add_memlet_path(task, exit_, state.add_access("B"), memlet=dace.Memlet(write, wcr="lambda a, b: a + b"),
+                              src_conn="b")
+    fold = state.add_tasklet("fold", {"a"}, {"o"}, "o = a")
+    state.add_edge(total, None, fold, "a", dace.Memlet("acc[0]"))
+    state.add_edge(fold, "o", state.add_write("S"), None, dace.Memlet("S[0]"))
+    return sdfg
+
+
+def _entry(sdfg: dace.SDFG):
+    return next((s, n) for s in sdfg.states() for n in s.nodes() if isinstance(n, dace.nodes.MapEntry))
+
+
+@pytest.mark.parametrize("write", [None, "B[j]", "B[N - 1 - j]"])
+def test_loops_summing_into_registers_are_marked(write) -> None:
+    sdfg = _loop(write)
+    assert reductions(sdfg, *_entry(sdfg)) == {"acc": "+"}
+    marked = SimdRegisterSums()(Graph.of(sdfg)).unwrap().sdfg
+    assert _entry(marked)[1].map.instrument == SIMD_SUMS
+    assert _entry(sdfg)[1].map.instrument != SIMD_SUMS  # the input is untouched
+    code = marked.generate_code()[0].clean_code
+    assert "#pragma omp simd reduction(+: acc[0:1])\n" in code.replace("\r", "")
+
+
+@pytest.mark.parametrize("write, reads_acc", [("B[j // 2]", False), ("B[0]", False), (None, True)])
+def test_loops_that_may_meet_or_read_the_accumulator_are_not(write, reads_acc) -> None:
+    sdfg = _loop(write, reads_acc)
+    assert reductions(sdfg, *_entry(sdfg)) is None
+    assert SimdRegisterSums()(Graph.of(sdfg)).unwrap().sdfg.hash_sdfg() == sdfg.hash_sdfg()
+
+
+def test_a_marked_loop_sums_right() -> None:
+    marked = SimdRegisterSums()(Graph.of(_loop("B[j]"))).unwrap().sdfg
+    x = np.random.default_rng(3).standard_normal(1001)
+    b, s = np.zeros(1001), np.zeros(1)
+    compile_sdfg(marked)(X=x, B=b, S=s, N=1001)
+    np.testing.assert_allclose(s[0], np.dot(x, x), rtol=1e-13)
+    np.testing.assert_array_equal(b, x)

@@ -78,3 +78,14 @@ def test_a_marked_loop_sums_right() -> None:
     compile_sdfg(marked)(X=x, B=b, S=s, N=1001)
     np.testing.assert_allclose(s[0], np.dot(x, x), rtol=1e-13)
     np.testing.assert_array_equal(b, x)
+
+
+def test_a_loop_that_also_assigns_its_accumulator_is_not_marked() -> None:
+    sdfg = _loop(None)
+    state, entry = _entry(sdfg)
+    task = next(n for n in state.nodes() if isinstance(n, dace.nodes.Tasklet) and n.label == "body")
+    task.add_out_connector("t")
+    task.code.as_string = "s = x * x\nt = x"
+    total = next(e.dst for e in state.out_edges(state.exit_node(entry)))
+    state.add_memlet_path(task, state.exit_node(entry), total, memlet=dace.Memlet("acc[0]"), src_conn="t")
+    assert reductions(sdfg, state, entry) is None

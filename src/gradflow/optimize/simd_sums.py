@@ -9,9 +9,10 @@ per-row sums of softmax's backward, over 128 elements, spent a third of its time
 program is reassociated.
 
 A map is marked (its `instrument` set to `SIMD_SUMS`, which `SimdSumsProvider` turns into the pragma on
-the loop) when it is sequential, one-dimensional with unit step, holds no other scope, every write-conflict
-it makes goes either into such an accumulator (read nowhere in the loop) or into one element per
-iteration (an index affine in the loop variable), and at least one goes into an accumulator. Iterations
+the loop) when it is sequential, one-dimensional with unit step, holds tasklets and access nodes only,
+every write-conflict it makes goes either into such an accumulator (read and assigned nowhere in the
+loop) or into one element per iteration (an index affine in the loop variable), and at least one goes
+into an accumulator. Iterations
 of a map are independent, so the `simd` promise holds for the rest of the body.
 """
 
@@ -68,19 +69,28 @@ def reductions(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> di
     if m.schedule != dace.ScheduleType.Sequential or len(m.params) != 1 or m.range.ranges[0][2] != 1:
         return None
     inside = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
-    if any(isinstance(n, nd.EntryNode) for n in inside):
+    # tasklets and access nodes only: no inner loop, and no OpenMP construct of a nested SDFG or a library
+    # node's expansion inside the simd region (a compile error)
+    if not all(isinstance(n, (nd.Tasklet, nd.AccessNode)) for n in inside):
         return None
     exit_ = state.exit_node(entry)
     read = {e.data.data for e in state.in_edges(entry) if not e.data.is_empty()}
+    read |= {n.data for n in inside if isinstance(n, nd.AccessNode)}
     found: dict[str, str] = {}
+    assigned = set()
     for e in state.in_edges(exit_):
-        if e.data.is_empty() or e.data.wcr is None:
+        if e.data.is_empty():
+            continue
+        if e.data.wcr is None:
+            assigned.add(e.data.data)
             continue
         op = _accumulator(sdfg, e.data)
         if op is not None and e.data.data not in read and found.get(e.data.data, op) == op:
             found[e.data.data] = op
         elif not _one_per_iteration(e.data, m.params[0]):
             return None
+    if assigned & set(found):  # a plain write into an accumulator is not a reduction
+        return None
     return found or None
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,7 @@ import torch.multiprocessing as mp
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 WORLD, BATCH, STEPS, LR = 2, 8, 3, 0.1
+DEADLINE_S = 600  # both workers compile two models' programs on a cold cache
 
 
 def _mlp() -> torch.nn.Module:
@@ -74,6 +77,8 @@ def _worker(rank: int, rendezvous: str, cache: str, results) -> None:
             if name == "bn":  # the eager module in DDP: BatchNorm statistics are per process, then broadcast
                 out["bn_eager"] = _train(torch.nn.parallel.DistributedDataParallel(make()), xs[:, half], ys[:, half])
         results.put((rank, out))  # SimpleQueue.put writes to the pipe before it returns
+    except BaseException:  # the parent reports a worker's failure with its traceback
+        results.put((rank, traceback.format_exc()))
     finally:
         dist.destroy_process_group()
     # torch 2.13's gloo can abort at interpreter shutdown ("terminate called without an active exception":
@@ -83,12 +88,42 @@ def _worker(rank: int, rendezvous: str, cache: str, results) -> None:
 
 @functools.cache
 def _trained() -> dict[int, dict]:
+    """Each rank's results, taken as soon as the rank sends them.
+
+    A worker that aborts after sending (gloo's threads at teardown, see `_worker`) has done its part: only
+    a rank that exits without its results, or a run past the deadline, fails the tests.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
+    got: dict[int, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.environ.get("GRADFLOW_CACHE") or os.path.join(tmp, "cache")
-        mp.spawn(_worker, args=(os.path.join(tmp, "rendezvous"), cache, results), nprocs=WORLD)
-    return dict(results.get() for _ in range(WORLD))
+        args = (os.path.join(tmp, "rendezvous"), cache, results)
+        procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(WORLD)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + DEADLINE_S
+        try:
+            while len(got) < WORLD:
+                while not results.empty():
+                    rank, out = results.get()
+                    if isinstance(out, str):
+                        raise AssertionError(f"DDP worker {rank} failed:\n{out}")
+                    got[rank] = out
+                dead = [r for r, p in enumerate(procs) if r not in got and not p.is_alive()]
+                if dead and results.empty():  # drained after the exit: its results never came
+                    raise AssertionError(f"DDP worker(s) {dead} exited without results "
+                                         f"(exit codes {[procs[r].exitcode for r in dead]})")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"DDP workers gave {sorted(got)} of {WORLD} results in {DEADLINE_S} s")
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return got
 
 
 def _assert_same(got: dict, want: dict) -> None:

@@ -89,3 +89,78 @@ def test_a_loop_that_also_assigns_its_accumulator_is_not_marked() -> None:
     total = next(e.dst for e in state.out_edges(state.exit_node(entry)))
     state.add_memlet_path(task, state.exit_node(entry), total, memlet=dace.Memlet("acc[0]"), src_conn="t")
     assert reductions(sdfg, state, entry) is None
+
+
+def _grid(write: str | None, scalar: bool) -> dace.SDFG:
+    """acc = 0; for i, j (one sequential two-dimensional map): acc += X[i, j] * X[i, j] (and `write`,
+    B[...] += X[i, j]); S[0] = acc. `scalar`: the accumulator is a register scalar, as
+    `register_scalar_sums` makes it, else a one-element register array."""
+    sdfg = dace.SDFG("simd_grid_" + re.sub(r"\W", "_", str(write)) + ("_scalar" if scalar else ""))
+    sdfg.add_array("X", [N, N], dace.float64)
+    sdfg.add_array("B", [N, N], dace.float64)
+    sdfg.add_array("S", [1], dace.float64)
+    if scalar:
+        sdfg.add_scalar("acc", dace.float64, transient=True, storage=dace.StorageType.Register)
+    else:
+        sdfg.add_array("acc", [1], dace.float64, transient=True, storage=dace.StorageType.Register)
+    state = sdfg.add_state()
+    zero = state.add_tasklet("zero", {}, {"o"}, "o = 0")
+    start = state.add_access("acc")
+    state.add_edge(zero, "o", start, None, dace.Memlet("acc[0]"))
+    entry, exit_ = state.add_map("grid", {"i": "0:N", "j": "0:N"}, schedule=dace.ScheduleType.Sequential)
+    state.add_nedge(start, entry, dace.Memlet())
+    task = state.add_tasklet("body", {"x"}, {"s"} | ({"b"} if write else set()),
+                             "s = x * x" + ("\nb = x" if write else ""))
+    state.add_memlet_path(state.add_read("X"), entry, task, memlet=dace.Memlet("X[i, j]"), dst_conn="x")
+    total = state.add_access("acc")
+    state.add_memlet_path(task, exit_, total, memlet=dace.Memlet("acc[0]", wcr="lambda a, b: a + b"), src_conn="s")
+    if write:
+        state.add_memlet_path(task, exit_, state.add_access("B"), memlet=dace.Memlet(write, wcr="lambda a, b: a + b"),
+                              src_conn="b")
+    fold = state.add_tasklet("fold", {"a"}, {"o"}, "o = a")
+    state.add_edge(total, None, fold, "a", dace.Memlet("acc[0]"))
+    state.add_edge(fold, "o", state.add_write("S"), None, dace.Memlet("S[0]"))
+    return sdfg
+
+
+@pytest.mark.parametrize("write, marked", [(None, True), ("B[i, j]", True), ("B[j, i + j]", True),
+                                           ("B[i + j, 0]", False), ("B[i, 0]", False)])
+def test_two_dimensional_loops_are_marked_when_no_two_iterations_meet(write, marked) -> None:
+    sdfg = _grid(write, scalar=True)
+    assert (reductions(sdfg, *_entry(sdfg)) == {"acc": "+"}) is marked
+
+
+def test_a_scalar_accumulator_is_its_own_reduction_item_and_a_grid_collapses() -> None:
+    """A scalar, not an array section: GCC 12 keeps a section's sum as one chain of scalar adds."""
+    marked = SimdRegisterSums()(Graph.of(_grid("B[i, j]", scalar=True))).unwrap().sdfg
+    code = marked.generate_code()[0].clean_code.replace("\r", "")
+    assert "#pragma omp simd collapse(2) reduction(+: acc)\n" in code
+    x = np.random.default_rng(4).standard_normal((37, 37))
+    b, s = np.zeros((37, 37)), np.zeros(1)
+    compile_sdfg(marked)(X=x, B=b, S=s, N=37)
+    np.testing.assert_allclose(s[0], np.sum(x * x), rtol=1e-13)
+    np.testing.assert_array_equal(b, x)
+
+
+def test_register_scalar_sums_accumulates_in_a_scalar() -> None:
+    from gradflow.optimize.scalar_sums import RegisterScalarSums
+
+    # the sum goes into S directly, as reverse mode writes it; the pass gives it a local accumulator
+    sdfg2 = dace.SDFG("simd_grid_into_S")
+    sdfg2.add_array("X", [N, N], dace.float64)
+    sdfg2.add_array("S", [1], dace.float64)
+    st = sdfg2.add_state()
+    entry, exit_ = st.add_map("grid", {"i": "0:N", "j": "0:N"}, schedule=dace.ScheduleType.Sequential)
+    task = st.add_tasklet("body", {"x"}, {"s"}, "s = x * x")
+    st.add_memlet_path(st.add_read("X"), entry, task, memlet=dace.Memlet("X[i, j]"), dst_conn="x")
+    st.add_memlet_path(task, exit_, st.add_write("S"), memlet=dace.Memlet("S[0]", wcr="lambda a, b: a + b"),
+                       src_conn="s")
+    summed = RegisterScalarSums()(Graph.of(sdfg2)).unwrap().sdfg
+    accs = [n for n, d in summed.arrays.items() if n.startswith("gradflow_acc")]
+    assert len(accs) == 1 and isinstance(summed.arrays[accs[0]], dace.data.Scalar)
+    marked = SimdRegisterSums()(Graph.of(summed)).unwrap().sdfg
+    assert f"reduction(+: {accs[0]})" in marked.generate_code()[0].clean_code
+    x = np.random.default_rng(5).standard_normal((21, 21))
+    s = np.full(1, 0.5)
+    compile_sdfg(marked)(X=x, S=s, N=21)
+    np.testing.assert_allclose(s[0], 0.5 + np.sum(x * x), rtol=1e-13)

@@ -36,6 +36,9 @@ class ReverseContext:
     #: bounded while loops of nested SDFGs (label, bound), numbered after the program's own ones
     inner_bounded: list[tuple[str, int]] = attrs.field(factory=list)
     overflow_base: int = 0  # the number of bounded loops numbered before those of nested SDFGs
+    #: (site, array) -> whether the backward's value of the array holds what the site wrote, when the site is
+    #: reversed (`Reversal.keeps_result`; set by the engine once the tape is planned, never before `needs`)
+    keeps_result: Any = None
     _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
     _memo: dict = attrs.field(factory=dict)
 

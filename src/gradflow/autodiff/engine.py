@@ -21,6 +21,8 @@ returned as frozen facts for the pass to attach.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Sequence
 
 import attrs
@@ -293,17 +295,21 @@ class Reversal:
         counted loop around both, and in some dimension both touch exactly the element `var + c` of that
         loop's variable (the same c), so q reads, in each iteration, only what p wrote in that iteration
         (`P[i, j] = exp(..)` then `P[i, j] /= s` in `for i`: the old row i is never read)."""
+        return q.index > p.index and self._same_element_per_iteration(q, p, q.read_subset(array),
+                                                                       p.written_subset(array))
+
+    def _same_element_per_iteration(self, q: OpSite, p: OpSite, touched, written) -> bool:
+        """`touched` (by q) and `written` (by p) are, in some dimension, exactly the element `var + c` of the
+        variable of the one counted loop around both (the same c): in each iteration q touches only what p
+        writes in that iteration."""
         common = [loop for loop in p.loops if any(loop is other for other in q.loops)]
-        if len(common) != 1 or q.index <= p.index:
+        if len(common) != 1 or touched is None or len(touched) != len(written):
             return False
         form = self.loops[id(common[0])].counted
         if form is None:
             return False
         var = symbolic.pystr_to_symbolic(form.var)
-        written, read = p.written_subset(array), q.read_subset(array)
-        if read is None or len(read) != len(written):
-            return False
-        for w_range, r_range in zip(written, read):
+        for w_range, r_range in zip(written, touched):
             wb, we, rb, re_ = (symbolic.pystr_to_symbolic(str(x)) for x in (*w_range[:2], *r_range[:2]))
             if wb != we or rb != re_ or var not in getattr(wb, "free_symbols", ()):
                 continue
@@ -311,6 +317,53 @@ class Reversal:
             if var not in offset.free_symbols and sympy.simplify(rb - wb) == 0:
                 return True
         return False
+
+    def keeps_result(self, q: OpSite, array: str, recomputed: frozenset[str]) -> bool:
+        """Does the backward sweep's value of `array` (`ReverseContext.value_of`) hold, when q is reversed,
+        what q wrote into it? Decided once the tape is planned: every operation that may overwrite it
+        after q (in program order, or in a later iteration of a loop around both) has its overwrite
+        popped before q's reverse, and nothing pops it at q itself. The reverse of `P[i, j] = exp(x - m)`
+        then reads `P` instead of calling `exp` again (lp_softmax: P's row is restored for the division
+        after it anyway)."""
+        def popped(site: OpSite) -> bool:
+            return any(a == array for a, _, _ in self.pops.get(site.index, ()))
+
+        if array in recomputed or q.index in self.tape_free or popped(q) or not self._own_elements(q, array):
+            return False
+        for p in self.sites:
+            if p is q or array not in p.written_arrays() or not may_precede(q, p):
+                continue
+            if p.index in self.tape_free:
+                return False
+            if not popped(p) and not (p.index < q.index and self._same_element_per_iteration(
+                    q, p, q.written_subset(array), p.written_subset(array))):
+                return False
+        return True
+
+    def _own_elements(self, q: OpSite, array: str) -> bool:
+        """No two runs of q write the same element of `array`: for each loop around q, some dimension of
+        what it writes is one element `var + c` of that loop's counted variable, with c free of every
+        loop variable around q (and a dimension of its own per loop)."""
+        if not q.loops:
+            return True
+        forms = [self.loops[id(loop)].counted for loop in q.loops]
+        if any(form is None for form in forms):
+            return False
+        variables = [symbolic.pystr_to_symbolic(form.var) for form in forms]
+        used: set[int] = set()
+        written = q.written_subset(array)
+        for var in variables:
+            for d, (begin, end, _) in enumerate(written):
+                if d in used:
+                    continue
+                b, e = symbolic.pystr_to_symbolic(str(begin)), symbolic.pystr_to_symbolic(str(end))
+                offset = sympy.simplify(b - var)
+                if b == e and not any(v in getattr(offset, "free_symbols", ()) for v in variables):
+                    used.add(d)
+                    break
+            else:
+                return False
+        return True
 
     def record_regions(self, seq: Seq, loops: tuple, tables: ADTables, ctx: ReverseContext) -> None:
         """Let each region's control rule instrument the forward sweep, inner regions first."""
@@ -425,6 +478,7 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding,
                                    choice.recompute if choice is not None else None)
     rev.record_overwrites(needs, accesses, recompute.arrays)
+    ctx.keeps_result = functools.partial(rev.keeps_result, recomputed=frozenset(recompute.arrays))
     rev.used_symbols = backward_symbols(sites, active, rev.pops, recompute, regions)
     rev.record_regions(tree, (), tables, ctx)
 

@@ -267,8 +267,15 @@ def accumulate_in_register(sdfg: dace.SDFG, state: dace.SDFGState, edge, loop: n
     # ResNet block's gradients 100x further from float64 torch's (1.2e-2 vs 9e-5), not closer
     dtype = sdfg.arrays[edge.data.data].dtype
     width = lanes[1] if lanes is not None else 1
-    acc, _ = sdfg.add_array(f"gradflow_acc_{edge.data.data}", [width], dtype, transient=True,
-                            storage=dace.StorageType.Register, find_new_name=True)
+    # one lane is a scalar, not a one-element array: `omp simd reduction` over an array section makes
+    # GCC 12 add the vector's lanes into it one by one (a dependent chain), over a scalar it keeps
+    # partial sums in vector registers (`simd_sums`)
+    if width == 1:
+        acc, _ = sdfg.add_scalar(f"gradflow_acc_{edge.data.data}", dtype, transient=True,
+                                 storage=dace.StorageType.Register, find_new_name=True)
+    else:
+        acc, _ = sdfg.add_array(f"gradflow_acc_{edge.data.data}", [width], dtype, transient=True,
+                                storage=dace.StorageType.Register, find_new_name=True)
     whole = f"0:{width}"
     state.remove_edge(edge)
     total = state.add_access(acc)

@@ -59,17 +59,20 @@ def _result_symbol(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"__res{i}", real=True)
 
 
-def _read_results(ef: ElementFunction, ctx: ReverseContext, state,
-                  contrib: dict[int, sympy.Expr]) -> dict[int, sympy.Symbol]:
+def _read_results(ef: ElementFunction, ctx: ReverseContext, state, contrib: dict[int, sympy.Expr],
+                  kept=None) -> dict[int, sympy.Symbol]:
     """Outputs computed by a function call (`exp(x - m)`) whose value a contribution contains (the derivative
-    of `exp` is `exp`): the contributions read the value the forward wrote, where the backward sweep finds
-    it unchanged (`ReverseContext.final_value`), instead of calling the function again on inputs it would
-    also have to keep."""
+    of `exp` is `exp`): the contributions read the value the forward wrote instead of calling the function
+    again on inputs it would also have to keep. Where the backward sweep finds the output unchanged
+    (`ReverseContext.final_value`), always; else for the outputs `kept` accepts (the reverse asks the
+    engine, `ReverseContext.keeps_result`, once the tape is planned; its inputs are still needed then)."""
     found = {}
     for i, port in enumerate(ef.outputs):
         expr = ef.exprs[i]
         if (port.indirect or port.wcr is not None or not expr.atoms(sympy.Function)
-                or any(p.array == port.array for p in ef.inputs) or ctx.final_value(state, port.array) is None):
+                or any(p.array == port.array for p in ef.inputs)):
+            continue
+        if ctx.final_value(state, port.array) is None and not (kept is not None and kept(port.array)):
             continue
         symbol = _result_symbol(i)
         changed = {j: c.subs(expr, symbol) for j, c in contrib.items()}
@@ -79,7 +82,7 @@ def _read_results(ef: ElementFunction, ctx: ReverseContext, state,
     return found
 
 
-def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state) -> _Plan:
+def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state, kept=None) -> _Plan:
     gouts = [i for i, p in enumerate(ef.outputs) if ctx.grad_of(p.array)]
     for i in gouts:
         if ef.outputs[i].wcr not in (None, "sum"):
@@ -96,7 +99,7 @@ def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state) -> _Plan:
             total += sympy.Symbol(f"__gout{i}", real=True) * derivative(ef.exprs[i], port.symbol)
         if total != 0:
             contrib[j] = total
-    results = _read_results(ef, ctx, state, contrib)
+    results = _read_results(ef, ctx, state, contrib, kept)
 
     in_map = ef.map_entry is not None
     overwritten = {ef.outputs[i].key: ef.outputs[i] for i in gouts if ef.outputs[i].wcr is None}
@@ -186,6 +189,11 @@ class ElementwiseReverse:
         ef, plan, where = self._plan(site, ctx)
         if not plan.gouts:
             return
+        if ctx.keeps_result is not None:  # results the tape happens to keep (read from the working copy)
+            kept = ctx.memo(("kept_results", site.index), lambda: _plan(
+                ef, ctx, where, site.state, lambda array: ctx.keeps_result(site, array)))
+            if kept.results.keys() - plan.results.keys():
+                plan = kept
         in_map = ef.map_entry is not None
         ranges = map_ranges(ef.map_entry) if in_map else None
         label = f"{site.state.label}"
@@ -209,7 +217,8 @@ class ElementwiseReverse:
             pending = [p for p in pending if p not in ready]
 
         for i, symbol in plan.results.items():
-            inputs[symbol.name] = dace.Memlet(f"{ef.outputs[i].array}[{ef.outputs[i].subset}]")
+            value = ctx.value_of(site.index, ef.outputs[i].array)
+            inputs[symbol.name] = dace.Memlet(f"{value}[{ef.outputs[i].subset}]")
         for i in plan.gouts:
             port = ef.outputs[i]
             grad = ctx.grad_of(port.array)

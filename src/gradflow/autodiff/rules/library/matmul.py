@@ -17,7 +17,7 @@ import dace
 from dace.libraries.blas import Dot, Gemv
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.emit import SUM, add_element_tasklet
 from gradflow.autodiff.rules import library_rule
 from gradflow.autodiff.rules.library._batched import batched_reverse
 from gradflow.autodiff.rules.library._common import (
@@ -93,6 +93,19 @@ def _symmetrized(ctx: ReverseContext, label: str, out: Term) -> Term:
     return Term(name, Factor(whole, (0, 1)), out.letters)
 
 
+def _dot_reverse(ctx: ReverseContext, label: str, out: Term, gx: Term, gy: Term, x: Term, y: Term) -> None:
+    """Both gradients of a dot product `r = Σ x[k] y[k]` in one map: `gx[k] += g * y[k]`, `gy[k] += x[k] * g`.
+    Two maps (the general route, one `contract` per operand) would walk the vectors twice; the columns of
+    a Gram-Schmidt step are strided, one cache line per element."""
+    params = {"k": "__k"}
+    size = x.factor.sizes()[0]
+    add_element_tasklet(ctx.new_state(f"reverse_{label}_gxy"), f"rev_{label}_gxy", {"__k": f"0:{size}"},
+                        {"__g": dace.Memlet(out.at({})), "__x": dace.Memlet(x.at(params)),
+                         "__y": dace.Memlet(y.at(params))},
+                        "__ox = __g * __y\n__oy = __x * __g",
+                        {"__ox": dace.Memlet(gx.at(params), wcr=SUM), "__oy": dace.Memlet(gy.at(params), wcr=SUM)})
+
+
 @library_rule("MatMul", "Gemm", "Gemv", "Dot")
 class ProductReverse:
     """Reverse of a matrix or vector product on any subsets (module doc)."""
@@ -118,6 +131,9 @@ class ProductReverse:
             x = Term(ctx.value_of(site.index, product.x.op.array), product.x, product.xi)
             y = Term(ctx.value_of(site.index, product.y.op.array), product.y, product.yi)
             gx, gy = ctx.grad_of(x.factor.op.array), ctx.grad_of(y.factor.op.array)
+            if gx and gy and product.kind == "dot" and gx != gy:
+                _dot_reverse(ctx, label, out, Term(gx, x.factor, x.letters), Term(gy, y.factor, y.letters), x, y)
+                gx = gy = None
             if gx and _gram(product):
                 both = _symmetrized(ctx, label, out)
                 contract(ctx, f"{label}_g{x.factor.op.conn}", Term(gx, x.factor, x.letters), both, y, alpha)

@@ -22,6 +22,7 @@ from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.first_writes import OverwriteZeroedProducts
 from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.owned_sums import NestReductions
+from gradflow.optimize.persistent_tapes import PersistentTapes
 from gradflow.optimize.product_scales import FoldProductScales
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scalar_sums import RegisterScalarSums
@@ -38,7 +39,7 @@ OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), Ho
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
                      LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums()))
+                     SimdRegisterSums(), PersistentTapes()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -48,5 +49,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
-           "OwnScatterWrites", "RaiseLoopReductions", "RegisterScalarSums", "SimdRegisterSums", "VersionBySize",
-           "optimized"]
+           "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "SimdRegisterSums",
+           "VersionBySize", "optimized"]

@@ -17,25 +17,31 @@ from gradflow.runtime.compile import compile_sdfg
 N = dace.symbol("N")
 
 
-def _loop(write: str, reads_acc: bool = False) -> dace.SDFG:
-    """acc[0] = 0; for j (sequential): acc[0] += X[j] * X[j] (+ acc[0] when `reads_acc`), and `write`
-    (B[...] += X[j], or nothing); S[0] = acc[0]."""
-    sdfg = dace.SDFG("simd_" + re.sub(r"\W", "_", str(write)) + ("_reads" if reads_acc else ""))
-    sdfg.add_array("X", [N], dace.float64)
-    sdfg.add_array("B", [N], dace.float64)
+def _loop(write: str | None, reads_acc: bool = False, grid: bool = False, scalar: bool = False) -> dace.SDFG:
+    """acc = 0; for j (one sequential map; for i, j over a grid when `grid`): acc += X[...] * X[...] (+ acc
+    when `reads_acc`), and `write` (B[...] += X[...], or nothing); S[0] = acc. The accumulator is a
+    one-element register array, or a register scalar (as `register_scalar_sums` makes it) when `scalar`."""
+    sdfg = dace.SDFG("simd_" + re.sub(r"\W", "_", str(write)) + ("_reads" if reads_acc else "")
+                     + ("_grid" if grid else "") + ("_scalar" if scalar else ""))
+    shape, element, ranges = ([N, N], "X[i, j]", {"i": "0:N", "j": "0:N"}) if grid else ([N], "X[j]", {"j": "0:N"})
+    sdfg.add_array("X", shape, dace.float64)
+    sdfg.add_array("B", shape, dace.float64)
     sdfg.add_array("S", [1], dace.float64)
-    sdfg.add_array("acc", [1], dace.float64, transient=True, storage=dace.StorageType.Register)
+    if scalar:
+        sdfg.add_scalar("acc", dace.float64, transient=True, storage=dace.StorageType.Register)
+    else:
+        sdfg.add_array("acc", [1], dace.float64, transient=True, storage=dace.StorageType.Register)
     state = sdfg.add_state()
     zero = state.add_tasklet("zero", {}, {"o"}, "o = 0")
     start = state.add_access("acc")
     state.add_edge(zero, "o", start, None, dace.Memlet("acc[0]"))
-    entry, exit_ = state.add_map("loop", {"j": "0:N"}, schedule=dace.ScheduleType.Sequential)
+    entry, exit_ = state.add_map("loop", ranges, schedule=dace.ScheduleType.Sequential)
     state.add_nedge(start, entry, dace.Memlet())
     inputs = {"x"} | ({"a"} if reads_acc else set())
     outputs = {"s"} | ({"b"} if write else set())
     code = "s = x * x" + (" + a" if reads_acc else "") + ("\nb = x" if write else "")
     task = state.add_tasklet("body", inputs, outputs, code)
-    state.add_memlet_path(state.add_read("X"), entry, task, memlet=dace.Memlet("X[j]"), dst_conn="x")
+    state.add_memlet_path(state.add_read("X"), entry, task, memlet=dace.Memlet(element), dst_conn="x")
     if reads_acc:
         state.add_memlet_path(state.add_read("acc"), entry, task, memlet=dace.Memlet("acc[0]"), dst_conn="a")
     total = state.add_access("acc")
@@ -91,48 +97,16 @@ def test_a_loop_that_also_assigns_its_accumulator_is_not_marked() -> None:
     assert reductions(sdfg, state, entry) is None
 
 
-def _grid(write: str | None, scalar: bool) -> dace.SDFG:
-    """acc = 0; for i, j (one sequential two-dimensional map): acc += X[i, j] * X[i, j] (and `write`,
-    B[...] += X[i, j]); S[0] = acc. `scalar`: the accumulator is a register scalar, as
-    `register_scalar_sums` makes it, else a one-element register array."""
-    sdfg = dace.SDFG("simd_grid_" + re.sub(r"\W", "_", str(write)) + ("_scalar" if scalar else ""))
-    sdfg.add_array("X", [N, N], dace.float64)
-    sdfg.add_array("B", [N, N], dace.float64)
-    sdfg.add_array("S", [1], dace.float64)
-    if scalar:
-        sdfg.add_scalar("acc", dace.float64, transient=True, storage=dace.StorageType.Register)
-    else:
-        sdfg.add_array("acc", [1], dace.float64, transient=True, storage=dace.StorageType.Register)
-    state = sdfg.add_state()
-    zero = state.add_tasklet("zero", {}, {"o"}, "o = 0")
-    start = state.add_access("acc")
-    state.add_edge(zero, "o", start, None, dace.Memlet("acc[0]"))
-    entry, exit_ = state.add_map("grid", {"i": "0:N", "j": "0:N"}, schedule=dace.ScheduleType.Sequential)
-    state.add_nedge(start, entry, dace.Memlet())
-    task = state.add_tasklet("body", {"x"}, {"s"} | ({"b"} if write else set()),
-                             "s = x * x" + ("\nb = x" if write else ""))
-    state.add_memlet_path(state.add_read("X"), entry, task, memlet=dace.Memlet("X[i, j]"), dst_conn="x")
-    total = state.add_access("acc")
-    state.add_memlet_path(task, exit_, total, memlet=dace.Memlet("acc[0]", wcr="lambda a, b: a + b"), src_conn="s")
-    if write:
-        state.add_memlet_path(task, exit_, state.add_access("B"), memlet=dace.Memlet(write, wcr="lambda a, b: a + b"),
-                              src_conn="b")
-    fold = state.add_tasklet("fold", {"a"}, {"o"}, "o = a")
-    state.add_edge(total, None, fold, "a", dace.Memlet("acc[0]"))
-    state.add_edge(fold, "o", state.add_write("S"), None, dace.Memlet("S[0]"))
-    return sdfg
-
-
 @pytest.mark.parametrize("write, marked", [(None, True), ("B[i, j]", True), ("B[j, i + j]", True),
                                            ("B[i + j, 0]", False), ("B[i, 0]", False)])
 def test_two_dimensional_loops_are_marked_when_no_two_iterations_meet(write, marked) -> None:
-    sdfg = _grid(write, scalar=True)
+    sdfg = _loop(write, grid=True, scalar=True)
     assert (reductions(sdfg, *_entry(sdfg)) == {"acc": "+"}) is marked
 
 
 def test_a_scalar_accumulator_is_its_own_reduction_item_and_a_grid_collapses() -> None:
     """A scalar, not an array section: GCC 12 keeps a section's sum as one chain of scalar adds."""
-    marked = SimdRegisterSums()(Graph.of(_grid("B[i, j]", scalar=True))).unwrap().sdfg
+    marked = SimdRegisterSums()(Graph.of(_loop("B[i, j]", grid=True, scalar=True))).unwrap().sdfg
     code = marked.generate_code()[0].clean_code.replace("\r", "")
     assert "#pragma omp simd collapse(2) reduction(+: acc)\n" in code
     x = np.random.default_rng(4).standard_normal((37, 37))
@@ -146,16 +120,16 @@ def test_register_scalar_sums_accumulates_in_a_scalar() -> None:
     from gradflow.optimize.scalar_sums import RegisterScalarSums
 
     # the sum goes into S directly, as reverse mode writes it; the pass gives it a local accumulator
-    sdfg2 = dace.SDFG("simd_grid_into_S")
-    sdfg2.add_array("X", [N, N], dace.float64)
-    sdfg2.add_array("S", [1], dace.float64)
-    st = sdfg2.add_state()
+    sdfg = dace.SDFG("simd_grid_into_S")
+    sdfg.add_array("X", [N, N], dace.float64)
+    sdfg.add_array("S", [1], dace.float64)
+    st = sdfg.add_state()
     entry, exit_ = st.add_map("grid", {"i": "0:N", "j": "0:N"}, schedule=dace.ScheduleType.Sequential)
     task = st.add_tasklet("body", {"x"}, {"s"}, "s = x * x")
     st.add_memlet_path(st.add_read("X"), entry, task, memlet=dace.Memlet("X[i, j]"), dst_conn="x")
     st.add_memlet_path(task, exit_, st.add_write("S"), memlet=dace.Memlet("S[0]", wcr="lambda a, b: a + b"),
                        src_conn="s")
-    summed = RegisterScalarSums()(Graph.of(sdfg2)).unwrap().sdfg
+    summed = RegisterScalarSums()(Graph.of(sdfg)).unwrap().sdfg
     accs = [n for n, d in summed.arrays.items() if n.startswith("gradflow_acc")]
     assert len(accs) == 1 and isinstance(summed.arrays[accs[0]], dace.data.Scalar)
     marked = SimdRegisterSums()(Graph.of(summed)).unwrap().sdfg

@@ -36,7 +36,7 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
 from gradflow.analysis.loops import in_loop
 from gradflow.optimize.dead_stores import KEPT_LIFETIMES
-from gradflow.optimize.first_writes import accesses, chain_of, named_by_control, touches
+from gradflow.optimize.first_writes import accesses, chained_states, named_by_control, touches
 from gradflow.optimize.product_scales import indexes_whole
 
 @attrs.frozen
@@ -151,31 +151,23 @@ def _readers(order: list, k: int, region: ControlFlowRegion, name: str, source: 
 
 def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
     found = []
-    for region in sdfg.all_control_flow_regions():
-        if not isinstance(region, ControlFlowRegion) or not region.nodes():
-            continue
-        order = chain_of(region)
-        if order is None:
-            continue
-        for k, block in enumerate(order):
-            if not isinstance(block, dace.SDFGState):
+    for region, order, k, block in chained_states(sdfg):
+        for entry, target, source, index, adds in _producers(block):
+            name = target.data
+            desc = sdfg.arrays[name]
+            if (not desc.transient or isinstance(desc, dace.data.View) or desc.lifetime in KEPT_LIFETIMES
+                    or accesses(block, name) != [target] or block.out_degree(target) or _writes(block, source)):
                 continue
-            for entry, target, source, index, adds in _producers(block):
-                name = target.data
-                desc = sdfg.arrays[name]
-                if (not desc.transient or isinstance(desc, dace.data.View) or desc.lifetime in KEPT_LIFETIMES
-                        or accesses(block, name) != [target] or block.out_degree(target) or _writes(block, source)):
-                    continue
-                readers = _readers(order, k, region, name, source)
-                everywhere = _named(sdfg, name)
-                # accesses before the broadcast: it overwrites or adds to what they leave, once (no loop runs
-                # them again after it); an addition needs what they wrote
-                before = [n for b in order[:k] for n in _named(b, name)] if not in_loop(block) else []
-                if (not readers or len(everywhere) != len(readers) + 1 + len(before) or (adds and not before)
-                        or named_by_control(sdfg, name)):
-                    continue
-                found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers),
-                                       adds))
+            readers = _readers(order, k, region, name, source)
+            everywhere = _named(sdfg, name)
+            # accesses before the broadcast: it overwrites or adds to what they leave, once (no loop runs
+            # them again after it); an addition needs what they wrote
+            before = [n for b in order[:k] for n in _named(b, name)] if not in_loop(block) else []
+            if (not readers or len(everywhere) != len(readers) + 1 + len(before) or (adds and not before)
+                    or named_by_control(sdfg, name)):
+                continue
+            found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers),
+                                   adds))
     return found
 
 

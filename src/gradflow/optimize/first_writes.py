@@ -203,8 +203,9 @@ def chain_of(region: ControlFlowRegion) -> list | None:
     return order if len(order) == len(region.nodes()) else None
 
 
-def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.AccessNode, Callable[[], None]]]:
-    found = []
+def chained_states(sdfg: dace.SDFG) -> Iterator[tuple[ControlFlowRegion, list, int, dace.SDFGState]]:
+    """(region, its blocks in order, k, the k-th block) for every state of a region whose blocks form one
+    chain (`chain_of`): where passes may reason about "the blocks after this state"."""
     for region in sdfg.all_control_flow_regions():
         if not isinstance(region, ControlFlowRegion) or not region.nodes():
             continue
@@ -212,22 +213,27 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.A
         if order is None:
             continue
         for k, block in enumerate(order):
-            if not isinstance(block, dace.SDFGState):
+            if isinstance(block, dace.SDFGState):
+                yield region, order, k, block
+
+
+def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.AccessNode, Callable[[], None]]]:
+    found = []
+    for region, order, k, block in chained_states(sdfg):
+        for entry, target in _zeroing(block):
+            name = target.data
+            if len(accesses(block, name)) != 1 or block.out_degree(target):
                 continue
-            for entry, target in _zeroing(block):
-                name = target.data
-                if len(accesses(block, name)) != 1 or block.out_degree(target):
-                    continue
-                for j in range(k + 1, len(order)):
-                    edge = region.in_edges(order[j])[0]
-                    if name in edge.data.free_symbols or not edge.data.is_unconditional():
-                        break
-                    if touches(order[j], name):
-                        if isinstance(order[j], dace.SDFGState):
-                            writer = _first_writer(order[j], name)
-                            if writer is not None:
-                                found.append((block, entry, target, writer))
-                        break
+            for j in range(k + 1, len(order)):
+                edge = region.in_edges(order[j])[0]
+                if name in edge.data.free_symbols or not edge.data.is_unconditional():
+                    break
+                if touches(order[j], name):
+                    if isinstance(order[j], dace.SDFGState):
+                        writer = _first_writer(order[j], name)
+                        if writer is not None:
+                            found.append((block, entry, target, writer))
+                    break
     return found
 
 

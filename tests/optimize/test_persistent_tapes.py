@@ -1,6 +1,6 @@
-"""`persistent_tapes`: the top-level tape stacks of a differentiated program are allocated once per handle
-(sizes), not per call. Repeated calls with other values, and calls at other sizes (another handle), give
-the gradients of a fresh build without the pass."""
+"""`persistent_tapes` (opt-in): the top-level tape stacks of a differentiated program are allocated once per
+handle (sizes), not per call. Through gradflow's `Runner` (one handle per set of sizes), repeated calls with
+other values and calls at other sizes give the gradients of the default pipeline's build."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dace
 import numpy as np
 
 import gradflow
-from gradflow.optimize import OPTIMIZE
+from gradflow.optimize import OPTIMIZE, PersistentTapes
 from gradflow.runtime.calling import Runner, is_stateful
 from gradflow.runtime.compile import compile_sdfg
 
@@ -24,8 +24,8 @@ def running_product(x: dace.float64[N], w: dace.float64[N], S: dace.float64[1]):
 
 
 def test_tapes_are_persistent_and_calls_do_not_see_earlier_ones() -> None:
-    with_pass = gradflow.grad(running_product, wrt=["x", "w"], of="S")
-    without = gradflow.grad(running_product, wrt=["x", "w"], of="S", optimize=OPTIMIZE.without("persistent_tapes"))
+    with_pass = gradflow.grad(running_product, wrt=["x", "w"], of="S", optimize=OPTIMIZE + PersistentTapes())
+    without = gradflow.grad(running_product, wrt=["x", "w"], of="S")
     tapes = [n for n, d in with_pass.arrays.items() if n.startswith("gradflow_tape_") and d.transient]
     assert tapes and all(with_pass.arrays[n].lifetime == dace.AllocationLifetime.Persistent for n in tapes)
     assert all(without.arrays[n].lifetime != dace.AllocationLifetime.Persistent for n in without.arrays

@@ -39,7 +39,7 @@ OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), Ho
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
                      LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums(), PersistentTapes()))
+                     SimdRegisterSums()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:

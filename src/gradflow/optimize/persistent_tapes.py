@@ -1,20 +1,29 @@
-"""`persistent_tapes`: the tape's stacks live in the program's state, allocated once per set of sizes.
+"""`persistent_tapes` (opt-in, not in `OPTIMIZE`): the tape's stacks live in the program's state, allocated
+once per handle instead of once per call.
 
 A stack of fixed capacity (`autodiff.tape`) is sized for the worst case of its loops: nb_gramschmidt's
 column stack holds N (N - 1) columns of M elements, 76 MB at the benchmark size, half of it written per
 call. Allocated per call, such a block is above glibc's mmap threshold (32 MiB at most, `runtime.heap`):
 every call maps it afresh and page-faults in each page it writes, zeroed by the kernel -- 1.75 million
 page faults in 4 s of nb_gramschmidt's forward+backward calls, 80 thousand with the stacks persistent,
-and f+b 20% faster (measured while another job loaded the machine).
+and f+b about 20% faster (measured while another job loaded the machine).
 
 This pass gives the top-level SDFG's fixed-capacity stacks (transient arrays named `gradflow_tape_*`
 whose sizes depend only on the program's arguments) `Persistent` lifetime: DaCe allocates them in the
-program's init function, for the sizes of that handle (`runtime.calling.Kernel.handle_for`), and frees
-them at exit. Every stack is written before it is read in a call (a push precedes its pop), so what a
-previous call left there is never read. The price: the stacks stay allocated while the compiled program
-is loaded, and calls on one handle are serialised (`runtime.calling.is_stateful`). The heap buffers of
-growable stacks, which the program manages itself, and the stacks of nested SDFGs are left alone (a
-growable stack's one-item staging array is made persistent like the others).
+program's init function, for the sizes it is initialised with, and frees them at exit. Every stack is
+written before it is read in a call (a push precedes its pop), so what a previous call left there is
+never read.
+
+Why it is not in the default pipeline: DaCe's own `CompiledSDFG` (what `sdfg.compile()`, calling an SDFG
+and `runtime.compile.compile_sdfg` give) initialises a program once, with the sizes of its first call,
+and keeps that state for every later call: a call at a larger size would then overrun the stacks (found
+by the library-rule tests, which call one build at several sizes: heap corruption). gradflow's own
+calling path (`runtime.calling.Kernel`, used by `Runner`, the benchmarks and the torch dispatchers)
+keeps one state per set of sizes and serialises calls on a stateful one, so the pass is safe there, and
+for any program called at one set of sizes: `gradflow.grad(..., optimize=OPTIMIZE + PersistentTapes())`.
+The stacks then stay allocated while the program is loaded, one set per set of sizes called. The heap
+buffers of growable stacks, which the program manages itself, and the stacks of nested SDFGs are left
+alone (a growable stack's one-item staging array is made persistent like the others).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ returned as frozen facts for the pass to attach.
 from __future__ import annotations
 
 import functools
-
 from typing import Any, Sequence
 
 import attrs

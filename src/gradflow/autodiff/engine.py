@@ -309,11 +309,8 @@ class Reversal:
             return False
         var = symbolic.pystr_to_symbolic(form.var)
         for w_range, r_range in zip(written, touched):
-            wb, we, rb, re_ = (symbolic.pystr_to_symbolic(str(x)) for x in (*w_range[:2], *r_range[:2]))
-            if wb != we or rb != re_ or var not in getattr(wb, "free_symbols", ()):
-                continue
-            offset = sympy.simplify(wb - var)
-            if var not in offset.free_symbols and sympy.simplify(rb - wb) == 0:
+            w, r = _element_offset(w_range, var, (var,)), _element_offset(r_range, var, (var,))
+            if w is not None and r is not None and sympy.simplify(r - w) == 0:
                 return True
         return False
 
@@ -329,13 +326,14 @@ class Reversal:
 
         if array in recomputed or q.index in self.tape_free or popped(q) or not self._own_elements(q, array):
             return False
+        mine = q.written_subset(array)
         for p in self.sites:
             if p is q or array not in p.written_arrays() or not may_precede(q, p):
                 continue
             if p.index in self.tape_free:
                 return False
             if not popped(p) and not (p.index < q.index and self._same_element_per_iteration(
-                    q, p, q.written_subset(array), p.written_subset(array))):
+                    q, p, mine, p.written_subset(array))):
                 return False
         return True
 
@@ -352,16 +350,11 @@ class Reversal:
         used: set[int] = set()
         written = q.written_subset(array)
         for var in variables:
-            for d, (begin, end, _) in enumerate(written):
-                if d in used:
-                    continue
-                b, e = symbolic.pystr_to_symbolic(str(begin)), symbolic.pystr_to_symbolic(str(end))
-                offset = sympy.simplify(b - var)
-                if b == e and not any(v in getattr(offset, "free_symbols", ()) for v in variables):
-                    used.add(d)
-                    break
-            else:
+            d = next((d for d, r in enumerate(written) if d not in used
+                      and _element_offset(r, var, variables) is not None), None)
+            if d is None:
                 return False
+            used.add(d)
         return True
 
     def record_regions(self, seq: Seq, loops: tuple, tables: ADTables, ctx: ReverseContext) -> None:
@@ -405,6 +398,16 @@ class Reversal:
             else:
                 rule = _control_rule_for(ctx.tables, item)
                 rule.fn.reverse(item, self.recorded[id(item)], self, ctx, body)
+
+
+def _element_offset(r, var, variables) -> Any:
+    """c where the range `r` is the one element `var + c` with c free of every symbol in `variables`,
+    else None."""
+    begin, end = symbolic.pystr_to_symbolic(str(r[0])), symbolic.pystr_to_symbolic(str(r[1]))
+    if begin != end or var not in getattr(begin, "free_symbols", ()):
+        return None
+    offset = sympy.simplify(begin - var)
+    return None if any(v in getattr(offset, "free_symbols", ()) for v in variables) else offset
 
 
 def set_flag(state, array: str, value: str) -> None:

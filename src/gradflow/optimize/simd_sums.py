@@ -58,9 +58,9 @@ def _item(sdfg: dace.SDFG, name: str) -> str:
 
 
 def _one_per_iteration(memlet, params: list[str]) -> bool:
-    """The write touches one element, at an index affine in the loop variables with constant coefficients
-    and injective in them (full column rank): no two iterations, of any of the collapsed loops, write the
-    same element."""
+    """The write touches one element, and the dimensions of its index that are affine in the loop variables
+    with constant coefficients are injective in them (full column rank): no two iterations, of any of the
+    collapsed loops, write the same element (other dimensions can only tell more iterations apart)."""
     if memlet.subset.num_elements() != 1:
         return False
     ps = [symbolic.symbol(p) for p in params]
@@ -68,9 +68,8 @@ def _one_per_iteration(memlet, params: list[str]) -> bool:
     for begin, _, _ in memlet.subset.ndrange():
         index = symbolic.pystr_to_symbolic(str(begin))
         row = [sympy.diff(index, p) for p in ps]
-        if not all(c.is_number for c in row):
-            return False
-        rows.append(row)
+        if all(c.is_number for c in row):
+            rows.append(row)
     return bool(rows) and sympy.Matrix(rows).rank() == len(ps)
 
 

@@ -59,6 +59,14 @@ def _result_symbol(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"__res{i}", real=True)
 
 
+def _result_ports(ef: ElementFunction) -> list[int]:
+    """Outputs a reverse may read instead of calling their function again: computed by a function call and
+    written directly (no index, no write-conflict) into an array the operation does not read."""
+    return [i for i, port in enumerate(ef.outputs)
+            if not (port.indirect or port.wcr is not None or not ef.exprs[i].atoms(sympy.Function)
+                    or any(p.array == port.array for p in ef.inputs))]
+
+
 def _read_results(ef: ElementFunction, ctx: ReverseContext, state, contrib: dict[int, sympy.Expr],
                   kept=None) -> dict[int, sympy.Symbol]:
     """Outputs computed by a function call (`exp(x - m)`) whose value a contribution contains (the derivative
@@ -67,11 +75,8 @@ def _read_results(ef: ElementFunction, ctx: ReverseContext, state, contrib: dict
     (`ReverseContext.final_value`), always; else for the outputs `kept` accepts (the reverse asks the
     engine, `ReverseContext.keeps_result`, once the tape is planned; its inputs are still needed then)."""
     found = {}
-    for i, port in enumerate(ef.outputs):
-        expr = ef.exprs[i]
-        if (port.indirect or port.wcr is not None or not expr.atoms(sympy.Function)
-                or any(p.array == port.array for p in ef.inputs)):
-            continue
+    for i in _result_ports(ef):
+        port, expr = ef.outputs[i], ef.exprs[i]
         if ctx.final_value(state, port.array) is None and not (kept is not None and kept(port.array)):
             continue
         symbol = _result_symbol(i)
@@ -189,9 +194,10 @@ class ElementwiseReverse:
         ef, plan, where = self._plan(site, ctx)
         if not plan.gouts:
             return
-        if ctx.keeps_result is not None:  # results the tape happens to keep (read from the working copy)
-            kept = ctx.memo(("kept_results", site.index), lambda: _plan(
-                ef, ctx, where, site.state, lambda array: ctx.keeps_result(site, array)))
+        # results the tape happens to keep (read from the working copy): planned again only when there are any
+        if ctx.keeps_result is not None and any(i not in plan.results and ctx.keeps_result(site, ef.outputs[i].array)
+                                                for i in _result_ports(ef)):
+            kept = _plan(ef, ctx, where, site.state, lambda array: ctx.keeps_result(site, array))
             if kept.results.keys() - plan.results.keys():
                 plan = kept
         in_map = ef.map_entry is not None

@@ -5,7 +5,10 @@ is either *stored* (kept alive, or pushed on the tape before it is overwritten, 
 backward sweep) or *recomputed* (its defining operation runs again in the backward sweep, right before
 the operation that reads it is reversed). The policies:
 
-- `STORE_ALL` (default): store everything;
+- `STORE_ALL` (default): store everything, except values that only rearrange data the backward sweep
+  holds anyway (a slice, flip or transpose of an input that nothing overwrites, or of a stored array):
+  those are rebuilt by rerunning the copy, which costs what a tape push and pop would and keeps no second
+  copy (`Forwarding(rebuild_copies=False)` stores them too);
 - `RECOMPUTE_ALL`: recompute every array for which recomputation is valid (see `recomputable`), store
   the rest; a rerun that reads arrays a later operation overwrites, larger than the value it saves (sizes
   compared with every symbol at 64), is declined (`ForwardingPlan.declined`): the value is stored; a
@@ -107,6 +110,9 @@ class Forwarding:
     checkpoint_loops: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_labels)
     #: Whether a byte budget may checkpoint loops (False: store or recompute only, the MILP alone).
     budget_checkpoints: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    #: Whether a policy that names nothing to recompute rebuilds the values that only move data it holds
+    #: anyway (a slice, flip or transpose of an input) instead of storing them (`recompute.rebuilt_for_free`).
+    rebuild_copies: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.snapshots is not None and self.recompute:

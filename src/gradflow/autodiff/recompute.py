@@ -17,10 +17,12 @@ array with a valid definition, needed or not.
 
 from __future__ import annotations
 
+import ast
 import copy
 
 import attrs
 import dace
+import sympy
 from dace.sdfg.state import LoopRegion, SDFGState
 
 from gradflow.analysis.activity import OpAccess
@@ -40,6 +42,44 @@ def _covers_all(site: OpSite, array: str) -> bool:
     return all(dace.symbolic.simplify(a - b) == 0 for a, b in zip(sub.size(), whole.size())) and all(
         dace.symbolic.simplify(b) == 0 for b, _, _ in sub
     )
+
+
+def _exact_writes(site: OpSite, array: str) -> bool:
+    """Every edge into `array` writes exactly its subset: no write-conflict resolution, no dynamic memlet
+    (a may-write), not from a nested SDFG (whose outer memlet only bounds what it writes)."""
+    state = site.state
+    for i in site.op.writes:
+        node = state.node(i)
+        if node.data != array:
+            continue
+        for e in state.in_edges(node):
+            if e.data.wcr is not None or e.data.dynamic or isinstance(e.src, dace.nodes.NestedSDFG):
+                return False
+    return True
+
+
+def _sym(expr) -> sympy.Expr:
+    return sympy.sympify(dace.symbolic.pystr_to_symbolic(str(expr)))
+
+
+def _covers_read(q: OpSite, array: str, reader: OpSite) -> bool:
+    """`q` rebuilds every element of `array` that `reader` reads: `q` writes all of it, or its exact
+    write subset contains the reader's read subset (`y[0:k] = ...` for a reader of `y[0:k]` in one loop
+    body; the rerun's buffer holds only that part, which is all the reader's reverse reads)."""
+    if _covers_all(q, array):
+        return True
+    need = reader.read_subset(array)
+    box = q._box(array, reads=False)
+    if need is None or box is None or need.dims() != box.dims() or not _exact_writes(q, array):
+        return False
+    for (wb, we, ws), (rb, re_, _) in zip(box, need):
+        if ws != 1:
+            return False
+        # through strings: the two subsets may carry like-named symbols with different assumptions
+        lo, hi = (sympy.simplify(_sym(a) - _sym(b)) for a, b in ((rb, wb), (we, re_)))
+        if not (lo.is_number and hi.is_number and lo >= 0 and hi >= 0):
+            return False
+    return True
 
 
 def _no_wcr(site: OpSite, array: str) -> bool:
@@ -135,7 +175,7 @@ class Recomputability:
             return None
         if self.accesses[q.index].writes != {array} or array in self.accesses[q.index].reads:
             return None
-        if not (_covers_all(q, array) and _no_wcr(q, array)):
+        if not (_covers_read(q, array, reader) and _no_wcr(q, array)):
             return None
         between = set().union(set(), *(self.accesses[s.index].writes for s in self.sites[q.index + 1: target.index]))
         if self.accesses[q.index].reads & between:
@@ -196,14 +236,64 @@ def _kept_for_free(sdfg: dace.SDFG, array: str, accesses: list[OpAccess]) -> boo
     return not sdfg.arrays[array].transient and sum(array in a.writes for a in accesses) == 1
 
 
+def _plain_assignment(tasklet: dace.nodes.Tasklet) -> bool:
+    """The tasklet's code is `out = in`, one connector to another."""
+    try:
+        body = ast.parse(tasklet.code.as_string.strip()).body
+    except SyntaxError:
+        return False
+    return (len(body) == 1 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
+            and isinstance(body[0].targets[0], ast.Name) and isinstance(body[0].value, ast.Name)
+            and body[0].targets[0].id in tasklet.out_connectors and body[0].value.id in tasklet.in_connectors)
+
+
+def _moves_data(site: OpSite) -> bool:
+    """The operation only moves data: a copy, or a map or tasklet whose every computation is `out = in`
+    (a slice, a flip, a transpose, a broadcast)."""
+    if site.op.kind == "copy":
+        return True
+    if site.op.kind not in ("map", "tasklet"):
+        return False
+    members = site.members()
+    return all(not isinstance(n, (dace.nodes.NestedSDFG, dace.nodes.LibraryNode)) for n in members) and all(
+        _plain_assignment(n) for n in members if isinstance(n, dace.nodes.Tasklet))
+
+
+def rebuilt_for_free(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
+                     accesses: list[OpAccess]) -> set[str]:
+    """The transients that `STORE_ALL` rebuilds instead of storing: every reader's value comes from an
+    operation that only moves data, out of arrays that no operation writes or that the backward sweep
+    holds anyway (they are needed themselves). Rerunning such a definition costs one copy, as a tape
+    push and pop does, and keeps nothing more alive; storing it would put a second copy of those values on
+    the tape (nb_durbin's two flipped slices: two row stacks of N*(N-1) doubles)."""
+    facts = Recomputability(sites, accesses)
+    needed = set().union(*needs) if needs else set()
+    written = set().union(*(a.writes for a in accesses)) if accesses else set()
+    free = set()
+    for array in sorted(needed):
+        if not sdfg.arrays[array].transient:
+            continue
+        readers = [p for p in sites if array in needs[p.index]]
+        defs = [facts.definition(array, p) for p in readers]
+        if all(q is not None and _moves_data(q)
+               and all(x not in written or x in needed for x in accesses[q.index].reads) for q in defs):
+            free.add(array)
+    return free
+
+
 def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
                        accesses: list[OpAccess], policy: Forwarding,
                        chosen_set: frozenset[str] | None = None) -> RecomputePlan:
     """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place.
     `chosen_set`, when given, replaces the policy's set (the budget planner's choice)."""
     needed = set().union(*needs) if needs else set()
+    free: set[str] = set()  # rerun without weighing what the rerun keeps: it keeps nothing more
+    if chosen_set is None and policy.rebuild_copies and (not policy.recompute or policy.recompute == ALL):
+        free = rebuilt_for_free(sdfg, sites, needs, accesses)
     if chosen_set is not None:
         wanted, strict = set(chosen_set), True
+    elif not policy.recompute:
+        wanted, strict = set(free), False
     elif policy.recompute == ALL:
         wanted, strict = set(sdfg.arrays), False
     else:
@@ -228,7 +318,8 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
             continue
         readers = [p for p in sites if array in needs[p.index]]
         plans = [facts.chain(array, p, p, wanted, strict) for p in readers]
-        if not strict and all(plan is not None for plan in plans) and _keeps_more(sdfg, array, plans, accesses):
+        if (not strict and array not in free and all(plan is not None for plan in plans)
+                and _keeps_more(sdfg, array, plans, accesses)):
             declined.add(array)
             continue
         if all(plan is not None for plan in plans):

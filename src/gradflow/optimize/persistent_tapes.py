@@ -19,8 +19,10 @@ and `runtime.compile.compile_sdfg` give) initialises a program once, with the si
 and keeps that state for every later call: a call at a larger size would then overrun the stacks (found
 by the library-rule tests, which call one build at several sizes: heap corruption). gradflow's own
 calling path (`runtime.calling.Kernel`, used by `Runner`, the benchmarks and the torch dispatchers)
-keeps one state per set of sizes and serialises calls on a stateful one, so the pass is safe there, and
-for any program called at one set of sizes: `gradflow.grad(..., optimize=OPTIMIZE + PersistentTapes())`.
+keeps one state per set of sizes and serialises calls on a stateful one, so the pass is safe there:
+`Runner` applies it to every program it compiles (what `value_and_grad`, `gradflow.torch.compile` and the
+benchmarks call through), and a user may add it for a program called at one set of sizes:
+`gradflow.grad(..., optimize=OPTIMIZE + PersistentTapes())`.
 The stacks then stay allocated while the program is loaded, one set per set of sizes called. The heap
 buffers of growable stacks, which the program manages itself, and the stacks of nested SDFGs are left
 alone (a growable stack's one-item staging array is made persistent like the others).
@@ -50,6 +52,11 @@ def _candidates(sdfg: dace.SDFG) -> list[str]:
                 and {str(s) for s in desc.free_symbols} <= given):
             found.append(name)
     return found
+
+
+def has_stacks(sdfg: dace.SDFG) -> bool:
+    """Whether the pass would change `sdfg` (read only)."""
+    return bool(_candidates(sdfg))
 
 
 @register_pass

@@ -128,11 +128,24 @@ def _layout_key(value: Any) -> tuple:
     return (type(value),)
 
 
+def _with_persistent_tapes(program: dace.SDFG | Graph) -> dace.SDFG | Graph:
+    """The program with its tape stacks allocated once per state handle (`optimize.persistent_tapes`): a
+    `Runner` calls through a `Kernel`, which keeps one handle per set of sizes, so the stacks always fit.
+    They stay allocated while the program is loaded; a call no longer maps, page-faults and frees them
+    (nb_durbin's row stack is 36 MB)."""
+    from gradflow.optimize.persistent_tapes import PersistentTapes, has_stacks
+
+    if not has_stacks(program.sdfg if isinstance(program, Graph) else program):
+        return program
+    return PersistentTapes()(Graph.of(program)).unwrap()
+
+
 class Runner:
     """A validated, zero-copy call of a compiled SDFG with numpy arrays or torch tensors by name.
 
     `runner(X=x, W=w, Y=y)`: arrays are passed by pointer (the SDFG reads and writes their memory), numbers
-    for scalars, symbols inferred from the shapes (or given by name). Every array is checked first; the
+    for scalars, symbols inferred from the shapes (or given by name). A program given as an SDFG or graph
+    is compiled with its tape stacks persistent (`_with_persistent_tapes`). Every array is checked first; the
     outcome of the checks is cached by the layout of the arguments (dtype, shape, strides, device, ...), so
     a repeated call with arrays of the same layout costs a dictionary lookup.
     """
@@ -141,7 +154,8 @@ class Runner:
         if isinstance(program, CompiledSDFG):
             compiled = program
         else:
-            compiled = compile_sdfg(program if isinstance(program, (dace.SDFG, Graph)) else Graph.of(program))
+            compiled = compile_sdfg(_with_persistent_tapes(
+                program if isinstance(program, (dace.SDFG, Graph)) else Graph.of(program)))
         self.kernel = Kernel(compiled)
         self.plan = self.kernel.plan
         self._arrays = self.plan.arrays

@@ -51,13 +51,27 @@ def thread_env(threads: int) -> dict[str, str]:
             "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
+def _keys(only: str) -> set[str]:
+    """The names and bench keys in a comma-separated `--only`: a headline key's own commas
+    (`lp_softmax@N=256,M=512`) stay in it, since a part `SYMBOL=value` continues the key before it."""
+    keys: list[str] = []
+    for part in (p.strip() for p in only.split(",")):
+        if not part:
+            continue
+        if keys and "@" in keys[-1] and "=" in part and "@" not in part:
+            keys[-1] += "," + part
+        else:
+            keys.append(part)
+    return set(keys)
+
+
 def _select(only: str | None):
     from benchmarks.kernelbench import specs
 
     benches = specs.benches()
     if not only:
         return benches
-    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    wanted = _keys(only)
     chosen = [b for b in benches if b.name in wanted or b.key in wanted]
     unknown = wanted - {b.name for b in chosen} - {b.key for b in chosen}
     if unknown:

@@ -179,7 +179,7 @@ def _gram_schmidt_gradient() -> Graph:
 
     case = npbench.CASES_BY_NAME["nb_gramschmidt"]
     return grad_graph(case.to_sdfg(), wrt=list(case.wrt), of=case.of,
-                      optimize=OPTIMIZE.without("column_layouts"))
+                      optimize=OPTIMIZE.without("transient_layouts"))
 
 
 def _scope_tapes(g: Graph) -> int:
@@ -305,7 +305,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "register_scalar_sums": (_optimized_but_scalar_sums, None, _scalar_sums, ("> 0", 0)),
     "simd_register_sums": (_optimized_but_simd_sums, None, _unmarked_simd_sums, ("> 0", 0)),
     "persistent_tapes": (_optimized_with_tapes, None, _scope_tapes, ("> 0", 0)),
-    "column_layouts": (_gram_schmidt_gradient, None, _row_walked_columns, ("> 0", 0)),
+    "transient_layouts": (_gram_schmidt_gradient, None, _row_walked_columns, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

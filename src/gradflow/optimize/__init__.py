@@ -21,7 +21,7 @@ from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.first_writes import OverwriteZeroedProducts
 from gradflow.optimize.fusion import FuseMaps
-from gradflow.optimize.layouts import ColumnLayouts
+from gradflow.optimize.layouts import TransientLayouts
 from gradflow.optimize.owned_sums import NestReductions
 from gradflow.optimize.persistent_tapes import PersistentTapes
 from gradflow.optimize.product_scales import FoldProductScales
@@ -40,7 +40,7 @@ OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), Ho
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
                      LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums(), ColumnLayouts()))
+                     SimdRegisterSums(), TransientLayouts()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -48,7 +48,7 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "ColumnLayouts", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
+__all__ = ["OPTIMIZE", "ChooseSchedules", "TransientLayouts", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
            "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "SimdRegisterSums",
            "VersionBySize", "optimized"]

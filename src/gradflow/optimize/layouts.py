@@ -1,20 +1,21 @@
-"""`column_layouts`: a transient matrix that the program's hot loops walk down its columns is stored
-column by column.
+"""`transient_layouts`: a transient array is laid out so that the program's hot loops walk it contiguously.
 
-A transient's layout is the compiler's choice: nothing outside the program sees it. Row-major is what
-the frontend gives every array, but reverse mode creates matrices whose accesses follow the forward's:
-Gram-Schmidt walks the columns `A[:, j]` of its matrix, so the backward's working copy of `A` (restored
-one column per inner iteration from the tape) and the gradient of `Q` are walked down columns too, every
-element a new cache line (stride N). Stored column-major, those walks read and write consecutive
-memory; the few whole-matrix passes (the initial copy, zeroing) become transposing but run once.
+A transient's layout is the compiler's choice: nothing outside the program sees it. The frontend makes
+every array row-major, but loops often walk another dimension: Gram-Schmidt walks the columns `A[:, j]`,
+vadv's sweep works on planes `c[:, :, k]` of arrays whose last dimension is k. Reverse mode copies those
+access patterns into backward-local buffers (working copies restored from the tape, gradients), so one
+cache line per element is touched on both sweeps. Laid out along the walks, those accesses read and
+write consecutive memory; the few whole-array passes (the initial copy, zeroing) become transposing but
+run once.
 
-A 2-D transient `Array` of the top-level SDFG is a candidate when only maps and tasklets touch it (no
-library node or nested SDFG, which might assume a layout; no view; no interstate edge or loop condition
-naming it), and it is row-major now. Each memlet inside a map scope votes for the dimension that its
-innermost non-trivial map parameter moves along (for a single element, the last one); a whole-array
-copy between access nodes votes for rows. A vote weighs `LOOP_WEIGHT` to the power of the number of
-loops around its state, a stand-in for how often it runs. The array becomes column-major when the
-column votes outweigh the row votes.
+A transient `Array` of the top-level SDFG with two or more dimensions is a candidate when only maps and
+tasklets touch it (no library node or nested SDFG, which might assume a layout; no view; no interstate
+edge or loop condition naming it), and it is row-major now. Each memlet inside a map scope scores the
+dimensions its map parameters move along by how fast they change (the last parameter of the innermost
+map whose range is not a single value fastest); a copy between access nodes scores the current order.
+The accesses inside the most loops decide the order, fastest-walked dimension last (those run most
+often: a loop of unknown trip count runs "many" times); accesses in fewer loops only break ties, and the
+current order breaks the rest.
 """
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.first_writes import named_by_control
 
-#: relative weight of an access one loop deeper (a loop of unknown trip count runs "many" times)
-LOOP_WEIGHT = 64
-
-
 def _loop_depth(state: dace.SDFGState) -> int:
     depth, region = 0, state.parent_graph
     while region is not None and not isinstance(region, dace.SDFG):
@@ -45,9 +42,12 @@ def _loop_depth(state: dace.SDFGState) -> int:
 
 
 def _row_major(desc: dace.data.Array) -> bool:
-    rows, cols = desc.shape
-    return (symbolic.pystr_to_symbolic(str(desc.strides[1])) == 1
-            and symbolic.pystr_to_symbolic(str(desc.strides[0] - cols)) == 0)
+    expected = 1
+    for extent, stride in reversed(list(zip(desc.shape, desc.strides))):
+        if symbolic.pystr_to_symbolic(str(stride - expected)) != 0:
+            return False
+        expected = expected * extent
+    return True
 
 
 def _trivial(rng) -> bool:
@@ -55,16 +55,13 @@ def _trivial(rng) -> bool:
     return symbolic.pystr_to_symbolic(str(e - b)) == 0
 
 
-def _innermost_parameter(state: dace.SDFGState, node: nd.Node, scopes: dict) -> str | None:
-    """The map parameter that changes fastest around `node` (the last parameter of the innermost map
-    whose range is not a single value), or None outside maps."""
-    entry = scopes[node]
+def _parameters(node: nd.Node, scopes: dict) -> list[str]:
+    """The map parameters around `node` whose ranges are not a single value, fastest-changing first."""
+    params, entry = [], scopes[node]
     while entry is not None:
-        for param, rng in reversed(list(zip(entry.map.params, entry.map.range))):
-            if not _trivial(rng):
-                return param
+        params += [p for p, rng in reversed(list(zip(entry.map.params, entry.map.range))) if not _trivial(rng)]
         entry = scopes[entry]
-    return None
+    return params
 
 
 def _dimension_along(subset, param: str) -> int | None:
@@ -75,69 +72,87 @@ def _dimension_along(subset, param: str) -> int | None:
     return dims[0] if len(dims) == 1 else None
 
 
-def _votes(sdfg: dace.SDFG, name: str) -> tuple[float, float] | None:
-    """(row weight, column weight) of the accesses to `name`; None when it must keep its layout."""
-    rows = cols = 0.0
+def _votes(sdfg: dace.SDFG, name: str) -> list[dict[int, float]] | None:
+    """Per dimension, per loop depth: how fast the accesses at that depth walk along it (rank 0, the
+    fastest map parameter, scores the number of dimensions; a dimension no parameter moves along, 0).
+    None when the array must keep its layout."""
+    rank = len(sdfg.arrays[name].shape)
+    scores: list[dict[int, float]] = [{} for _ in range(rank)]
+
+    def vote(dim: int, depth: int, value: float) -> None:
+        scores[dim][depth] = scores[dim].get(depth, 0.0) + value
+
     for state in sdfg.states():
         nodes = [n for n in state.data_nodes() if n.data == name]
         if not nodes:
             continue
-        weight = float(LOOP_WEIGHT) ** _loop_depth(state)
+        depth = _loop_depth(state)
         scopes = state.scope_dict()
         for node in nodes:
             for e in state.all_edges(node):
                 other = e.dst if e.src is node else e.src
-                if isinstance(other, (nd.LibraryNode, nd.NestedSDFG)):
-                    return None
                 if isinstance(other, nd.AccessNode):
                     if isinstance(other.desc(sdfg), dace.data.View):
                         return None
-                    rows += weight  # a copy between arrays: contiguous in row-major
+                    for dim in range(rank):  # a copy between arrays: walks them as they are laid out
+                        vote(dim, depth, dim + 1)
         for e in state.edges():
             if e.data.data != name or e.data.subset is None:
                 continue
             if isinstance(e.src, (nd.LibraryNode, nd.NestedSDFG)) or isinstance(e.dst, (nd.LibraryNode, nd.NestedSDFG)):
-                return None  # also inside a map scope
-            inner = e.dst if isinstance(e.dst, nd.Tasklet) else e.src if isinstance(e.src, nd.Tasklet) else None
-            if inner is None:
+                return None  # (inside a map scope too) it might assume a layout
+            tasklet = e.dst if isinstance(e.dst, nd.Tasklet) else e.src if isinstance(e.src, nd.Tasklet) else None
+            if tasklet is None:
                 continue
-            param = _innermost_parameter(state, inner, scopes)
-            dim = _dimension_along(e.data.subset, param) if param is not None else None
-            if dim == 0:
-                cols += weight
-            elif dim == 1:
-                rows += weight
-    return rows, cols
+            for k, param in enumerate(_parameters(tasklet, scopes)[:rank]):
+                dim = _dimension_along(e.data.subset, param)
+                if dim is not None:
+                    vote(dim, depth, rank - k)
+    return scores
 
 
-def _candidates(sdfg: dace.SDFG) -> list[str]:
-    found = []
-    for name, desc in sdfg.arrays.items():
-        if not (type(desc) is dace.data.Array and desc.transient and len(desc.shape) == 2
-                and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
-                and not any(_trivial((0, s - 1, 1)) for s in desc.shape) and _row_major(desc)):
-            continue
-        if named_by_control(sdfg, name):
-            continue
-        votes = _votes(sdfg, name)
-        if votes is not None and votes[1] > votes[0]:
-            found.append(name)
+def _order(sdfg: dace.SDFG, name: str) -> tuple[int, ...] | None:
+    """The dimensions from slowest to fastest in the chosen layout, or None to keep the array as it is."""
+    desc = sdfg.arrays[name]
+    if not (type(desc) is dace.data.Array and desc.transient and len(desc.shape) >= 2
+            and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
+            and not any(_trivial((0, s - 1, 1)) for s in desc.shape) and _row_major(desc)):
+        return None
+    if named_by_control(sdfg, name):
+        return None
+    scores = _votes(sdfg, name)
+    if scores is None:
+        return None
+    depths = sorted({d for per_dim in scores for d in per_dim}, reverse=True)
+    # the deepest accesses decide; shallower ones (run less often) only break ties; then the current order
+    order = tuple(sorted(range(len(scores)), key=lambda dim: (tuple(scores[dim].get(d, 0.0) for d in depths), dim)))
+    return None if order == tuple(range(len(scores))) else order
+
+
+def _candidates(sdfg: dace.SDFG) -> dict[str, tuple[int, ...]]:
+    found = {}
+    for name in sdfg.arrays:
+        order = _order(sdfg, name)
+        if order is not None:
+            found[name] = order
     return found
 
 
 @register_pass
 @attrs.frozen
-class ColumnLayouts(Pass):
-    """Transient matrices walked down their columns in the hot loops are stored column-major (module doc)."""
+class TransientLayouts(Pass):
+    """Transient arrays are laid out along the walks of the hot loops (module doc)."""
 
-    name: ClassVar[str] = "column_layouts"
+    name: ClassVar[str] = "transient_layouts"
 
     def run(self, graph: Graph) -> PassResult:
         if not _candidates(graph.sdfg):
             return Success(graph)
         sdfg = graph.editable()
-        for name in _candidates(sdfg):
+        for name, order in _candidates(sdfg).items():
             desc = sdfg.arrays[name]
-            desc.strides = (1, desc.shape[0])
-            desc.total_size = desc.shape[0] * desc.shape[1]
+            strides, step = [None] * len(order), 1
+            for d in reversed(order):
+                strides[d], step = step, step * desc.shape[d]
+            desc.strides = tuple(strides)
         return Success(Graph.adopt(sdfg, graph.meta))

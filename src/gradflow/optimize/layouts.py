@@ -33,6 +33,7 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.first_writes import named_by_control
 
+
 def _loop_depth(state: dace.SDFGState) -> int:
     depth, region = 0, state.parent_graph
     while region is not None and not isinstance(region, dace.SDFG):
@@ -116,6 +117,7 @@ def _order(sdfg: dace.SDFG, name: str) -> tuple[int, ...] | None:
     desc = sdfg.arrays[name]
     if not (type(desc) is dace.data.Array and desc.transient and len(desc.shape) >= 2
             and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
+            and desc.lifetime != dace.AllocationLifetime.External  # memory someone else lays out
             and not any(_trivial((0, s - 1, 1)) for s in desc.shape) and _row_major(desc)):
         return None
     if named_by_control(sdfg, name):

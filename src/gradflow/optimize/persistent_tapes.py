@@ -20,9 +20,9 @@ and keeps that state for every later call: a call at a larger size would then ov
 by the library-rule tests, which call one build at several sizes: heap corruption). gradflow's own
 calling path (`runtime.calling.Kernel`, used by `Runner`, the benchmarks and the torch dispatchers)
 keeps one state per set of sizes and serialises calls on a stateful one, so the pass is safe there:
-`Runner` applies it to every program it compiles (what `value_and_grad`, `gradflow.torch.compile` and the
-benchmarks call through), and a user may add it for a program called at one set of sizes:
-`gradflow.grad(..., optimize=OPTIMIZE + PersistentTapes())`.
+`Runner` applies it to every program it compiles (what `value_and_grad` and the benchmarks call through;
+the torch dispatchers split forward and backward, whose stacks cross as arguments), and a user may add
+it for a program called at one set of sizes: `gradflow.grad(..., optimize=OPTIMIZE + PersistentTapes())`.
 The stacks then stay allocated while the program is loaded, one set per set of sizes called. The heap
 buffers of growable stacks, which the program manages itself, and the stacks of nested SDFGs are left
 alone (a growable stack's one-item staging array is made persistent like the others).

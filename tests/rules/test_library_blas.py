@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gradflow
+import gradflow.api
 from gradflow.core.graph import Graph
 from gradflow.runtime import blas
 from gradflow.runtime.compile import compile_sdfg
@@ -48,12 +49,30 @@ def test_matvec_backward_calls_dgemv() -> None:
     ("gemm_subblocks", "cblas_dgemm", 3),  # transposed sub-blocks in and out
     ("matmul_col_mat", "cblas_dgemv", 2),  # r = A[:, 0] @ A[:, 1:]; the column's gradient
     ("gemv_transposed_slice", "cblas_dgemv", 2),  # forward, and gX[1:N+1, 1] += 1.5 A[...] gY[:, 2]
-    ("gemm_padded_operand", "cblas_dgemm", 2),  # forward and gT; gX reads the padded T through a map
+    ("gemm_padded_operand", "cblas_dgemm", 3),  # T, a copy of A, is rebuilt packed for gX's product
 ])
 def test_products_on_subsets_stay_on_blas(name: str, call: str, count: int) -> None:
     """Backward products of slices, columns and sub-blocks are BLAS calls on those subsets; an operand BLAS
     cannot address (a padded array) falls back to a map for that one product."""
     assert _calls(_compiled(name, "rule")).count(call) == count
+
+
+def test_a_padded_operand_falls_back_to_a_map_with_the_same_gradients() -> None:
+    """Stored (not rebuilt), the padded copy T is what gX's product reads: BLAS cannot address it, so that
+    one product is a map (`_contract`'s fallback), and the gradients equal the rebuilt route's."""
+    case = CASES_BY_NAME["gemm_padded_operand"]
+    stored = compile_sdfg(gradflow.api.grad_graph(case.program.to_sdfg(simplify=True), list(case.wrt), "S",
+                                                  forwarding=gradflow.Forwarding(rebuild_copies=False)))
+    assert _calls(stored).count("cblas_dgemm") == 2  # forward and gT
+    sizes = {"N": 5, "M": 4, "K": 6}
+    inputs = case.make_inputs(np.random.default_rng(2), sizes)
+    results = []
+    for program in (stored, _compiled("gemm_padded_operand", "rule")):
+        out = {"S": np.zeros(1), **{f"grad_{w}": np.zeros_like(inputs[w]) for w in case.wrt}}
+        program(**{k: v.copy() for k, v in inputs.items()}, **out, **sizes)
+        results.append(out)
+    for k in results[0]:
+        np.testing.assert_allclose(results[0][k], results[1][k], rtol=1e-13, atol=1e-14, err_msg=k)
 
 
 def test_vjp_backward_sdfg_calls_dgemm() -> None:

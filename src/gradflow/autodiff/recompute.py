@@ -1,9 +1,11 @@
 """Recomputation: rerun the operation that defined a value instead of storing the value.
 
-Array R can be recomputed for an operation P that reads it (in its reverse) when R's defining operation
+Array R can be recomputed for an operation P that reads it (in its reverse) and does not write it (an
+update in place, such as a max accumulated into R, may read its own result) when R's defining operation
 Q (the last operation before P that writes R):
 - sits in the same region and the same loops as P (so rerunning it at P's reverse sees the same loop
-  variables), writes only R and all of R, without write-conflict resolution, and does not read R;
+  variables), writes only R, without write-conflict resolution, and does not read R; it writes all of R,
+  or exactly (no dynamic memlet, not from a nested SDFG) a part that contains what P reads;
 - reads nothing that an operation between Q and P overwrites, and no symbol that is reassigned between
   them (so Q's inputs, as the backward sweep holds them for P, are what Q read); inputs that are themselves recomputed must satisfy the same
   conditions (chains such as `a = exp(x); b = sin(a)` are rerun in order).
@@ -168,6 +170,8 @@ class Recomputability:
     def rerunnable(self, array: str, reader: OpSite, target: OpSite) -> OpSite | None:
         """The definition of `array` as `reader` read it when rerunning it at the reverse of `target`
         rebuilds that value (chains aside), else None."""
+        if array in self.accesses[reader.index].writes:
+            return None  # an update in place (a max into y): its reverse may read its own result, not q's
         q = self.definition(array, reader)
         if q is None or q.op.kind not in ("map", "tasklet", "library", "copy"):
             return None

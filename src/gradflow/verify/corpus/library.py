@@ -258,8 +258,8 @@ def gemm_subblocks() -> dace.SDFG:
 
 def gemm_padded_operand() -> dace.SDFG:
     """C = T @ X with T a copy of A in a transient whose rows are padded (strides (K + 3, 1)): BLAS could
-    read T, but the backward reads it through gradflow's map fallback for operands whose array is not
-    packed (`_contract`)."""
+    read T, but a backward that stores T reads it through gradflow's map fallback for operands whose array
+    is not packed (`_contract`); `STORE_ALL` rebuilds the copy into a packed buffer instead."""
     sdfg = _arrays("gemm_padded_operand", {"A": [N, K], "X": [K, M], "W": [N, M], "S": [1]})
     sdfg.add_array("T", [N, K], f64, strides=[K + 3, 1], total_size=N * (K + 3), transient=True)
     sdfg.add_array("C", [N, M], f64, transient=True)

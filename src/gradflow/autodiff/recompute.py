@@ -47,17 +47,13 @@ def _covers_all(site: OpSite, array: str) -> bool:
 
 
 def _exact_writes(site: OpSite, array: str) -> bool:
-    """Every edge into `array` writes exactly its subset: no write-conflict resolution, no dynamic memlet
-    (a may-write), not from a nested SDFG (whose outer memlet only bounds what it writes)."""
+    """One edge writes `array`, exactly its subset (so that subset is what is written, not a bounding box
+    of several): no write-conflict resolution, no dynamic memlet (a may-write), not from a nested SDFG
+    (whose outer memlet only bounds what it writes)."""
     state = site.state
-    for i in site.op.writes:
-        node = state.node(i)
-        if node.data != array:
-            continue
-        for e in state.in_edges(node):
-            if e.data.wcr is not None or e.data.dynamic or isinstance(e.src, dace.nodes.NestedSDFG):
-                return False
-    return True
+    edges = [e for i in site.op.writes if state.node(i).data == array for e in state.in_edges(state.node(i))]
+    return len(edges) == 1 and not (edges[0].data.wcr is not None or edges[0].data.dynamic
+                                    or isinstance(edges[0].src, dace.nodes.NestedSDFG))
 
 
 def _sym(expr) -> sympy.Expr:

@@ -64,14 +64,18 @@ class CountedLoop:
         return {"<": (a, b - 1), "<=": (a, b), ">": (b + 1, a), ">=": (b, a)}[self.cmp]
 
 
+def loop_depth(block) -> int:
+    """How many `LoopRegion`s of its SDFG enclose `block` (a state or region)."""
+    depth, region = 0, block.parent_graph
+    while region is not None and not isinstance(region, dace.SDFG):
+        depth += isinstance(region, LoopRegion)
+        region = region.parent_graph
+    return depth
+
+
 def in_loop(block) -> bool:
     """`block` (a state or region) lies inside a `LoopRegion` of its SDFG: it may run more than once per call."""
-    region = block.parent_graph
-    while region is not None and not isinstance(region, dace.SDFG):
-        if isinstance(region, LoopRegion):
-            return True
-        region = region.parent_graph
-    return False
+    return loop_depth(block) > 0
 
 
 def _parse(code: str) -> sympy.Basic | None:

@@ -26,20 +26,12 @@ import attrs
 import dace
 from dace import symbolic
 from dace.sdfg import nodes as nd
-from dace.sdfg.state import LoopRegion
 from returns.result import Success
 
+from gradflow.analysis.loops import loop_depth
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.first_writes import named_by_control
-
-
-def _loop_depth(state: dace.SDFGState) -> int:
-    depth, region = 0, state.parent_graph
-    while region is not None and not isinstance(region, dace.SDFG):
-        depth += isinstance(region, LoopRegion)
-        region = region.parent_graph
-    return depth
 
 
 def _row_major(desc: dace.data.Array) -> bool:
@@ -87,7 +79,7 @@ def _votes(sdfg: dace.SDFG, name: str) -> list[dict[int, float]] | None:
         nodes = [n for n in state.data_nodes() if n.data == name]
         if not nodes:
             continue
-        depth = _loop_depth(state)
+        depth = loop_depth(state)
         scopes = state.scope_dict()
         for node in nodes:
             for e in state.all_edges(node):
@@ -148,10 +140,11 @@ class TransientLayouts(Pass):
     name: ClassVar[str] = "transient_layouts"
 
     def run(self, graph: Graph) -> PassResult:
-        if not _candidates(graph.sdfg):
+        found = _candidates(graph.sdfg)  # by name: the editable copy has the same arrays
+        if not found:
             return Success(graph)
         sdfg = graph.editable()
-        for name, order in _candidates(sdfg).items():
+        for name, order in found.items():
             desc = sdfg.arrays[name]
             strides, step = [None] * len(order), 1
             for d in reversed(order):

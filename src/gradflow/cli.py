@@ -4,6 +4,8 @@
     gradflow grad FILE.py:PROGRAM --wrt A,B [--of S] [--forwarding recompute_all] -o out.sdfg
     gradflow grad MODEL.onnx --wrt W1,W2 --of loss -o out.sdfg
     gradflow show X.sdfg -o X.svg|X.html
+    gradflow fuzz --n 500 --seed 1 [--jobs 2] [--log run.jsonl] [--report run.md]
+    gradflow fuzz --merge a.jsonl b.jsonl --report all.md
 
 Bad input is reported as one `error:` line (exit code 2); `verify` exits 1 when a rule fails or is
 untested. Steps that take seconds (compiling, lowering a model, each verification check) report progress
@@ -47,6 +49,17 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--of", help="the one-element output to differentiate (default: the only one)")
     g.add_argument("--forwarding", choices=FORWARDING, default="store_all")
     g.add_argument("-o", "--output", required=True, help="where to write the differentiated SDFG (.sdfg)")
+    f = sub.add_parser("fuzz", help="check random programs against their numpy twins (values, gradients)")
+    f.add_argument("--n", type=int, default=100, help="how many programs")
+    f.add_argument("--seed", type=int, default=1, help="the seed of the programs and their data")
+    f.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel worker processes")
+    f.add_argument("--configs", choices=("two", "all", "default"), default="two",
+                   help="configurations per program: the default and one more (two), all twelve, or the default")
+    f.add_argument("--timeout", type=float, default=600.0, help="seconds one program may take")
+    f.add_argument("--shrink", type=int, default=60, help="checks spent shrinking each failure (0: none)")
+    f.add_argument("--log", help="append one JSON line per program to this file")
+    f.add_argument("--report", help="write the markdown report here (else print it)")
+    f.add_argument("--merge", nargs="+", metavar="LOG", help="report on these logs instead of running")
     s = sub.add_parser("show", help="draw an SDFG (forward and backward) as .svg or DaCe's .html viewer")
     s.add_argument("sdfg", help="an .sdfg file (e.g. written by `gradflow grad`)")
     s.add_argument("-o", "--output", required=True, help="X.svg or X.html")
@@ -58,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"dace(\.|$)")
     with progress.reporting(_err):
         try:
-            return {"verify": _verify, "grad": _grad, "show": _show}[args.command](args)
+            return {"verify": _verify, "grad": _grad, "show": _show, "fuzz": _fuzz}[args.command](args)
         except GradflowError as exc:
             _err(f"error: {exc}")
             return 2
@@ -148,6 +161,52 @@ def _grad(args: argparse.Namespace) -> int:
     grads = ", ".join(f"grad_{x}" for x in wrt)
     print(f"wrote {out}: SDFG '{sdfg.name}' computing the program and {grads}")
     return 0
+
+
+# ---- fuzz -------------------------------------------------------------------------------------------------
+
+def _fuzz(args: argparse.Namespace) -> int:
+    """Exit 1 when a program is WRONG or crashed, else 0."""
+    import json
+
+    from gradflow.verify import fuzz
+
+    if args.merge:
+        records = []
+        for log in args.merge:
+            path = Path(log)
+            if not path.is_file():
+                raise InvalidArgumentError(f"no such log: {path}")
+            records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        command = "gradflow fuzz --merge " + " ".join(args.merge)
+    else:
+        if args.n < 1 or args.jobs < 1:
+            raise InvalidArgumentError("--n and --jobs must be at least 1")
+        log = open(args.log, "a") if args.log else None
+        records = []
+
+        def seen(result) -> None:
+            entry = fuzz.record(result)
+            records.append(entry)
+            verdict = result.verdict
+            _err(f"[{len(records)}/{args.n}] program {result.index}: {verdict.kind}"
+                 + (f" ({verdict.error})" if verdict.error else "") + f" {verdict.seconds:.1f} s")
+            if log is not None:
+                log.write(json.dumps(entry) + "\n")
+                log.flush()
+
+        with progress.step(f"drawing {args.n} programs"):
+            drawn = fuzz.draw(args.n, args.seed)
+        fuzz.run(args.n, args.seed, args.jobs, configs=args.configs, timeout=args.timeout,
+                 shrink_attempts=args.shrink, on_result=seen, programs_=drawn)
+        command = f"gradflow fuzz --n {args.n} --seed {args.seed} --jobs {args.jobs} --configs {args.configs}"
+    text = fuzz.report(records, command)
+    if args.report:
+        Path(args.report).write_text(text)
+        _err(f"wrote {args.report}")
+    else:
+        print(text)
+    return 1 if any(r["verdict"]["kind"] in ("WRONG", "crash") for r in records) else 0
 
 
 # ---- show -------------------------------------------------------------------------------------------------

@@ -140,6 +140,9 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
             continue
         if len(blocks) == 1 and isinstance(blocks[0], dace.SDFGState):  # DaCe nests two blocks or more
             blocks.append(loop.add_state_after(blocks[0], f"{loop.label}_end"))
+        for inner in loop.all_control_flow_regions():  # DaCe's nesting looks up every symbol's type
+            if isinstance(inner, LoopRegion) and inner.loop_variable and inner.loop_variable not in sdfg.symbols:
+                sdfg.add_symbol(inner.loop_variable, dace.int64)
         state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
         node = next(n for n in state.nodes() if isinstance(n, nd.NestedSDFG))
         set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside

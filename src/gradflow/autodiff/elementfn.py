@@ -23,7 +23,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet
+from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet, stored_as
 
 
 @attrs.frozen
@@ -132,6 +132,7 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
     def sink(edge, value: sympy.Expr) -> None:
         if edge.data.is_empty():
             return
+        value = _through_types(state, edge, value)
         if edge.dst is exit_ or (exit_ is None and isinstance(edge.dst, nd.AccessNode)):
             outputs.append(Port(sympy.Symbol(f"__out{len(outputs)}", real=True), edge.data.data,
                                 _subset_str(edge.data), _wcr_kind(edge.data.wcr)))
@@ -206,6 +207,23 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
             exprs.append(value)
     _check_writes(where, outputs)
     return ElementFunction(tuple(inputs), tuple(outputs), tuple(exprs), entry, str(head))
+
+
+def _through_types(state: SDFGState, edge, value: sympy.Expr) -> sympy.Expr:
+    """`value` as it arrives at the end of `edge`: a conversion to an integer type on the way (the tasklet's
+    output connector, the destination's connector or data) truncates it, and no derivative flows through."""
+    types = []
+    if isinstance(edge.src, nd.Tasklet):
+        types.append(edge.src.out_connectors.get(edge.src_conn))
+    if isinstance(edge.dst, nd.Tasklet):
+        types.append(edge.dst.in_connectors.get(edge.dst_conn))
+    elif isinstance(edge.dst, nd.AccessNode):
+        types.append(edge.dst.desc(state.sdfg).dtype)
+    for dtype in types:
+        if isinstance(dtype, dtypes.typeclass) and not isinstance(dtype, (dtypes.pointer, dtypes.vector)) \
+                and dtype.type is not None:
+            value = stored_as(value, dtype)
+    return value
 
 
 def _carries_gradient(state: SDFGState, array: str) -> bool:

@@ -32,7 +32,7 @@ def subset_elements(subset: subsets.Range, prefix: str) -> tuple[dict[str, str],
     """Map ranges `prefix<d> in 0:size_d`, their parameters, and the element `begin_d + step_d * prefix<d>`
     of `subset` they address (strided subsets included)."""
     params = [f"{prefix}{d}" for d in range(subset.dims())]
-    ranges = {p: f"0:{n}" for p, n in zip(params, subset.size())}
+    ranges = {p: f"0:{n}" for p, n in zip(params, subset.size(for_codegen=True))}  # integer ceilings
     element = ", ".join(f"({b}) + ({s}) * {p}" for p, (b, _, s) in zip(params, subset.ndrange()))
     return ranges, params, element
 

@@ -236,7 +236,7 @@ class Reversal:
         run time the array's whole extent."""
         loop_vars = {l.loop_variable for l in site.loops} | set(self.assigned)
         shape = []
-        for d, size in enumerate(sub.size()):
+        for d, size in enumerate(sub.size(for_codegen=True)):  # a strided extent as an integer ceiling
             size = symbolic.pystr_to_symbolic(str(size))
             free = {str(s) for s in getattr(size, "free_symbols", ())}
             shape.append(self.sdfg.arrays[array].shape[d] if free & loop_vars else size)

@@ -39,6 +39,7 @@ from dace.transformation.dataflow import AugAssignToWCR
 from dace.transformation.interstate import InlineSDFG, LoopToMap, StateFusion
 from returns.result import Success
 
+from gradflow.analysis.dependence import body_accesses, loop_independence
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -146,8 +147,27 @@ def _forward_written_elements(state: dace.SDFGState) -> None:
                        dace.Memlet(data=node.data, subset=write.data.subset, other_subset=one))
 
 
+def _rereads_overwritten(state: dace.SDFGState) -> str | None:
+    """An array the body overwrites and reads at another element, if any. Such a loop may be a map, but
+    not one reverse mode differentiates (the map's reverse would read elements other iterations
+    overwrote): it stays a loop, reversed as a loop."""
+    accesses = body_accesses(state)
+    written_at = {}
+    for access in accesses:
+        if access.kind == "write":
+            written_at.setdefault(access.array, set()).add(access.subset)
+    for access in accesses:
+        if access.kind == "read" and access.array in written_at and access.subset not in written_at[access.array]:
+            return access.array
+    return None
+
+
 def _to_map(sdfg: dace.SDFG, loop: LoopRegion) -> bool:
-    """Apply `LoopToMap` to `loop` if DaCe finds its iterations independent."""
+    """Apply `LoopToMap` to `loop` when gradflow's own dependence test proves its iterations independent
+    (`analysis.dependence`) and the map would be one reverse mode differentiates; DaCe's applicability
+    check must agree too (it does the rewriting), but is never the proof."""
+    if not loop_independence(loop).independent or _rereads_overwritten(loop.nodes()[0]) is not None:
+        return False
     region = loop.parent_graph
     step = LoopToMap()
     step.setup_match(region.sdfg, region.cfg_id, -1, {LoopToMap.loop: region.node_id(loop)}, 0)

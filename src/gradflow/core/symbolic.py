@@ -26,6 +26,46 @@ CASTS = frozenset(
      "numpy.float32", "double", "dace.float64_t"}
 )
 
+#: Calls that convert to an integer type (truncating toward zero, as C does): no derivative flows through them.
+INTEGER_CASTS = frozenset(
+    {"int", "dace.int64", "dace.int32", "dace.int16", "dace.int8", "dace.uint64", "dace.uint32", "dace.uint16",
+     "dace.uint8", "np.int64", "np.int32", "np.int16", "np.int8", "numpy.int64", "numpy.int32", "np.intc",
+     "np.uint64", "np.uint32", "np.uint8", "dace.int64_t"}
+)
+
+
+class Truncate(sympy.Function):
+    """A number converted to an integer type: truncation toward zero, derivative zero almost everywhere (as in
+    torch). Printed as a conversion to int64."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, x):
+        if x.is_integer:
+            return x
+        if x.is_Number:
+            return sympy.Integer(int(x))  # Python's int() truncates toward zero, as a C conversion does
+        return None
+
+    def _eval_is_integer(self):
+        return True
+
+    def _eval_is_real(self):
+        return True
+
+    def fdiff(self, argindex=1):
+        return sympy.Integer(0)
+
+
+def stored_as(value: sympy.Expr, dtype) -> sympy.Expr:
+    """`value` as it is after being stored in a location of DaCe type `dtype`: truncated for integers."""
+    import numpy as np
+
+    if np.dtype(dtype.type).kind in "iu":
+        return Truncate(_number_of(value))
+    return value
+
 
 class UnsupportedCode(NotDifferentiableError):
     """Tasklet code outside the differentiable subset (named in the message)."""
@@ -136,6 +176,8 @@ class _ExprReader:
                 raise self.fail(node, "keyword arguments")
             if name in CASTS and len(args) == 1:
                 return args[0]
+            if name in INTEGER_CASTS and len(args) == 1:
+                return Truncate(_number_of(args[0]))
             entry = self.table.by_spelling.get(name or "")
             if entry is None:
                 raise self.fail(node, f"function '{name}' is not in rules/elementwise.toml")
@@ -201,6 +243,11 @@ def _is_truth(value: sympy.Basic) -> bool:
     SymPy counts it as Boolean too."""
     return isinstance(value, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
                               sympy.logic.boolalg.BooleanAtom))
+
+
+def _number_of(value: sympy.Basic) -> sympy.Expr:
+    """A truth value as the number 1 or 0 (what `int(x > 0)` reads); other values as they are."""
+    return sympy.Piecewise((1, value), (0, True)) if _is_truth(value) else value
 
 
 def _truth(value: sympy.Basic) -> sympy.Basic:
@@ -283,7 +330,7 @@ class _Interpreter:
             return  # docstring / comment literal
         for call in (n for n in ast.walk(stmt.value) if isinstance(n, ast.Call)):
             name = _dotted(call.func) or ""
-            if name not in CASTS and name not in self.reader.table.by_spelling:
+            if name not in CASTS | INTEGER_CASTS and name not in self.reader.table.by_spelling:
                 raise self.fail(stmt, f"the statement calls '{name}' for its effect, which gradflow cannot see into "
                                       "(DaCe turns numpy functions it has no native version of into Python callbacks)",
                                 "use a numpy function DaCe implements natively (for a product: np.prod or "
@@ -478,6 +525,8 @@ class _Printer:
             return "(" + " or ".join(self(a) for a in e.args) + ")"
         if isinstance(e, sympy.Not):
             return f"(not {self(e.args[0])})"
+        if isinstance(e, Truncate):
+            return f"dace.int64({self(e.args[0])})"
         if isinstance(e, sympy.ITE):  # SymPy's own form of some merged truth values (see `_select`)
             test, a, b = (self(v) for v in e.args)
             return f"({a} if {test} else {b})"

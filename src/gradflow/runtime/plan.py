@@ -12,6 +12,8 @@ The plan is derived from the SDFG the library was compiled from, in exactly the 
 
 from __future__ import annotations
 
+import math
+
 import ctypes
 from typing import Any, Mapping
 
@@ -35,6 +37,12 @@ _SUPPORTED = {
     "int64": "int64_t", "int32": "int", "int16": "short", "int8": "char", "uint8": "unsigned char",
     "bool": "bool",
 }
+
+
+#: the functions SymPy and DaCe print in extents (`ceiling(N/2)` of a strided slice, `int_floor(N - 1, 2)`)
+_FUNCTIONS = {"__builtins__": {}, "Min": min, "Max": max, "ceiling": math.ceil, "floor": math.floor,
+              "int_floor": lambda a, b: a // b, "int_ceil": lambda a, b: -(-a // b), "Mod": lambda a, b: a % b,
+              "Abs": abs}
 
 
 @attrs.frozen
@@ -68,7 +76,7 @@ class Dim:
             return self.const
         if self.symbol is not None:
             return int(symbols[self.symbol])
-        return int(eval(self.py, {"__builtins__": {}, "Min": min, "Max": max}, dict(symbols)))  # noqa: S307
+        return int(eval(self.py, _FUNCTIONS, dict(symbols)))  # noqa: S307
 
 
 @attrs.frozen

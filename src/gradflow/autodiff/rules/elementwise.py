@@ -23,7 +23,9 @@ from __future__ import annotations
 import attrs
 import dace
 import sympy
+from dace import subsets
 
+from gradflow.analysis.dependence import apart_over
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import ElementFunction, Port, element_function
 from gradflow.autodiff.emit import SUM, add_element_tasklet, fill, map_ranges
@@ -87,6 +89,17 @@ def _read_results(ef: ElementFunction, ctx: ReverseContext, state, contrib: dict
     return found
 
 
+def _apart(ef: ElementFunction, read: Port, write: Port) -> bool:
+    """A read and an overwrite of one array through direct memlets whose elements differ over the whole map
+    (`x[N - 3, j] -= x[N - 2, j]`): no iteration reads what another writes, so they reverse independently."""
+    if read.indirect or write.indirect:
+        return False
+    entry = ef.map_entry
+    intervals = {p: (sympy.sympify(str(b)), sympy.sympify(str(e))) for p, (b, e, _) in zip(entry.map.params,
+                                                                                         entry.map.range)}
+    return apart_over(subsets.Range.from_string(read.subset), subsets.Range.from_string(write.subset), intervals)
+
+
 def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state, kept=None) -> _Plan:
     gouts = [i for i, p in enumerate(ef.outputs) if ctx.grad_of(p.array)]
     for i in gouts:
@@ -116,7 +129,8 @@ def _plan(ef: ElementFunction, ctx: ReverseContext, where: str, state, kept=None
         same = overwritten.get(port.key)
         if same is not None and not (in_map and port.indirect):
             assigned[port.key] = assigned.get(port.key, sympy.Integer(0)) + expr
-        elif same is not None or (in_map and any(a == port.array for a, _ in overwritten)):
+        elif same is not None or (in_map and any(a == port.array and not _apart(ef, port, out)
+                                                 for (a, _), out in overwritten.items())):
             raise NotDifferentiableError(
                 f"{where}: the map reads '{port.array}' and overwrites elements of '{port.array}'"
                 + (" chosen by an index" if port.indirect or port.array in chosen else "")

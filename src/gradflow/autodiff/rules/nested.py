@@ -33,6 +33,7 @@ from dace import subsets
 from dace.sdfg import nodes as nd
 
 from gradflow.analysis.activity import is_float
+from gradflow.analysis.writes import overwritten_before_read_in
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import map_ranges, mapped_tasklet, safe_label, subset_elements
 from gradflow.autodiff.rules import reverse_rule
@@ -96,6 +97,15 @@ def _inner_region(node: nd.NestedSDFG, memlet: dace.Memlet, where: str) -> subse
     return region
 
 
+def _partial_outputs(node: nd.NestedSDFG, ins: dict, outs: dict, where: str) -> list[str]:
+    """Output-only connectors that the nested SDFG may leave partly unwritten (it writes `x1[3]` through a
+    memlet over all of `x1`; a checkpointed loop's step writes what its body writes). The elements it leaves
+    keep their old value, so the gradient of that value is the cotangent there: such a connector is
+    reversed as an in/out one (split, its old value read), never by clearing the whole memlet."""
+    return sorted(c for c, e in outs.items() if c not in ins and not overwritten_before_read_in(
+        node.sdfg, c, _inner_region(node, e.data, where)))
+
+
 def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None:
     params = set(entry.map.params)
     owned = set()
@@ -149,7 +159,8 @@ class NestedReverse:
         ins, outs = _edges(site, node)
         if not any(ctx.grad_of(e.data.data) for e in outs.values()):
             return frozenset()
-        return frozenset(e.data.data for e in ins.values())
+        partial = _partial_outputs(node, ins, outs, f"nested SDFG '{node.label}'")
+        return frozenset(e.data.data for e in ins.values()) | frozenset(outs[c].data.data for c in partial)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
         from gradflow.autodiff.engine import OVERFLOW
@@ -160,14 +171,16 @@ class NestedReverse:
         active_out = sorted(c for c, e in outs.items() if ctx.grad_of(e.data.data))
         if not active_out:
             return
-        active_in = sorted(c for c, e in ins.items()
-                           if ctx.grad_of(e.data.data) and is_float(node.sdfg.arrays[c]))
-        shared = sorted(set(ins) & set(outs))
+        partial = _partial_outputs(node, ins, outs, where)
+        read_memlets = {**{c: e.data for c, e in ins.items()}, **{c: outs[c].data for c in partial}}
+        active_in = sorted(c for c, m in read_memlets.items()
+                           if ctx.grad_of(m.data) and is_float(node.sdfg.arrays[c]))
+        shared = sorted((set(ins) & set(outs)) | set(partial))
         if entry is not None:
             for c in active_in:
-                _check_disjoint(entry, ins[c].data, where)
-        inner_in = {c: IN + c if c in shared else c for c in ins}  # inner names of the forward inputs
-        regions = {c: _inner_region(node, ins[c].data, where) for c in shared}
+                _check_disjoint(entry, read_memlets[c], where)
+        inner_in = {c: IN + c if c in shared else c for c in read_memlets}  # inner names of the forward inputs
+        regions = {c: _inner_region(node, read_memlets[c], where) for c in shared}
         # the part of each output's cotangent the call can read: what it writes (an in/out connector: what
         # it reads, which covers that, since elements it leaves pass their cotangent through)
         seeds = {c: regions[c] if c in regions else _inner_region(node, outs[c].data, where) for c in active_out}
@@ -190,10 +203,10 @@ class NestedReverse:
         for c in shared:
             if c not in active_out or c not in active_in:
                 continue
-            if ins[c].data.subset.covers(outs[c].data.subset) is not True:
+            if read_memlets[c].subset.covers(outs[c].data.subset) is not True:
                 raise NotDifferentiableError(f"{where}: connector '{c}' writes {outs[c].data.subset}, outside the "
-                                             f"part {ins[c].data.subset} it reads")
-            memlet, grad = ins[c].data, ctx.grad_of(ins[c].data.data)
+                                             f"part {read_memlets[c].subset} it reads")
+            memlet, grad = read_memlets[c], ctx.grad_of(read_memlets[c].data)
             desc = ctx.sdfg.arrays[grad]
             cotangent[c], _ = ctx.sdfg.add_array(f"gradflow_t_cot_{c}", desc.shape, desc.dtype, transient=True,
                                                  find_new_name=True)
@@ -229,16 +242,16 @@ class NestedReverse:
             else:
                 state.add_memlet_path(call, mx, writes[array], src_conn=conn, memlet=m)
 
-        for c, e in ins.items():
-            read(ctx.value_of(site.index, e.data.data), inner_in[c], e.data)
+        for c, memlet in read_memlets.items():
+            read(ctx.value_of(site.index, memlet.data), inner_in[c], memlet)
         for c in active_out:
             if c in cotangent:
-                read(cotangent[c], PREFIX + c, ins[c].data)
+                read(cotangent[c], PREFIX + c, read_memlets[c])
             else:
                 read(ctx.grad_of(outs[c].data.data), PREFIX + c, outs[c].data)
         for c in active_in:
-            read(ctx.grad_of(ins[c].data.data), PREFIX + inner_in[c], ins[c].data)
-            write(ctx.grad_of(ins[c].data.data), PREFIX + inner_in[c], ins[c].data)
+            read(ctx.grad_of(read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
+            write(ctx.grad_of(read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
         if overflow:
             if OVERFLOW not in ctx.sdfg.arrays:
                 ctx.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)

@@ -1,0 +1,272 @@
+"""Checking one fuzz program: its numpy twin is the reference for values, central differences of the twin for
+gradients, and gradflow is run on every configuration asked for.
+
+Verdicts (`Verdict.kind`):
+- `ok`: every configuration's values and gradients agree with the twin (and with each other);
+- `WRONG`: a value or gradient disagrees while DaCe's own forward agrees with the twin (gradflow's fault);
+- `refused`: gradflow raised a typed error about the program (`NotDifferentiableError`,
+  `InvalidArgumentError`, `ResourceLimitError`): a documented limit, counted by class;
+- `crash`: any other exception (a failed pass, a failed C++ build, an internal error) or, in a campaign, a
+  dead or hung worker process;
+- `dace`: DaCe's own forward (no gradflow pass) disagrees with the twin, or DaCe cannot build it: reported
+  apart, the program tests nothing of gradflow's;
+- `invalid`: the twin itself fails (overflow, an invalid value): the generator's fault, reported apart.
+
+Gradients are compared element by element with central differences at two step sizes; an element where
+the two disagree (the program is not smooth there: a kink of `abs`, a tie, a jump of an integer
+conversion or of a branch) is not compared with them, only across configurations.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+#: (route, policy, optimize) triples; the first is what `gradflow.grad` does by default
+CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
+                for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False))
+DEFAULT = ("grad", "store_all", True)
+
+REFUSALS = ("NotDifferentiableError", "NoRuleError", "UnsupportedCode", "InvalidArgumentError",
+            "UnknownArrayError", "ResourceLimitError")
+
+
+@attrs.frozen
+class Verdict:
+    kind: str  # ok, WRONG, refused, crash, dace, invalid
+    config: tuple = ()
+    error: str = ""  # the exception class (refused, crash)
+    detail: str = ""
+    seconds: float = 0.0
+    skipped: int = 0  # gradient elements not compared with central differences (not smooth there)
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "config": list(self.config), "error": self.error, "detail": self.detail,
+                "seconds": round(self.seconds, 3), "skipped": self.skipped}
+
+    @staticmethod
+    def from_json(data: Mapping) -> "Verdict":
+        return Verdict(data["kind"], tuple(data["config"]), data["error"], data["detail"], data["seconds"],
+                       data.get("skipped", 0))
+
+
+def spec_of(program, configs=(DEFAULT,), seed: int = 0) -> dict:
+    """What a worker needs to check `program` (a `fuzz.program.Program`): plain data, JSON-ready."""
+    return {"dace": program.render(True), "twin": program.render(False),
+            "arguments": [[a.name, list(a.dims), a.role, list(a.values)] for a in program.arguments],
+            "symbols": program.symbols(), "wrt": list(program.wrt), "configs": [list(c) for c in configs],
+            "seed": seed, "reads_S": any("S[0]" in line for line in program.body_lines()[:-1])}
+
+
+_MODULES = 0
+
+
+def _load(source: str, folder: Path, tag: str):
+    """Import `source` from a file (DaCe reads a program's source from its file)."""
+    global _MODULES
+    _MODULES += 1
+    name = f"gradflow_fuzz_{tag}_{_MODULES}"
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def make_data(spec: Mapping, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    sizes = spec["symbols"]
+    data = {}
+    for name, dims, role, values in spec["arguments"]:
+        shape = tuple(sizes[d] if isinstance(d, str) else d for d in dims)
+        if role == "trips":
+            data[name] = int(values[0])
+        elif role in ("index", "count"):
+            data[name] = np.array(values, dtype=np.int64)
+        elif role == "output":
+            data[name] = rng.normal(size=shape) * 0.3
+        else:
+            data[name] = rng.normal(size=shape) * (0.8 if role == "input" else 1.0)
+    return data
+
+
+def run_twin(twin, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The twin on copies of `data`: every argument afterwards."""
+    copies = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        twin.program(**copies)
+    return copies
+
+
+def _scalar(twin, data, name: str, flat: int, value: float) -> float:
+    moved = dict(data)
+    moved[name] = np.array(data[name], copy=True)
+    moved[name].reshape(-1)[flat] = value
+    return float(run_twin(twin, moved)["S"][0])
+
+
+def central_differences(twin, data: Mapping[str, Any], wrt) -> tuple[dict, dict]:
+    """(d S / d x by central differences at step h, the same at 2h) for each x in `wrt`."""
+    first, second = {}, {}
+    for name in wrt:
+        flat = np.asarray(data[name], dtype=np.float64).reshape(-1)
+        d1, d2 = np.zeros_like(flat), np.zeros_like(flat)
+        for k, x in enumerate(flat):
+            h = 1e-5 * max(1.0, abs(x))
+            d1[k] = (_scalar(twin, data, name, k, x + h) - _scalar(twin, data, name, k, x - h)) / (2 * h)
+            d2[k] = (_scalar(twin, data, name, k, x + 2 * h) - _scalar(twin, data, name, k, x - 2 * h)) / (4 * h)
+        first[name], second[name] = d1.reshape(np.shape(data[name])), d2.reshape(np.shape(data[name]))
+    return first, second
+
+
+def _forwarding(policy: str, program, wrt, symbols):
+    import gradflow
+    from gradflow.api import grad_graph
+
+    if policy == "store_all":
+        return gradflow.STORE_ALL
+    if policy == "recompute_all":
+        return gradflow.RECOMPUTE_ALL
+    plan = grad_graph(program, list(wrt), "S", optimize=False).meta["ad"].forwarding_plan
+    kept = plan.total_bytes(dict(symbols)) if plan is not None else 0
+    return gradflow.Forwarding.budget(int(kept * 0.6), sizes=dict(symbols))
+
+
+def _classify(exc: BaseException) -> str:
+    names = {type(exc).__name__} | {c.__name__ for c in type(exc).__mro__}
+    return "refused" if names & set(REFUSALS) and "PassError" not in names else "crash"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _values_agree(got: Mapping, want: Mapping, names) -> str | None:
+    for name in names:
+        a, b = np.asarray(got[name], dtype=np.float64), np.asarray(want[name], dtype=np.float64)
+        scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
+        if a.shape != b.shape or not np.allclose(a, b, rtol=1e-9, atol=1e-11 * scale):
+            worst = float(np.max(np.abs(a - b))) if a.shape == b.shape else float("nan")
+            return f"value of '{name}' differs from numpy (max abs error {worst:.3g})"
+    return None
+
+
+def _dace_forward_agrees(program, data, want, names, symbols) -> bool:
+    """Whether DaCe's own build of the program (no gradflow pass) computes what the twin does."""
+    from gradflow.core.graph import Graph
+    from gradflow.runtime.invoke import Invoker
+    from gradflow.verify.routes import _copies, _used
+
+    given = _copies(data)
+    try:
+        graph = Graph.of(program)
+        out, _ = Invoker(graph)(**given, **_used(symbols, graph.sdfg, given))
+    except Exception:  # DaCe cannot build or run its own forward: not gradflow's to judge
+        return False
+    return _values_agree(out, want, names) is None
+
+
+def _gradients_agree(got: Mapping, fd1: Mapping, fd2: Mapping, value: float) -> tuple[str | None, int]:
+    """(what disagrees, or None; how many elements were skipped as not smooth)."""
+    skipped = 0
+    peak = max([1.0] + [float(np.max(np.abs(v))) for v in fd1.values() if v.size])
+    for name, d1 in fd1.items():
+        g = np.asarray(got[name], dtype=np.float64).reshape(d1.shape)
+        tol = 1e-5 * np.abs(d1) + 1e-6 * peak + 1e-9 * max(1.0, abs(value))
+        rough = np.abs(d1 - fd2[name]) > 0.1 * tol
+        skipped += int(rough.sum())
+        bad = (np.abs(g - d1) > tol) & ~rough
+        if bad.any():
+            k = int(np.flatnonzero(bad.reshape(-1))[0])
+            return (f"d S / d {name}[{np.unravel_index(k, d1.shape)}] = {g.reshape(-1)[k]!r}, central differences "
+                    f"{d1.reshape(-1)[k]!r}"), skipped
+    return None, skipped
+
+
+def _configs_agree(first: Mapping, other: Mapping) -> str | None:
+    for name, a in first.items():
+        b = other[name]
+        scale = max(1.0, float(np.max(np.abs(a)))) if np.size(a) else 1.0
+        if not np.allclose(b, a, rtol=1e-8, atol=1e-10 * scale):
+            return f"d S / d {name} differs between configurations"
+    return None
+
+
+def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
+    """Check one program (see the module docstring); never raises for a program's failure."""
+    start = time.perf_counter()
+    folder = Path(folder or tempfile.mkdtemp(prefix="gradflow-fuzz-"))
+    try:
+        twin = _load(spec["twin"], folder, "twin")
+        module = _load(spec["dace"], folder, "dace")
+    except Exception as exc:
+        return Verdict("invalid", detail=f"the program does not load: {type(exc).__name__}: {_first_line(exc)}",
+                       seconds=time.perf_counter() - start)
+    try:
+        module.program.to_sdfg(simplify=True)
+    except Exception as exc:
+        return Verdict("dace", error=type(exc).__name__, detail=f"DaCe cannot parse the program: {_first_line(exc)}",
+                       seconds=time.perf_counter() - start)
+    data = make_data(spec, spec["seed"])
+    try:
+        want = run_twin(twin, data)
+    except Exception as exc:
+        return Verdict("invalid", detail=f"numpy twin: {type(exc).__name__}: {_first_line(exc)}",
+                       seconds=time.perf_counter() - start)
+    floats = [name for name, _, role, _ in spec["arguments"] if role in ("input", "output", "weight")]
+    symbols = {k: v for k, v in spec["symbols"].items() if k not in data}
+    fd = None
+    reference = None
+    skipped = 0
+    for config in map(tuple, spec["configs"]):
+        route, policy, optimize = config
+        wrt = list(spec["wrt"]) + (["S"] if spec.get("reads_S") and route == "grad" else [])
+        from gradflow.autodiff.budget import BudgetError
+        from gradflow.verify.routes import gradient
+
+        try:
+            forwarding = _forwarding(policy, module.program, wrt, spec["symbols"])
+            try:
+                after, grads = gradient(module.program, tuple(wrt), "S", data, spec["symbols"], route=route,
+                                        forwarding=forwarding, optimize=optimize)
+            except BudgetError as exc:  # 60% of what STORE_ALL keeps is too little: the least that works
+                forwarding = attrs.evolve(forwarding, max_bytes=exc.minimum)
+                after, grads = gradient(module.program, tuple(wrt), "S", data, spec["symbols"], route=route,
+                                        forwarding=forwarding, optimize=optimize)
+        except Exception as exc:  # a refusal or a crash: reported by class, the traceback's tail kept
+            kind = _classify(exc)
+            if kind == "crash" and not _dace_forward_agrees(module.program, data, want, floats, symbols):
+                return Verdict("dace", config, type(exc).__name__, f"DaCe's own forward fails or differs; gradflow: "
+                               f"{_first_line(exc)}", time.perf_counter() - start)
+            tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
+            return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
+                           time.perf_counter() - start)
+        problem = _values_agree(after, want, [n for n in floats if n in after])
+        if problem is not None:
+            if not _dace_forward_agrees(module.program, data, want, floats, symbols):
+                return Verdict("dace", config, detail=f"DaCe's own forward: {problem}",
+                               seconds=time.perf_counter() - start)
+            return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start)
+        if fd is None:
+            fd = central_differences(twin, data, wrt)
+        if set(wrt) != set(fd[0]):
+            fd = central_differences(twin, data, wrt)
+        problem, skipped = _gradients_agree(grads, {k: fd[0][k] for k in grads}, fd[1], float(want["S"][0]))
+        if problem is None and reference is not None:
+            problem = _configs_agree({k: v for k, v in reference.items() if k in grads}, grads)
+        if problem is not None:
+            return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
+        if reference is None:
+            reference = grads
+    return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)

@@ -1,0 +1,74 @@
+"""The routes by which a gradient reaches a user, run on numpy data: the combined `grad` SDFG, and the split
+`vjp` pair (forward, then backward on what the forward saved). Checks that must hold on every route (the
+fuzzer's, the soundness tests') call these, so each route is exercised the way its users exercise it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import dace
+import numpy as np
+
+from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
+from gradflow.autodiff.interface import VJPResult
+from gradflow.core.graph import Graph
+from gradflow.runtime.invoke import Invoker
+
+#: the routes `gradient` takes
+ROUTES = ("grad", "vjp")
+
+
+def _copies(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+
+
+def _used(symbols: Mapping[str, int], sdfg: dace.SDFG, given: Mapping) -> dict[str, int]:
+    """The symbols among `symbols` that `sdfg` takes (and that are not passed as arguments already)."""
+    taken = set(map(str, sdfg.free_symbols)) | set(sdfg.symbols)
+    return {k: v for k, v in symbols.items() if k in taken and k not in given}
+
+
+def run_grad(graph: Graph, arrays: Mapping[str, np.ndarray], symbols: Mapping[str, int],
+             grads: Mapping[str, str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Run a `grad` SDFG on copies of `arrays`: (every array afterwards, the gradients by `wrt` name)."""
+    given = _copies(arrays)
+    out, _ = Invoker(graph)(**given, **_used(symbols, graph.sdfg, given))
+    return out, {x: np.array(out[g]) for x, g in grads.items()}
+
+
+def run_vjp(result: VJPResult, arrays: Mapping[str, np.ndarray], symbols: Mapping[str, int],
+            cotangents: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Run the forward SDFG of a `vjp` on copies of `arrays` (its saved values allocated), then the backward
+    on what it forwarded and `cotangents` (by output name): (every forward array, the gradients by name)."""
+    forward = Invoker(Graph.adopt(result.forward))
+    taken = {k: v for k, v in _copies(arrays).items() if k in result.forward.arrays
+             and not result.forward.arrays[k].transient}
+    for name in result.saved:  # what the forward saves for the backward, allocated by the caller
+        desc = result.forward.arrays[name]
+        shape = tuple(int(dace.symbolic.evaluate(d, {dace.symbol(k): v for k, v in symbols.items()}))
+                      for d in desc.shape)
+        taken[name] = np.zeros(shape, dtype=desc.dtype.as_numpy_dtype())
+    after, _ = forward(**taken, **_used(symbols, result.forward, taken))
+    backward = Invoker(Graph.adopt(result.backward))
+    given = {name: after[name] if name in after else arrays[name] for name in result.forwarded}  # scalars as given
+    given.update({result.cotangents[o]: np.array(c, copy=True) for o, c in cotangents.items()})
+    out, _ = backward(**given, **_used(symbols, result.backward, given))
+    return after, {x: np.array(out[g]) for x, g in result.grads.items()}
+
+
+def gradient(program, wrt: tuple[str, ...], of: str, arrays: Mapping[str, np.ndarray],
+             symbols: Mapping[str, int], *, route: str = "grad", forwarding: Forwarding = STORE_ALL,
+             optimize: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Differentiate `program` (d `of` / d `wrt`) by `route` and run it on `arrays`: (every array after the
+    forward computation, the gradients by `wrt` name)."""
+    from gradflow.api import grad_graph, vjp
+
+    if route == "grad":
+        graph = grad_graph(program, list(wrt), of, "grad_", None, forwarding, optimize)
+        return run_grad(graph, arrays, symbols, graph.meta["ad"].grads)
+    if route == "vjp":
+        result = vjp(program, list(wrt), of, forwarding=forwarding, optimize=optimize)
+        seed = np.ones_like(np.asarray(arrays[of], dtype=np.float64))
+        return run_vjp(result, arrays, symbols, {of: seed})
+    raise ValueError(f"unknown route {route!r}; routes: {ROUTES}")

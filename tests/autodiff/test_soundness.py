@@ -218,7 +218,7 @@ def test_triangular_recurrence_forward_stays_a_loop_and_is_right_on_two_threads(
 def _normalized_loops(program):
     """The loops of `program` as `loops_to_maps` sees them (the normalization steps before it applied)."""
     from gradflow.autodiff.normalize import NORMALIZE
-    from gradflow.autodiff.parallel_loops import _SumToWCR
+    from gradflow.autodiff.parallel_loops import _sums_in_loops
     from gradflow.core.graph import Graph
 
     graph = Graph.of(program)
@@ -227,7 +227,7 @@ def _normalized_loops(program):
             break
         graph = step(graph).unwrap()
     sdfg = copy.deepcopy(graph.sdfg)
-    sdfg.apply_transformations_repeated(_SumToWCR, validate=False)
+    _sums_in_loops(sdfg)
     return {loop.loop_variable: loop for loop in _loops(sdfg)}
 
 

@@ -320,3 +320,73 @@ def apart_over(first: subsets.Range, second: subsets.Range, intervals: dict) -> 
             if value is not None and value > 0:
                 return True
     return False
+
+
+def _element_accesses(state: dace.SDFGState, entry: nd.MapEntry) -> dict[str, list[tuple[str, subsets.Range]]]:
+    """Per array, the (kind, subset) of every memlet at a tasklet or copy inside the map scope."""
+    found: dict[str, list] = {}
+    for edge in state.scope_subgraph(entry, include_entry=False, include_exit=False).edges():
+        if edge.data.is_empty() or edge.data.data is None:
+            continue
+        kind = "read" if isinstance(edge.dst, nd.Tasklet) else "write" if edge.data.wcr is None else "sum"
+        found.setdefault(edge.data.data, []).append((kind, edge.data.subset))
+    for edge in state.in_edges(state.exit_node(entry)):
+        if not edge.data.is_empty() and edge.data.data is not None and not isinstance(edge.src, nd.Tasklet):
+            found.setdefault(edge.data.data, []).append(("write", edge.data.subset))
+    return found
+
+
+def _injective_element(subset, params: list[str]) -> bool:
+    """A single element whose index determines every parameter (each is `p + c` alone in a dimension)."""
+    if not isinstance(subset, subsets.Range) or any(b != e for b, e, _ in subset):
+        return False
+    alone = set()
+    for begin, _, _ in subset:
+        expr = _plain(begin)
+        names = {str(s) for s in expr.free_symbols} & set(params)
+        if len(names) == 1:
+            var = next(s for s in expr.free_symbols if str(s) in names)
+            if sympy.diff(expr, var) in (1, -1):
+                alone |= names
+    return alone == set(params)
+
+
+def fusion_keeps_results(state: dace.SDFGState, first: nd.MapEntry, second: nd.MapEntry) -> bool:
+    """Whether running `second`'s body right after `first`'s in each iteration (vertical map fusion) computes
+    what running all of `first` before all of `second` does: both maps range over the same space, and every
+    array both touch, one of them writing it, is touched element by element at the same index in both (an
+    injective function of the iteration), so no iteration meets an element another iteration touched in the
+    other map. The proof obligation of `fuse_maps`; DaCe's `MapFusionVertical` check is not taken as it."""
+    if len(first.map.params) != len(second.map.params) or len(first.map.range) != len(second.map.range):
+        return False
+    rename = {sympy.Symbol(b): sympy.Symbol(a) for a, b in zip(first.map.params, second.map.params)}
+    for (b1, e1, s1), (b2, e2, s2) in zip(first.map.range, second.map.range):
+        if any(_number(_plain(x) - _plain(y).subs(rename, simultaneous=True)) != 0
+               for x, y in ((b1, b2), (e1, e2), (s1, s2))):
+            return False
+    params = list(first.map.params)
+    ones, twos = _element_accesses(state, first), _element_accesses(state, second)
+    for array in set(ones) & set(twos):
+        group = ones[array] + [(k, _renamed(s, second.map.params, first.map.params)) for k, s in twos[array]]
+        if all(kind == "read" for kind, _ in group):
+            continue
+        texts = set()
+        for _, subset in group:
+            if not _injective_element(subset, params):
+                return False
+            texts.add(tuple(sympy.simplify(_plain(b)) for b, _, _ in subset))
+        if len(texts) != 1:
+            return False
+    return True
+
+
+def _plain(expr) -> sympy.Expr:
+    """An index expression over plain SymPy symbols (DaCe's carry assumptions that break equality by name)."""
+    return sympy.sympify(str(expr))
+
+
+def _renamed(subset, old: list[str], new: list[str]):
+    if not isinstance(subset, subsets.Range):
+        return subset
+    mapping = {sympy.Symbol(o): sympy.Symbol(n) for o, n in zip(old, new)}
+    return subsets.Range([tuple(_plain(x).subs(mapping, simultaneous=True) for x in r) for r in subset])

@@ -8,15 +8,18 @@ scalars per iteration, a million of them, and popped them again; as a map with a
 tape (lp_go_fast's forward and backward 11.4 -> 7.6 ms, with `own_scatter_writes` adding the two
 adjoints of `B[i, j]` in one map; its backward is three plain maps).
 
-What the pass does, with DaCe's transformations on a private copy:
-1. `AugAssignToWCR`, for additions only: `x[k] = x[k] + e` (a tasklet reading and writing the same
+What the pass does, on a private copy:
+1. additions only: `x[k] = x[k] + e` (a top-level tasklet of a loop body reading and writing the same
    element) becomes a write-conflict sum `x[k] += e`, so that iterations adding into one element no
-   longer depend on each other through a read;
+   longer depend on each other through that read (`_sums_in_loops`; DaCe's `AugAssignToWCR` lost the
+   copy that fed the other operand when the state also read the array elsewhere);
 2. `LoopToMap`, applied only to loops whose body is one state of tasklets on single elements, or one
-   map of them (what a converted inner loop left), so that the map is one reverse mode differentiates
-   (DaCe's own dependency analysis decides whether the iterations are independent: no element written
-   by one iteration is read or written by another, except through write-conflict sums), innermost loops
-   first so that a nest becomes a nest of maps;
+   map of them (what a converted inner loop left), so that the map is one reverse mode differentiates,
+   and only when gradflow's own dependence test (`analysis.dependence.loop_independence`) proves the
+   iterations independent: no element written by one iteration is read or written by another, a sum
+   included (DaCe's own check, which must also agree, let a sum that other iterations read through);
+   and not when the body reads an array it overwrites at another element (no reverse for such a map);
+   innermost loops first so that a nest becomes a nest of maps;
 3. `InlineSDFG`: the one-state body `LoopToMap` nested goes back into the map (`collapse_maps`, later in
    `NORMALIZE`, merges a nest of such maps).
 Other loops stay loops: a multi-state body would stay a nested SDFG inside the map, and a map around
@@ -35,7 +38,6 @@ import dace
 from dace.sdfg import nodes as nd
 from dace.sdfg.propagation import propagate_memlets_sdfg
 from dace.sdfg.state import LoopRegion
-from dace.transformation.dataflow import AugAssignToWCR
 from dace.transformation.interstate import InlineSDFG, LoopToMap, StateFusion
 from returns.result import Success
 
@@ -44,19 +46,59 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
-class _SumToWCR(AugAssignToWCR):
-    """`AugAssignToWCR` for additions only: reverse mode differentiates write-conflict sums, not products
-    or other resolutions (`x[k] = x[k] * e` stays a tasklet)."""
+def _accumulation(state: dace.SDFGState, tasklet: nd.Tasklet) -> tuple | None:
+    """(the edge reading the target, the edge writing it, the expression added) when the top-level tasklet is
+    `out = t + e` (or `e + t`) with `t` read from exactly the element `out` writes and `e` not reading `t`."""
+    if tasklet.language is not dace.Language.Python or len(tasklet.code.code) != 1:
+        return None
+    stmt = tasklet.code.code[0]
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.BinOp) and isinstance(stmt.value.op, ast.Add)):
+        return None
+    outs = [e for e in state.out_edges(tasklet) if e.src_conn == stmt.targets[0].id]
+    if len(outs) != 1 or len(state.out_edges(tasklet)) != 1:
+        return None
+    write = outs[0]
+    if not isinstance(write.dst, nd.AccessNode) or write.data.wcr is not None or write.data.dynamic \
+            or write.data.data != write.dst.data:
+        return None
+    for target, added in ((stmt.value.left, stmt.value.right), (stmt.value.right, stmt.value.left)):
+        if not isinstance(target, ast.Name) or any(isinstance(n, ast.Name) and n.id == target.id
+                                                   for n in ast.walk(added)):
+            continue
+        reads = [e for e in state.in_edges(tasklet) if e.dst_conn == target.id]
+        if len(reads) == 1 and isinstance(reads[0].src, nd.AccessNode) and reads[0].src.data == write.dst.data \
+                and reads[0].data.data == write.data.data and reads[0].data.subset == write.data.subset:
+            return reads[0], write, added
+    return None
 
-    def can_be_applied(self, graph, expr_index, sdfg, permissive=False):
-        code = self.tasklet.code
-        if self.tasklet.language is not dace.Language.Python or len(code.code) != 1:
-            return False
-        stmt = code.code[0]
-        if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.BinOp)
-                and isinstance(stmt.value.op, ast.Add)):
-            return False
-        return super().can_be_applied(graph, expr_index, sdfg, permissive)
+
+def _sums_in_loops(sdfg: dace.SDFG) -> int:
+    """Rewrite each top-level tasklet of a loop body that adds into the element it reads (`t[k] = t[k] + e`)
+    as a write-conflict sum (`t[k] += e`), so iterations adding into one element no longer read it. Only the
+    tasklet's own read of the element goes: any other read of the array in the state (`e` reading `t[k]`
+    through a copy, as `m[0] += 0.5 * (x[i] - m[0])` does) stays, and the dependence test sees it. (DaCe's
+    `AugAssignToWCR` moved such a tasklet into a state of its own and lost the copy its other operand came
+    through: the sum read an uninitialised temporary.) Returns how many were rewritten."""
+    rewritten = 0
+    for loop in _loops(sdfg):
+        for state in loop.nodes():
+            if not isinstance(state, dace.SDFGState):
+                continue
+            for tasklet in [n for n in state.nodes() if isinstance(n, nd.Tasklet) and state.entry_node(n) is None]:
+                found = _accumulation(state, tasklet)
+                if found is None:
+                    continue
+                read, write, added = found
+                source = read.src
+                state.remove_edge(read)
+                tasklet.remove_in_connector(read.dst_conn)
+                if state.degree(source) == 0:
+                    state.remove_node(source)
+                tasklet.code = dace.properties.CodeBlock(f"{write.src_conn} = {ast.unparse(added)}")
+                write.data.wcr = "lambda a, b: a + b"
+                rewritten += 1
+    return rewritten
 
 
 def _loops(sdfg: dace.SDFG) -> list[LoopRegion]:
@@ -206,7 +248,7 @@ def _convert(program: dace.SDFG, skip: set[str] | frozenset[str]) -> tuple[dace.
     """A copy of `program` with its loops converted, innermost first, except those labelled in `skip`:
     (copy, loops converted, label of a loop whose body could not be inlined back, or None)."""
     sdfg = copy.deepcopy(program)
-    sdfg.apply_transformations_repeated(_SumToWCR, validate=False)
+    _sums_in_loops(sdfg)
     converted = 0
     progress = True
     while progress:

@@ -7,7 +7,9 @@ operation whose element function the element-wise rule differentiates as a whole
 buffers, tape entries or backward maps for the temporaries.
 
 Only maps whose bodies are tasklets (and scope-local data) are fused: a map over a nested SDFG or a
-library node is an operation of its own for reverse mode.
+library node is an operation of its own for reverse mode. A pair is fused only when gradflow proves that
+it keeps the results (`analysis.dependence.fusion_keeps_results`: every array both maps touch, one writing
+it, is touched at one injective index in both); DaCe's applicability check is not the proof.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dace.transformation.dataflow import MapFusionVertical
 from dace.transformation.passes.analysis import FindSingleUseData
 from returns.result import Success
 
+from gradflow.analysis.dependence import fusion_keeps_results
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -37,6 +40,9 @@ class ElementwiseMapFusion(MapFusionVertical):
     def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
         first = graph.entry_node(self.first_map_exit)
         if not (_elementwise_scope(graph, first) and _elementwise_scope(graph, self.second_map_entry)):
+            return False
+        # gradflow's own proof that fusing keeps the results; DaCe's check must agree too (it rewrites)
+        if not fusion_keeps_results(graph, first, self.second_map_entry):
             return False
         return super().can_be_applied(graph, expr_index, sdfg, permissive)
 

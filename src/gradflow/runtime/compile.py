@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Iterator
 
 import dace
+import sympy
 from dace.codegen import compiler as dace_compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
 
@@ -305,10 +306,31 @@ def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
     return compiled
 
 
+@contextmanager
+def _integer_divisions() -> Iterator[None]:
+    """While a program builds, DaCe prints `ceiling(a/b + c/b)` (SymPy's form of a strided slice's extent,
+    `ceiling(N/3 - 1/3)`) as the integer division `int_ceil(a + c, b)`: its own rewrite matches only a
+    single fraction and printed `ceil(N / 3 - 1 / 3)`, integer divisions whose double result OpenMP rejects
+    as a loop bound and which undercounts an allocation (N = 8: 2 elements where 3 are written)."""
+    original = dace.symbolic.sympy_intdiv_fix
+
+    def together(expr):
+        if isinstance(expr, sympy.Basic) and expr.has(sympy.ceiling, sympy.floor):
+            expr = expr.replace(lambda e: isinstance(e, (sympy.ceiling, sympy.floor)),
+                                lambda e: type(e)(sympy.together(e.args[0])))
+        return original(expr)
+
+    dace.symbolic.sympy_intdiv_fix = together
+    try:
+        yield
+    finally:
+        dace.symbolic.sympy_intdiv_fix = original
+
+
 def _build(sdfg: dace.SDFG, folder: Path) -> None:
     try:
         with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context(), \
-                vector_math.declared(sdfg), progress.step(f"compiling SDFG '{sdfg.name}'"):
+                vector_math.declared(sdfg), _integer_divisions(), progress.step(f"compiling SDFG '{sdfg.name}'"):
             sdfg.compile(return_program_handle=False)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)

@@ -110,11 +110,14 @@ class CopyReverse:
                     f"{what}: the subsets have the same rank but different extents {ssizes} and {dsizes} (DaCe copies "
                     "those dimension by dimension)", "reshape through a one-dimensional array")
             params = {d: symbolic.symbol(f"__c{k}") for k, d in enumerate(sdims)}
-            ranges = {str(p): f"0:{n}" for p, n in zip(params.values(), ssizes)}
+            extents = [src_subset.size(for_codegen=True)[d] for d in sdims]  # strided: integer ceilings
+            ranges = {str(p): f"0:{n}" for p, n in zip(params.values(), extents)}
             s_at = params
             d_at = dict(zip(ddims, params.values()))
         else:
-            s_at, d_at, ranges = self._reshape(ctx, what, src.data, dst.data, sdims, ssizes, ddims, dsizes)
+            s_at, d_at, ranges = self._reshape(ctx, what, src.data, dst.data, sdims,
+                                               [src_subset.size(for_codegen=True)[d] for d in sdims], ddims,
+                                               [dst_subset.size(for_codegen=True)[d] for d in ddims])
         inputs = {"__g": dace.Memlet(data=g_dst, subset=_element(dst_subset, d_at))}
         outputs = {}
         code = []

@@ -19,13 +19,14 @@ conversion or of a branch) is not compared with them, only across configurations
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -66,6 +67,52 @@ def spec_of(program, configs=(DEFAULT,), seed: int = 0) -> dict:
             "seed": seed, "reads_S": any("S[0]" in line for line in program.body_lines()[:-1])}
 
 
+def twin_source(source: str, sizes: Mapping[str, int]) -> str:
+    """The numpy twin of a DaCe module's source: no `dace` import, no decorators or annotations, the size
+    symbols as integers. Lets a bug found by the fuzzer be kept as its DaCe source alone."""
+    tree = ast.parse(source)
+    body = []
+    for node in tree.body:
+        if isinstance(node, ast.Import) and any(a.name == "dace" for a in node.names):
+            continue
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast.unparse(node.value.func) == "dace.symbol":
+            name = node.targets[0].id
+            node = ast.Assign(targets=node.targets, value=ast.Constant(sizes[name]), lineno=node.lineno)
+        if isinstance(node, ast.FunctionDef):
+            node.decorator_list = []
+            for arg in node.args.args:
+                arg.annotation = None
+        body.append(node)
+    tree.body = body
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def spec_from_source(source: str, sizes: Mapping[str, int], wrt: Sequence[str], integers: Mapping[str, Any] = (),
+                     configs=(DEFAULT,), seed: int = 0) -> dict:
+    """A spec (`spec_of`) for a DaCe module's source defining `program(..., S)`: `wrt` names the inputs, the
+    other float arrays are the loss's weights, `integers` gives the integer arguments (arrays, or a scalar
+    trip count)."""
+    integers = dict(integers)
+    function = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "program")
+    arguments = []
+    for arg in function.args.args:
+        note = ast.unparse(arg.annotation)
+        dims = [d.strip() for d in note[note.find("[") + 1:-1].split(",")] if "[" in note else []
+        dims = [int(d) if d.isdigit() else d for d in dims]
+        if arg.arg in integers:
+            value = integers[arg.arg]
+            role = "trips" if np.ndim(value) == 0 else "index"
+            arguments.append([arg.arg, dims, role, list(np.atleast_1d(value).tolist())])
+        else:
+            role = "output" if arg.arg == "S" else "input" if arg.arg in wrt else "weight"
+            arguments.append([arg.arg, dims, role, []])
+    symbols = {**dict(sizes), **{k: int(v) for k, v in integers.items() if np.ndim(v) == 0}}
+    return {"dace": source, "twin": twin_source(source, sizes), "arguments": arguments, "symbols": symbols,
+            "wrt": list(wrt), "configs": [list(c) for c in configs], "seed": seed,
+            "reads_S": "S[0]" in "".join(ast.unparse(s) for s in function.body[:-1])}
+
+
 _MODULES = 0
 
 
@@ -100,11 +147,11 @@ def make_data(spec: Mapping, seed: int) -> dict[str, Any]:
     return data
 
 
-def run_twin(twin, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The twin on copies of `data`: every argument afterwards."""
+def run_twin(function, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The twin's `program` function on copies of `data`: every argument afterwards."""
     copies = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in data.items()}
     with np.errstate(over="raise", invalid="raise", divide="raise"):
-        twin.program(**copies)
+        function(**copies)
     return copies
 
 
@@ -220,7 +267,7 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
                        seconds=time.perf_counter() - start)
     data = make_data(spec, spec["seed"])
     try:
-        want = run_twin(twin, data)
+        want = run_twin(twin.program, data)
     except Exception as exc:
         return Verdict("invalid", detail=f"numpy twin: {type(exc).__name__}: {_first_line(exc)}",
                        seconds=time.perf_counter() - start)
@@ -259,9 +306,9 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
                                seconds=time.perf_counter() - start)
             return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start)
         if fd is None:
-            fd = central_differences(twin, data, wrt)
+            fd = central_differences(twin.program, data, wrt)
         if set(wrt) != set(fd[0]):
-            fd = central_differences(twin, data, wrt)
+            fd = central_differences(twin.program, data, wrt)
         problem, skipped = _gradients_agree(grads, {k: fd[0][k] for k in grads}, fd[1], float(want["S"][0]))
         if problem is None and reference is not None:
             problem = _configs_agree({k: v for k, v in reference.items() if k in grads}, grads)

@@ -149,8 +149,27 @@ def _subsequences(n: int, k: int):
             yield (first,) + tuple(first + 1 + r for r in rest)
 
 
+def _gather(draw, scope: Scope, shape: Shape) -> Read | None:
+    """A read through an index array: `x[idx[q]]` in the scatter loop over `q`, or `x[idx]` (a vector of
+    the index array's length), from a one-dimensional array over the dimension the indices address."""
+    for idx_name, (length, dim) in sorted(scope.indices.items()):
+        if not idx_name.startswith("idx"):
+            continue
+        sources = sorted(a for a, d in scope.reads.items() if d == (dim,))
+        var = f"q_{idx_name}"
+        if sources and not shape and var in scope.loop_vars:
+            return Read(draw(st.sampled_from(sources)), (Via(idx_name, var),))
+        if sources and shape == (full(length),):
+            return Read(draw(st.sampled_from(sources)), (Via(idx_name, None),))
+    return None
+
+
 @st.composite
 def read(draw, scope: Scope, shape: Shape) -> Read | None:
+    if "gather" in scope.features and draw(st.integers(0, 3)) == 0:
+        found = _gather(draw, scope, shape)
+        if found is not None:
+            return found
     options = _readers(scope, shape)
     if not options:
         return None
@@ -164,28 +183,18 @@ def read(draw, scope: Scope, shape: Shape) -> Read | None:
     keys = iter(shape)
     for d, dim in enumerate(dims):
         if d in picked:
-            key = next(keys)
-            index.append(draw(span_for(key)))
+            index.append(draw(span_for(next(keys))))
         else:
             index.append(draw(point(scope, dim)))
     if shape and all(isinstance(i, Span) and i.lo == 0 and i.hi == 0 and i.step == 1 for i in index) \
             and draw(st.booleans()):
         return Read(name)
-    # a gather through an index array: x[idx[q]] in the loop over q, or x[idx] for a whole index array
-    gathers = [(n, info) for n, info in scope.indices.items() if info[1] == dims[0]]
-    if gathers and "gather" in scope.features and draw(st.integers(0, 3)) == 0:
-        idx_name, (length, _) = draw(st.sampled_from(gathers))
-        var = next((v for v in scope.loop_vars if v == f"q_{idx_name}"), None)
-        if len(dims) == 1 and not shape and var is not None:
-            return Read(name, (Via(idx_name, var),))
-        if len(dims) == 1 and shape == (full(length),):
-            return Read(name, (Via(idx_name, None),))
     return Read(name, tuple(index))
 
 
 def _leaf(draw, scope: Scope, shape: Shape):
     found = draw(read(scope, shape))
-    if found is not None and (not not shape or draw(st.integers(0, 3)) > 0):
+    if found is not None and (shape or draw(st.integers(0, 3)) > 0):
         return found
     if not shape:
         return Num(draw(st.sampled_from([0.5, 1.5, -0.75, 2.0, 0.1, -1.25, 3.0])))
@@ -267,6 +276,8 @@ def _dims(scope: Scope) -> list:
     for d in scope.reads.values():
         if d and d[0] != "temp":
             dims |= set(d)
+    if "gather" in scope.features:  # vectors as long as an index array: what `x[idx]` gives
+        dims |= {length for name, (length, _) in scope.indices.items() if name.startswith("idx")}
     return sorted(dims, key=str)
 
 

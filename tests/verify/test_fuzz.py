@@ -1,0 +1,119 @@
+"""`gradflow fuzz`: a bounded, fixed-seed sample of the grammar checked in-process (hypothesis shrinks a
+failure here natively), and the machinery the long runs rely on: twins that mean what the DaCe programs
+mean, worker processes that survive a crash, shrinking, the report and the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+
+from gradflow.verify.fuzz import campaign, programs
+from gradflow.verify.fuzz.check import DEFAULT, Verdict, check_program, make_data, run_twin, spec_of, twin_source
+from gradflow.verify.fuzz.program import Argument, Assign, For, Num, Op, Program, Read, At, Span
+from gradflow.verify.fuzz.shrink import reductions, shrink, size
+
+SOUND = ("ok", "refused", "dace", "invalid")
+
+
+@seed(20261127)
+@settings(max_examples=8, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(program=programs())
+def test_sampled_programs_are_never_wrong(program) -> None:
+    verdict = check_program(spec_of(program, (DEFAULT, ("vjp", "recompute_all", False)), seed=3))
+    assert verdict.kind in SOUND, f"{verdict.kind} {verdict.config}: {verdict.error} {verdict.detail}\n" \
+                                  f"{program.render(True)}"
+
+
+def _program() -> Program:
+    """x0[1:] = x0[:N-1] * x0[1:] inside a loop of step 2: an in-place update through overlapping slices."""
+    body = (For("i1", At(None, 0), At("N", 0), 2,
+                (Assign(Read("x0", (At("i1", 0),)), "+=", Op("*", Read("x0", (At("N", -1),)), Num(0.5))),)),
+            Assign(Read("x0", (Span(1, 0, 1, "N"),)), "=", Op("*", Read("x0", (Span(0, 1, 1, "N"),)),
+                                                              Read("x0", (Span(1, 0, 1, "N"),)))))
+    args = (Argument("x0", ("N",), "input"), Argument("w0", ("N",), "weight"), Argument("S", (1,), "output"))
+    return Program((("N", 6), ("M", 5)), args, body, (("x0", "w0"),))
+
+
+def test_the_twin_computes_what_the_program_text_says() -> None:
+    program = _program()
+    spec = spec_of(program)
+    data = make_data(spec, 0)
+    namespace: dict = {}
+    exec(compile(program.render(False), "<twin>", "exec"), namespace)
+    got = run_twin(namespace["program"], data)
+    x = data["x0"].copy()
+    for i in range(0, 6, 2):
+        x[i] += x[5] * 0.5
+    x[1:] = x[:5] * x[1:]
+    np.testing.assert_allclose(got["x0"], x, rtol=1e-15)
+    np.testing.assert_allclose(got["S"][0], data["S"][0] + np.sum(x * data["w0"]), rtol=1e-14)
+
+
+def test_twin_source_strips_only_what_dace_adds() -> None:
+    source = _program().render(True)
+    assert twin_source(source, {"N": 6, "M": 5}).replace("\n", "") == \
+        __import__("ast").unparse(__import__("ast").parse(_program().render(False))).replace("\n", "")
+
+
+def test_a_checked_program_agrees_with_its_twin() -> None:
+    verdict = check_program(spec_of(_program(), (DEFAULT, ("vjp", "store_all", False)), seed=1))
+    assert verdict.kind == "ok", verdict.detail
+
+
+def test_shrinking_keeps_what_fails_and_drops_the_rest() -> None:
+    program = _program()
+    assert all(size(r) <= size(program) for r in reductions(program))
+    # "fails" while the program still multiplies overlapping slices of x0
+    small = shrink(program, lambda p: "x0[:N - 1] * x0[1:]" in p.render(True), attempts=50)
+    assert "x0[:N - 1] * x0[1:]" in small.render(True)
+    assert "for i1" not in small.render(True)
+
+
+def test_a_worker_that_dies_is_a_crash_and_the_next_program_runs(tmp_path: Path) -> None:
+    worker = campaign.Worker(tmp_path, 0)
+    try:
+        spec = spec_of(_program())
+        dying = dict(spec, twin="import os\nos.abort()\n")
+        verdict = worker.check(dying, timeout=300)
+        assert (verdict.kind, verdict.error) == ("crash", "ProcessDied")
+        assert "SIGABRT" in verdict.detail
+        assert worker.check(spec, timeout=300).kind == "ok"
+    finally:
+        worker.stop()
+
+
+def test_report_counts_verdicts_and_refusal_classes() -> None:
+    program = _program()
+    records = [campaign.record(campaign.Result(k, program, v, (DEFAULT,))) for k, v in enumerate([
+        Verdict("ok", seconds=1.0), Verdict("refused", DEFAULT, "NotDifferentiableError", "loop 'for_7' has no bound"),
+        Verdict("refused", DEFAULT, "NotDifferentiableError", "loop 'for_9' has no bound"),
+        Verdict("WRONG", DEFAULT, detail="d S / d x0[(2,)] = 1.0, central differences 2.0")])]
+    text = campaign.report(records, "gradflow fuzz --n 4")
+    assert "| ok | 1 | 25.00% |" in text and "| WRONG | 1 | 25.00% |" in text
+    assert "| NotDifferentiableError: loop _ has no bound | 2 |" in text  # labels masked: one class
+    assert "x0[:N - 1] * x0[1:]" in text  # the failing program is printed
+
+
+def test_the_command_runs_a_campaign_and_writes_its_report(tmp_path: Path) -> None:
+    report, log = tmp_path / "r.md", tmp_path / "r.jsonl"
+    done = subprocess.run([sys.executable, "-m", "gradflow.cli", "fuzz", "--n", "2", "--seed", "5", "--jobs", "1",
+                           "--log", str(log), "--report", str(report)], capture_output=True, text=True, timeout=1200)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 2 and all(r["verdict"]["kind"] for r in lines)
+    assert "Programs: 2" in report.read_text()
+    merged = subprocess.run([sys.executable, "-m", "gradflow.cli", "fuzz", "--merge", str(log), str(log)],
+                            capture_output=True, text=True, timeout=300)
+    assert "Programs: 4" in merged.stdout
+
+
+def test_bad_options_are_one_error_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "gradflow.cli", "fuzz", "--merge", "/nonexistent.jsonl"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "error: no such log" in done.stderr

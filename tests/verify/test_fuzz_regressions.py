@@ -1,0 +1,92 @@
+"""Every bug `gradflow fuzz` found, as the program it shrank to, checked the way the fuzzer checks it: values
+against the numpy twin, gradients against the twin's central differences, on the configuration that failed
+(and the default one). Named by what was wrong; a new find is added here with the command that found it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gradflow.verify.fuzz.check import DEFAULT, check_program, spec_from_source
+
+HEADER = "import numpy as np\nimport dace\n\nN = dace.symbol('N')\nM = dace.symbol('M')\n\n\n"
+
+#: name -> (program source after the header, sizes, wrt, integer arguments, the configuration that failed)
+CASES = {
+    # `gradflow fuzz --n 60 --seed 4`: a checkpointed loop's step writes x1[3] through a memlet over all
+    # of x1; its reverse cleared the whole gradient of x1 (d S / d x1 was 0 where it is w1).
+    "checkpointed_step_writes_part_of_an_array": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[M], w0: dace.float64[M], w1: dace.float64[M], S: dace.float64[1]):
+    for i2 in range(1, M - 2):
+        x0[:] = (x0 * x0)
+        x1[3] = 1.5
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
+""", {"N": 5, "M": 6}, ("x0", "x1"), {}, ("vjp", "budget", False)),
+    # `--seed 6`: the tape of an overwritten strided slice had the extent `ceiling(N/3 - 2/3)`, which the
+    # C++ code evaluated in integer division and as a double (the build failed).
+    "tape_of_a_strided_overwrite": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N], w1: dace.float64[N], S: dace.float64[1]):
+    x1[N - 2] *= x0[M - 3]
+    x1[2::3] = 3.0
+    S[0] += np.sum(x1 * w1)
+""", {"N": 7, "M": 5}, ("x0", "x1"), {}, DEFAULT),
+    # `--seed 6`: checkpointing a loop around another loop: DaCe's nesting looked up the inner loop's variable
+    # among the SDFG's symbols (KeyError: 'i2').
+    "checkpointed_loop_around_a_loop": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N], w0: dace.float64[M], S: dace.float64[1]):
+    for i1 in range(0, N - 3):
+        for i2 in range(1, N - 1, 3):
+            x0[M - 1] = x0[M - 1] * x1[i2] + 1.5
+    S[0] += np.sum(x0 * w0)
+""", {"N": 7, "M": 5}, ("x0", "x1"), {}, ("grad", "budget", False)),
+    # `--seed 6`: a map reading one row of x0 and overwriting another was refused ("iterations would race").
+    "map_reads_a_row_and_overwrites_another": ("""@dace.program
+def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    x0[N - 3, :M - 2] -= x0[N - 2, :M - 2] * x0[N - 3, :M - 2]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 5}, ("x0",), {}, DEFAULT),
+    # `--seed 4`: np.sign is `sign_numpy_2` in DaCe's tasklets under numpy 2 (refused as unknown).
+    "numpy2_sign": ("""@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
+    x0[1:] = x0[1:] * np.sign(x0[:N - 1]) + x0[1:]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 5}, ("x0",), {}, DEFAULT),
+    # `--seed 4`: a saved array of extent int_floor(...) could not be allocated for the split forward
+    # (NameError: int_floor in the shape evaluator).
+    "split_forward_saves_a_strided_slice": ("""@dace.program
+def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    for i1 in range(2, M, 2):
+        x0[:N - 1, i1 - 2] -= x0[:N - 1, i1] * x0[N - 1, i1 - 1]
+        x0[:N - 2, 1:M - 1:2] = x0[N - 2, M - 3] * x0[:N - 2, 1:M - 1:2]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 6}, ("x0",), {}, ("vjp", "store_all", True)),
+    # the fixed-seed sample of tests/verify/test_fuzz.py: DaCe's AugAssignToWCR, applied to every loop body
+    # once any loop became a map, moved `h0[i2 - 1] += h0[0]` into a state of its own without the copy of
+    # `h0[0]` (the sum read an uninitialised temporary: the forward's values were wrong).
+    "sum_beside_another_read_of_its_array": ("""@dace.program
+def helper0(h0: dace.float64[N]):
+    for i1 in range(N - 1, 1, -1):
+        for i2 in range(2, N - 1):
+            for i3 in range(1, N - 1, 3):
+                h0[2] = np.maximum(h0[1], 0.5)
+                h0[i2 - 1] += h0[0]
+
+
+@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], cnt: dace.int64[1], S: dace.float64[1]):
+    helper0(x0)
+    for i7 in range(1, cnt[0]):
+        for i8 in range(N - 2, -1, -2):
+            for i9 in range(N - 1, -1, -1):
+                x0[N - 3] += 0.5
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 7}, ("x0",), {"cnt": [2]}, DEFAULT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fuzz_find_stays_fixed(name: str) -> None:
+    source, sizes, wrt, integers, failed = CASES[name]
+    configs = (DEFAULT,) if failed == DEFAULT else (DEFAULT, failed)
+    verdict = check_program(spec_from_source(HEADER + source, sizes, wrt, integers, configs, seed=11))
+    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.error} {verdict.detail}"

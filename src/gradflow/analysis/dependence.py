@@ -32,7 +32,7 @@ from typing import Iterator
 import attrs
 import dace
 import sympy
-from dace import subsets
+from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
 
@@ -359,7 +359,7 @@ def fusion_keeps_results(state: dace.SDFGState, first: nd.MapEntry, second: nd.M
     other map. The proof obligation of `fuse_maps`; DaCe's `MapFusionVertical` check is not taken as it."""
     if len(first.map.params) != len(second.map.params) or len(first.map.range) != len(second.map.range):
         return False
-    rename = {sympy.Symbol(b): sympy.Symbol(a) for a, b in zip(first.map.params, second.map.params)}
+    rename = {symbolic.symbol(b): symbolic.symbol(a) for a, b in zip(first.map.params, second.map.params)}
     for (b1, e1, s1), (b2, e2, s2) in zip(first.map.range, second.map.range):
         if any(_number(_plain(x) - _plain(y).subs(rename, simultaneous=True)) != 0
                for x, y in ((b1, b2), (e1, e2), (s1, s2))):
@@ -381,12 +381,13 @@ def fusion_keeps_results(state: dace.SDFGState, first: nd.MapEntry, second: nd.M
 
 
 def _plain(expr) -> sympy.Expr:
-    """An index expression over plain SymPy symbols (DaCe's carry assumptions that break equality by name)."""
-    return sympy.sympify(str(expr))
+    """An index expression over fresh DaCe symbols: the same name then means the same symbol (expressions of
+    different origins carry symbols with different assumptions, which SymPy does not cancel)."""
+    return symbolic.pystr_to_symbolic(str(expr))
 
 
 def _renamed(subset, old: list[str], new: list[str]):
     if not isinstance(subset, subsets.Range):
         return subset
-    mapping = {sympy.Symbol(o): sympy.Symbol(n) for o, n in zip(old, new)}
+    mapping = {symbolic.symbol(o): symbolic.symbol(n) for o, n in zip(old, new)}
     return subsets.Range([tuple(_plain(x).subs(mapping, simultaneous=True) for x in r) for r in subset])

@@ -95,8 +95,7 @@ def _apart(ef: ElementFunction, read: Port, write: Port) -> bool:
     if read.indirect or write.indirect:
         return False
     entry = ef.map_entry
-    intervals = {p: (sympy.sympify(str(b)), sympy.sympify(str(e))) for p, (b, e, _) in zip(entry.map.params,
-                                                                                         entry.map.range)}
+    intervals = {p: (b, e) for p, (b, e, _) in zip(entry.map.params, entry.map.range)}
     return apart_over(subsets.Range.from_string(read.subset), subsets.Range.from_string(write.subset), intervals)
 
 

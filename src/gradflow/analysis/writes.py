@@ -99,9 +99,25 @@ def _touches(block, name: str) -> bool:
 def _block(block, name: str, full: subsets.Range) -> _First:
     if isinstance(block, dace.SDFGState):
         return _state(block, name, full)
-    if isinstance(block, (LoopRegion, ConditionalBlock)) or not isinstance(block, ControlFlowRegion):
+    if isinstance(block, ConditionalBlock):
+        return _branches(block, name, full)
+    if isinstance(block, LoopRegion) or not isinstance(block, ControlFlowRegion):
         return _First.UNSURE if _touches(block, name) else _First.UNTOUCHED
     return _region(block, name, full)
+
+
+def _branches(block: ConditionalBlock, name: str, full: subsets.Range) -> _First:
+    """A conditional overwrites when it has an `else` and every branch overwrites, its conditions reading
+    nothing of the array (`if x[i] > 0: y[i] = a else: y[i] = b` in a map body)."""
+    if not _touches(block, name):
+        return _First.UNTOUCHED
+    conditions = [c for c, _ in block.branches]
+    if any(c is None for c in conditions) and not any(
+            c is not None and name in set(map(str, c.get_free_symbols())) for c in conditions):
+        found = {_region(body, name, full) for _, body in block.branches}
+        if found == {_First.OVERWRITES}:
+            return _First.OVERWRITES
+    return _First.UNSURE
 
 
 def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:

@@ -39,6 +39,20 @@ def in_a_branch(X: f64[N], Y: f64[N]):
 
 
 @dace.program
+def in_one_branch(X: f64[N], Y: f64[N]):
+    if X[0] > 0:
+        Y[:] = X
+
+
+@dace.program
+def branch_on_itself(X: f64[N], Y: f64[N]):
+    if Y[0] > 0:
+        Y[:] = X
+    else:
+        Y[:] = -X
+
+
+@dace.program
 def reset_then_accumulate(X: f64[N], S: f64[1]):
     S[0] = 0.0
     for i in range(N):
@@ -57,7 +71,9 @@ def written_then_read_in_one_state(X: f64[N], S: f64[1]):
     (overwrite_then_loop, "S", False),  # read and written in the loop
     (partial, "Y", False),              # two elements of N
     (in_a_loop, "Y", False),            # every element, but inside a loop: not followed
-    (in_a_branch, "Y", False),          # both branches write it all: not followed either (conservative)
+    (in_a_branch, "Y", True),           # an if with an else, both branches writing it all
+    (in_one_branch, "Y", False),        # no else: a run may skip the write
+    (branch_on_itself, "Y", False),     # the condition reads it first
     (reset_then_accumulate, "S", True),  # overwritten first, accumulated into afterwards
     (written_then_read_in_one_state, "S", False),  # one state writes and reads it: not analysed (conservative)
 ])

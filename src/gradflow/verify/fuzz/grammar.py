@@ -336,7 +336,10 @@ def assign(draw, scope: Scope):
 @st.composite
 def define(draw, scope: Scope):
     shape = draw(st.one_of(st.just(()), _some_shape(scope)))
-    value = draw(some_expr(scope, shape, draw(st.integers(1, 3))))
+    if shape and "view" in scope.features and draw(st.integers(0, 2)) == 0:
+        value = draw(read(scope, shape))  # `v = x[1:N - 1]`: a view, through which later writes reach x
+    else:
+        value = draw(some_expr(scope, shape, draw(st.integers(1, 3))))
     if value is None:
         return None
     name = scope.fresh("t")
@@ -492,7 +495,8 @@ def block(draw, scope: Scope, most: int) -> list:
     return out
 
 
-FEATURES = ("accumulate", "branch", "break", "cast", "gather", "scatter", "trips", "triangular", "while", "helper")
+FEATURES = ("accumulate", "branch", "break", "cast", "gather", "scatter", "trips", "triangular", "while", "helper",
+            "view")
 
 
 @st.composite

@@ -60,6 +60,32 @@ def test_same_values_and_gradient_after_removal() -> None:
     np.testing.assert_allclose(arrays["grad_X"], expected, rtol=1e-12)
 
 
+@dace.program
+def overlapping_update(X: dace.float64[2 * H], S: dace.float64[1]):
+    X[0:H] -= X[1::2]
+    S[0] = np.sum(X * X)
+
+
+def test_a_copy_out_of_a_view_named_by_its_destination_keeps_the_viewed_subset() -> None:
+    """`X[0:H] -= X[1::2]` copies the view `X[1::2]` into a temporary by a memlet that names only the
+    temporary; composed, that copy must still read X[1::2] (not all of X: a copy of 2H elements into H,
+    found by `gradflow fuzz` as a heap overflow)."""
+    after = RemoveViews()(Graph.of(overlapping_update.to_sdfg(simplify=True))).unwrap()
+    assert _views(after.sdfg) == 0
+    X = np.random.default_rng(1).normal(size=10)
+    arrays = {"X": X.copy(), "S": np.zeros(1)}
+    compile_sdfg(after)(**arrays, H=5)
+    want = X.copy()
+    want[0:5] -= X[1::2]
+    np.testing.assert_allclose(arrays["X"], want, rtol=1e-14)
+    g = gradflow.grad(overlapping_update, wrt="X", of="S")
+    arrays = {"X": X.copy(), "S": np.zeros(1), "grad_X": np.zeros(10)}
+    compile_sdfg(Graph.adopt(g))(**arrays, H=5)
+    expected = 2 * want  # d/dX of sum(Y^2), Y = X with Y[j] = X[j] - X[2j + 1] for j < 5
+    expected[1::2] -= 2 * want[0:5]
+    np.testing.assert_allclose(arrays["grad_X"], expected, rtol=1e-12)
+
+
 N, M = dace.symbol("N"), dace.symbol("M")
 
 

@@ -81,6 +81,23 @@ def program(x0: dace.float64[N], w0: dace.float64[N], cnt: dace.int64[1], S: dac
                 x0[N - 3] += 0.5
     S[0] += np.sum(x0 * w0)
 """, {"N": 6, "M": 7}, ("x0",), {"cnt": [2]}, DEFAULT),
+    # `gradflow fuzz --n 500 --seed 201`, program 389: a product with an operand of stride 3 (`x0[:, ::3]`,
+    # copied into a temporary of ceiling(M/3) columns) went to DaCe's CBLAS expansion, which printed its
+    # sizes as `ceiling(M/3)`: integer division in C++, a product over too few columns (wrong values).
+    "blas_call_sized_by_a_strided_slice": ("""@dace.program
+def program(x0: dace.float64[N, M], x1: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    x1[:N - 2, 0] = x0[:N - 2, ::3] @ x0[N - 3, ::3]
+    x1[N - 1, :] += np.sum(x0[:N - 2, ::3] @ x0[N - 3, ::3])
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w0)
+""", {"N": 5, "M": 7}, ("x0", "x1"), {}, ("grad", "store_all", False)),
+    # `--seed 201`, program 220: a loop that runs no iteration (M = 4) saves an empty tape; numpy gave the
+    # empty array zero strides, and the backward refused it as non-contiguous (ArgumentError).
+    "empty_tape_of_a_loop_that_does_not_run": ("""@dace.program
+def program(x0: dace.float64[N, M], x1: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    for i4 in range(2, M - 2):
+        x0[1:N - 1:3, i4 + 1] += (x0[1:N - 1:3, 1] * x1[3, 2])
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 4}, ("x0", "x1"), {}, ("vjp", "recompute_all", False)),
 }
 
 

@@ -13,6 +13,7 @@ caller asks the user for a bound.
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 import attrs
@@ -71,6 +72,16 @@ def loop_depth(block) -> int:
         depth += isinstance(region, LoopRegion)
         region = region.parent_graph
     return depth
+
+
+def describe_loop(loop: LoopRegion) -> str:
+    """A loop in its author's terms: `the loop over i (line 10)`, `the while loop (line 7)`. DaCe's
+    frontend labels loops `for_<line>` / `while_<line>` with the line of the source file."""
+    match = re.search(r"(?:^|_)(for|while)_(\d+)(?:_\d+)*$", loop.label)  # inlined: `<program>_while_11_0`
+    where = f" (line {match.group(2)}, DaCe's label '{loop.label}')" if match else f" ('{loop.label}')"
+    if loop.loop_variable:
+        return f"the loop over {loop.loop_variable}{where}"
+    return f"the while loop{where}"
 
 
 def in_loop(block) -> bool:

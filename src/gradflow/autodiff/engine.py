@@ -32,7 +32,7 @@ from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.cost import op_work
-from gradflow.analysis.loops import upper_bound
+from gradflow.analysis.loops import describe_loop, upper_bound
 from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, copy_region, fill
@@ -169,8 +169,8 @@ class Reversal:
         for loop, bound in zip(loops, bounds):
             if bound is None:
                 raise NotDifferentiableError(
-                    f"loop '{loop.label}' has no trip-count bound before the program runs, so the bytes stored "
-                    "inside it cannot be priced",
+                    f"{describe_loop(loop)} has no trip-count bound before the program runs (its count depends "
+                    "on data or on a value the program computes), so the bytes stored inside it cannot be priced",
                     f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': <max iterations>}})")
         return sympy.Mul(sympy.Integer(1), *bounds)
 

@@ -133,14 +133,16 @@ def _row_major(viewed: subsets.Range, view: dace.data.Data, array: dace.data.Dat
 
 def _compose(state: SDFGState, view: nd.AccessNode, vedge, target: nd.AccessNode, compose) -> None:
     # Rewrite every memlet that addresses the view, inside scopes too.
+    whole = subsets.Range.from_array(state.sdfg.arrays[view.data])
     for e in _other_edges(state, view, vedge):
         for tree_edge in state.memlet_tree(e):
             m = tree_edge.data
             if m.data == view.data:
                 m.data = target.data
                 m.subset = compose(m.subset)
-            elif m.other_subset is not None and tree_edge in (e,):
-                m.other_subset = compose(m.other_subset)
+            elif tree_edge is e:  # a copy named by its other end: the view's side is other_subset, or all of it
+                # (left None, the copy would now read or write the whole viewed array)
+                m.other_subset = compose(m.other_subset if m.other_subset is not None else whole)
         if e.src is view:
             state.add_edge(target, None, e.dst, e.dst_conn, copy.deepcopy(e.data))
         else:

@@ -142,12 +142,43 @@ class GradflowOpenBLAS:
         return available()
 
 
+def _cpp_integer(expr) -> bool:
+    """Whether `str(expr)`, pasted into C++, computes `expr` on integers: a polynomial in the symbols with
+    integer coefficients. DaCe's CBLAS expansions format sizes and strides with `str` (not its C++ printer),
+    so `ceiling(M/3)`, the length of `x[::3]`, became `ceiling(M/3)` in C++: M/3 in integer division,
+    rounded down, and a product over too few elements (a wrong value, no error)."""
+    import sympy
+
+    expr = dace.symbolic.pystr_to_symbolic(str(expr)) if not isinstance(expr, sympy.Basic) else expr
+    if expr.is_Integer or expr.is_Symbol:
+        return True
+    symbols = sorted(expr.free_symbols, key=str)
+    if not symbols:
+        return bool(expr.is_Integer)
+    try:
+        return all(c.is_Integer for c in sympy.Poly(expr, *symbols).coeffs())
+    except sympy.PolynomialError:
+        return False
+
+
+def _sizes_print_wrong(node, state, sdfg) -> bool:
+    """Whether a shape, stride or extent of `node`'s operands is not `_cpp_integer`."""
+    for edge in [*state.in_edges(node), *state.out_edges(node)]:
+        if edge.data.data is None:
+            continue
+        desc = sdfg.arrays[edge.data.data]
+        exprs = [*desc.shape, *desc.strides, *edge.data.subset.size()]
+        if not all(_cpp_integer(e) for e in exprs):
+            return True
+    return False
+
+
 def _delegating(base, environments, fallback=None, use_fallback=None):
     """An expansion that emits what `base` emits, with `environments` as its link requirements; nodes
-    for which `use_fallback(node)` holds get `fallback`'s expansion instead."""
+    for which `use_fallback(node, state, sdfg)` holds get `fallback`'s expansion instead."""
 
     def expansion(node, state, sdfg, *args, **kwargs):
-        chosen = fallback if use_fallback is not None and use_fallback(node) else base
+        chosen = fallback if use_fallback is not None and use_fallback(node, state, sdfg) else base
         return chosen.expansion(node, state, sdfg, *args, **kwargs)
 
     body = {"environments": list(environments), "expansion": staticmethod(expansion)}
@@ -171,15 +202,21 @@ def _register() -> bool:
     import dace.libraries.blas as blas_lib
 
     # DaCe's CBLAS expansion of a Gemm that reads C through its `_c` input (a Gemv: y through `_y`) declares
-    # it twice and does not compile; such nodes (beta * C_in terms) get the pure expansion.
-    fallbacks = {blas_nodes.Gemm: lambda node: "_c" in node.in_connectors,
-                 blas_nodes.Gemv: lambda node: "_y" in node.in_connectors}
+    # it twice and does not compile; such nodes (beta * C_in terms) get the pure expansion, as do nodes
+    # whose sizes that expansion would print wrongly (`_cpp_integer`).
+    reads_output = {blas_nodes.Gemm: "_c", blas_nodes.Gemv: "_y"}
+
+    def pure_for(node_cls):
+        def use(node, state, sdfg) -> bool:
+            return reads_output.get(node_cls) in node.in_connectors or _sizes_print_wrong(node, state, sdfg)
+        return use
+
     for node_cls in blas_lib._dace_library_nodes:
         if IMPLEMENTATION in node_cls.implementations:
             continue
         if node_cls in with_blas:
             node_cls.register_implementation(IMPLEMENTATION, _delegating(
-                with_blas[node_cls], [GradflowOpenBLAS], node_cls.implementations["pure"], fallbacks.get(node_cls)))
+                with_blas[node_cls], [GradflowOpenBLAS], node_cls.implementations["pure"], pure_for(node_cls)))
         elif "pure" in node_cls.implementations:
             node_cls.register_implementation(IMPLEMENTATION, _delegating(node_cls.implementations["pure"], []))
     from gradflow.library import convolution

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import copy
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -99,11 +100,21 @@ def usable_cache_root() -> Path:
         return chosen
 
 
+@functools.cache
+def _codegen_tag() -> str:
+    """Content hash of the modules that change what a build emits for the same SDFG (this one: how sizes
+    print; `blas`: which expansion a product gets), so a fixed code generator never reuses an old build."""
+    digest = hashlib.sha256()
+    for module in (__file__, blas.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def build_key(sdfg: dace.SDFG, fp: str | None = None) -> str:
     from gradflow import library
 
     text = (f"{fp or fingerprint(sdfg)}|dace={dace.__version__}|blas={blas.tag()}|math={vector_math.tag()}"
-            f"|nodes={library.tag()}")
+            f"|nodes={library.tag()}|codegen={_codegen_tag()}")
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

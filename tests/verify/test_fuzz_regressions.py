@@ -98,6 +98,41 @@ def program(x0: dace.float64[N, M], x1: dace.float64[N, M], w0: dace.float64[N, 
         x0[1:N - 1:3, i4 + 1] += (x0[1:N - 1:3, 1] * x1[3, 2])
     S[0] += np.sum(x0 * w0)
 """, {"N": 6, "M": 4}, ("x0", "x1"), {}, ("vjp", "recompute_all", False)),
+    # `--seed 202`, program 101: the reverse of `x0[1, :] = tan(u)` reads its result for 1 + tan(u)^2, but
+    # the restore of row 1's old values (which the reverse of tanh might read, were N - 1 = 1) ran first.
+    "result_read_after_its_restore": ("""@dace.program
+def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    x0[1, :] = np.tan(0.0 + 1.14 * np.tanh(x0[N - 1, :]))
+    S[0] += np.sum(x0 * w0)
+""", {"N": 7, "M": 6}, ("x0",), {}, ("grad", "recompute_all", True)),
+    # `--seed 202`, program 146: the split backward's reversed `for i3 in range(0, T)` reads the scalar
+    # argument T in its loop bounds only, which the split did not count as read (KeyError: 'T' in DaCe).
+    "split_backward_loop_bound_from_a_scalar_argument": ("""@dace.program
+def program(x1: dace.float64[M], x2: dace.float64[N], w2: dace.float64[N], T: dace.int64, S: dace.float64[1]):
+    for i2 in range(M - 2, -1, -1):
+        for i3 in range(0, T):
+            x1[M - 1] = x1[M - 1] * x2[1] + 1.0
+    S[0] += np.sum(x2 * w2) + x1[M - 1]
+""", {"N": 6, "M": 5}, ("x1", "x2"), {"T": 3}, ("vjp", "recompute_all", True)),
+    # `--seed 202`, program 143: lowering the scatter ran DaCe's simplify, which removed the copy of the
+    # strided operand `x0[1:M - 1:2]` of the sum and gave the Reduce node the strided memlet; DaCe's
+    # expansion ignores the step (it summed x0[1], x0[2] instead of x0[1], x0[3]).
+    "strided_sum_beside_a_scatter": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[M], w0: dace.float64[M], idx: dace.int64[4], S: dace.float64[1]):
+    for q_idx in range(0, 4):
+        x1[idx[q_idx]] = 1.0
+    x0[M - 1] = np.sum(x0[1:M - 1:2])
+    S[0] += np.sum(x0 * w0)
+""", {"N": 8, "M": 6}, ("x0", "x1"), {"idx": [5, 0, 2, 5]}, ("vjp", "budget", False)),
+    # the same lowering, with a strided dot product in a loop (refused before: "a step other than 1").
+    "strided_dot_beside_a_scatter": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[M], w0: dace.float64[M], w1: dace.float64[M], idx: dace.int64[4], S: dace.float64[1]):
+    for q_idx in range(0, 4):
+        x1[idx[q_idx]] += x0[q_idx]
+    for i2 in range(0, M - 1, 3):
+        x1[i2] = (x0[M - 2] * x1[1]) * (x1[1:M - 1:2] @ x1[:M - 2:2])
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
+""", {"N": 8, "M": 7}, ("x0", "x1"), {"idx": [5, 0, 2, 5]}, ("vjp", "recompute_all", False)),
 }
 
 

@@ -129,6 +129,7 @@ class Reversal:
     loops: dict[int, Any]  # id(LoopRegion) -> LoopItem
     tape: Tape
     pops: dict[int, list[tuple[str, Stack, subsets.Range]]] = attrs.field(factory=dict)  # site -> restores
+    needs: list = attrs.field(factory=list)  # site index -> the arrays its reverse reads (`record_overwrites`)
     used_symbols: frozenset[str] = frozenset()  # symbols the backward sweep reads (see `backward_symbols`)
     arguments: frozenset[str] = frozenset()  # the free symbols of the program (given by its caller)
     assigned: frozenset[str] = frozenset()  # symbols assigned on interstate edges of the program
@@ -168,10 +169,17 @@ class Reversal:
         bounds = self._asked_bounds(loops)
         for loop, bound in zip(loops, bounds):
             if bound is None:
+                if loop.loop_variable:  # a user bound caps while loops only: a `for` cannot be stopped early
+                    hint = ("give its count as a size: a symbol (T = dace.symbol('T'), `for i in range(T)`) whose "
+                            "value goes in Forwarding.budget(..., sizes={'T': ...}); or forward with STORE_ALL or "
+                            "RECOMPUTE_ALL, whose stacks grow as the loop runs")
+                else:
+                    hint = (f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': "
+                            "<max iterations>}) (a run past it is reported, not silently wrong)")
                 raise NotDifferentiableError(
                     f"{describe_loop(loop)} has no trip-count bound before the program runs (its count depends "
                     "on data or on a value the program computes), so the bytes stored inside it cannot be priced",
-                    f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': <max iterations>}})")
+                    hint)
         return sympy.Mul(sympy.Integer(1), *bounds)
 
     def trips(self, loops: Sequence[LoopRegion]):
@@ -272,6 +280,7 @@ class Reversal:
     def record_overwrites(self, needs: list[frozenset[str]], accesses: list[OpAccess],
                           recomputed: frozenset[str]) -> None:
         """Push what an operation overwrites when an operation reversed after it reads the old value."""
+        self.needs = list(needs)
         for p, array in self.overwrite_sites(accesses):
             if array in recomputed or p.index in self.tape_free:  # (a checkpointed loop stores snapshots)
                 continue
@@ -388,16 +397,31 @@ class Reversal:
         for item in reversed(seq.items):
             if item.kind == OPERATION:
                 site = item.site
-                for array, stack, sub in self.pops.get(site.index, ()):
+                before, after = self._pops_around(site, recompute)
+                for array, stack, sub in before:
                     self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
-                if site.index not in self.active:
-                    continue
-                previous = recompute.emit_before(site, ctx)
-                rules[site.index].fn.reverse(site, ctx)
-                recompute.restore(ctx, previous)
+                if site.index in self.active:
+                    previous = recompute.emit_before(site, ctx)
+                    rules[site.index].fn.reverse(site, ctx)
+                    recompute.restore(ctx, previous)
+                for array, stack, sub in after:
+                    self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
             else:
                 rule = _control_rule_for(ctx.tables, item)
                 rule.fn.reverse(item, self.recorded[id(item)], self, ctx, body)
+
+
+    def _pops_around(self, site: OpSite, recompute: RecomputePlan) -> tuple[list, list]:
+        """The restores of what `site` overwrote, split into those before its reverse and those after it.
+        A restore goes after when the reverse reads nothing of that array's values and reruns nothing: the
+        reverse may then read what `site` wrote (`y = tan(u)` reads y for 1 + y^2; restored first, y held
+        the value from before `site`, a wrong gradient), and the operations reversed later still find the
+        old value."""
+        pops = self.pops.get(site.index, [])
+        if recompute.before.get(site.index) or site.index >= len(self.needs):
+            return pops, []
+        needed = self.needs[site.index]
+        return [p for p in pops if p[0] in needed], [p for p in pops if p[0] not in needed]
 
 
 def _element_offset(r, var, variables) -> Any:

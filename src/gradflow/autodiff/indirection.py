@@ -32,6 +32,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, LoopRegion, SDFGState
 from returns.result import Success
 
+from gradflow.autodiff.views import contiguous_library_operands
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -348,6 +349,7 @@ class LowerIndirection(Pass):
             lowered |= _lower_symbols(sub)
         if lowered:
             sdfg.simplify()
+            contiguous_library_operands(sdfg)  # simplify composes the copies of strided operands away
         widened = False
         for sub in sdfg.all_sdfgs_recursive():
             widened |= _widen(sub)

@@ -112,7 +112,10 @@ def _backward_region(sdfg: dace.SDFG, interface: ADInterface):
 
 
 def _arrays_used(blocks) -> set[str]:
-    """Arrays read or written by the states of `blocks`, or read by their interstate edges."""
+    """Arrays read or written by the states of `blocks`, or read by their interstate edges and by the
+    conditions of their loops and branches (a reversed `for i in range(T)` reads the scalar argument T)."""
+    from dace.sdfg.state import ConditionalBlock, LoopRegion
+
     used = set()
     for block in blocks:
         regions = [block] if isinstance(block, dace.SDFGState) else list(block.all_control_flow_blocks())
@@ -122,6 +125,13 @@ def _arrays_used(blocks) -> set[str]:
         if not isinstance(block, dace.SDFGState):
             for edge in block.all_interstate_edges():
                 used |= set(edge.data.read_symbols())
+            for region in [block, *block.all_control_flow_regions()]:
+                codes = []
+                if isinstance(region, LoopRegion):
+                    codes = [region.init_statement, region.loop_condition, region.update_statement]
+                elif isinstance(region, ConditionalBlock):
+                    codes = [condition for condition, _ in region.branches]
+                used |= {str(symbol) for code in codes if code is not None for symbol in code.get_free_symbols()}
     return used
 
 

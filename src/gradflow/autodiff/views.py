@@ -235,6 +235,47 @@ def _remove(state: SDFGState, view: nd.AccessNode, names: dict[str, str]) -> boo
     return False
 
 
+def _strided_subset(sub) -> bool:
+    return isinstance(sub, subsets.Range) and _strided(sub)
+
+
+def contiguous_library_operands(sdfg: dace.SDFG) -> bool:
+    """Give every library node that reads or writes a strided subset of an array directly (`x[1:M:2]`) a
+    contiguous temporary, filled by a copy from that subset (or copied back to it). DaCe's expansions of
+    library nodes address an operand by its first element and the array's strides, ignoring a subset's
+    step: `np.sum(x[1::2])` summed x[1], x[2], ... . `remove_views` keeps such operands materialized, but
+    DaCe's `simplify` (run after later rewrites) removes the copy again as redundant and composes the step
+    into the node's memlet; this restores the invariant after it. True if anything changed."""
+    changed = False
+    for sub in sdfg.all_sdfgs_recursive():
+        for state in sub.states():
+            for node in [n for n in state.nodes() if isinstance(n, nd.LibraryNode)]:
+                for edge in list(state.in_edges(node)) + list(state.out_edges(node)):
+                    other = edge.src if edge.dst is node else edge.dst
+                    memlet = edge.data
+                    if (memlet.data is None or not isinstance(other, nd.AccessNode) or memlet.data != other.data
+                            or not _strided_subset(memlet.subset)):
+                        continue
+                    desc = sub.arrays[memlet.data]
+                    shape = memlet.subset.size()
+                    name, _ = sub.add_array(f"{memlet.data}_contiguous", shape, desc.dtype, transient=True,
+                                            find_new_name=True)
+                    temp = state.add_access(name)
+                    whole = subsets.Range([(0, n - 1, 1) for n in shape])
+                    copy_memlet = dace.Memlet(data=memlet.data, subset=copy.deepcopy(memlet.subset),
+                                              other_subset=whole)
+                    use = dace.Memlet(data=name, subset=copy.deepcopy(whole))
+                    state.remove_edge(edge)
+                    if edge.dst is node:
+                        state.add_edge(other, edge.src_conn, temp, None, copy_memlet)
+                        state.add_edge(temp, None, node, edge.dst_conn, use)
+                    else:
+                        state.add_edge(node, edge.src_conn, temp, None, use)
+                        state.add_edge(temp, None, other, edge.dst_conn, copy_memlet)
+                    changed = True
+    return changed
+
+
 def _reject(state: SDFGState, view: nd.AccessNode) -> None:
     vedge, target = _view_edge(state, view)
     viewed = f"{target.data}[{vedge.data.subset}]" if vedge is not None else "another view"
@@ -301,3 +342,4 @@ def remove_views(sdfg: dace.SDFG) -> None:
     for name, desc in list(sdfg.arrays.items()):
         if isinstance(desc, dace.data.View) and name not in used:
             sdfg.remove_data(name, validate=False)
+    contiguous_library_operands(sdfg)

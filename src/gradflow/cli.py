@@ -186,7 +186,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         records = []
 
         def seen(result) -> None:
-            entry = fuzz.record(result)
+            entry = {**fuzz.record(result), "run": f"--n {args.n} --seed {args.seed} --configs {args.configs}"}
             records.append(entry)
             verdict = result.verdict
             _err(f"[{len(records)}/{args.n}] program {result.index}: {verdict.kind}"

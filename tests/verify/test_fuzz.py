@@ -94,8 +94,12 @@ def test_report_counts_verdicts_and_refusal_classes() -> None:
         Verdict("ok", seconds=1.0), Verdict("refused", DEFAULT, "NotDifferentiableError", "loop 'for_7' has no bound"),
         Verdict("refused", DEFAULT, "NotDifferentiableError", "loop 'for_9' has no bound"),
         Verdict("WRONG", DEFAULT, detail="d S / d x0[(2,)] = 1.0, central differences 2.0")])]
+    for k, r in enumerate(records):
+        r["run"] = "--seed 1" if k < 2 else "--seed 2"
     text = campaign.report(records, "gradflow fuzz --n 4")
     assert "| ok | 1 | 25.00% |" in text and "| WRONG | 1 | 25.00% |" in text
+    # per run: ok, WRONG, refused, crash, dace, invalid
+    assert "| `--seed 1` | 2 | 1 | 0 | 1 | 0 | 0 | 0 |" in text and "| `--seed 2` | 2 | 0 | 1 | 1 | 0 | 0 | 0 |" in text
     assert "| NotDifferentiableError: loop _ has no bound | 2 |" in text  # labels masked: one class
     assert "x0[:N - 1] * x0[1:]" in text  # the failing program is printed
 

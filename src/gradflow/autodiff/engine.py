@@ -410,7 +410,6 @@ class Reversal:
                 rule = _control_rule_for(ctx.tables, item)
                 rule.fn.reverse(item, self.recorded[id(item)], self, ctx, body)
 
-
     def _pops_around(self, site: OpSite, recompute: RecomputePlan) -> tuple[list, list]:
         """The restores of what `site` overwrote, split into those before its reverse and those after it.
         A restore goes after when the reverse reads nothing of that array's values and reruns nothing: the

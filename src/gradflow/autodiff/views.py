@@ -254,7 +254,7 @@ def contiguous_library_operands(sdfg: dace.SDFG) -> bool:
                     other = edge.src if edge.dst is node else edge.dst
                     memlet = edge.data
                     if (memlet.data is None or not isinstance(other, nd.AccessNode) or memlet.data != other.data
-                            or not _strided_subset(memlet.subset)):
+                            or memlet.wcr is not None or not _strided_subset(memlet.subset)):
                         continue
                     desc = sub.arrays[memlet.data]
                     shape = memlet.subset.size()

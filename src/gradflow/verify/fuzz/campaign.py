@@ -217,6 +217,15 @@ def report(records: Sequence[dict], command: str = "") -> str:
         median = seconds[len(seconds) // 2]
         lines += ["", f"Time per program: median {median:.1f} s, mean {sum(seconds) / total:.1f} s "
                       f"(each checked under two configurations, in a worker process)."]
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        runs.setdefault(r.get("run", "(not recorded)"), []).append(r)
+    if len(runs) > 1:
+        kinds_ = ("ok", "WRONG", "refused", "crash", "dace", "invalid")
+        lines += ["", "| run | programs | " + " | ".join(kinds_) + " |", "|---|---:|" + "---:|" * len(kinds_)]
+        for run, rs in runs.items():
+            counts = Counter(r["verdict"]["kind"] for r in rs)
+            lines.append(f"| `{run}` | {len(rs)} | " + " | ".join(str(counts.get(k, 0)) for k in kinds_) + " |")
     configs = Counter(tuple(c) for r in records for c in r["configs"])
     lines += ["", "| configuration (route, forwarding, optimize) | programs checked |", "|---|---:|"]
     for config, count in sorted(configs.items()):

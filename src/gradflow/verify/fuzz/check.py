@@ -176,7 +176,7 @@ def central_differences(twin, data: Mapping[str, Any], wrt) -> tuple[dict, dict]
     return first, second
 
 
-#: the trip-count bound the budget configuration gives loops whose count is known only at run time
+#: the trip-count bound the budget configuration gives `while` loops
 WHILE_BOUND = 64
 
 
@@ -190,9 +190,8 @@ def _forwarding(policy: str, program, wrt, symbols):
         return gradflow.RECOMPUTE_ALL
     plan = grad_graph(program, list(wrt), "S", optimize=False).meta["ad"].forwarding_plan
     kept = plan.total_bytes(dict(symbols)) if plan is not None else 0
-    # a byte budget cannot price a loop whose trip count is known only while it runs (a `while`, a count read
-    # from data): as the user guide says, such a loop needs a bound (the grammar's `while` loops run at most 6 times, its
-    # counts from data are below the sizes)
+    # a byte budget cannot price a `while` loop, whose trip count is known only while it runs: as the user
+    # guide says, it needs a bound (the grammar's `while` loops run at most 6 times)
     return gradflow.Forwarding.budget(int(kept * 0.6), sizes=dict(symbols), loop_bounds={"*": WHILE_BOUND})
 
 

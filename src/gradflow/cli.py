@@ -167,6 +167,7 @@ def _grad(args: argparse.Namespace) -> int:
 
 def _fuzz(args: argparse.Namespace) -> int:
     """Exit 1 when a program is WRONG or crashed, else 0."""
+    import gzip
     import json
 
     from gradflow.verify import fuzz
@@ -177,7 +178,8 @@ def _fuzz(args: argparse.Namespace) -> int:
             path = Path(log)
             if not path.is_file():
                 raise InvalidArgumentError(f"no such log: {path}")
-            records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            records += [json.loads(line) for line in text.splitlines() if line.strip()]
         command = "gradflow fuzz --merge " + " ".join(args.merge)
     else:
         if args.n < 1 or args.jobs < 1:

@@ -133,6 +133,14 @@ def program(x0: dace.float64[M], x1: dace.float64[M], w0: dace.float64[M], w1: d
         x1[i2] = (x0[M - 2] * x1[1]) * (x1[1:M - 1:2] @ x1[:M - 2:2])
     S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
 """, {"N": 8, "M": 7}, ("x0", "x1"), {"idx": [5, 0, 2, 5]}, ("vjp", "recompute_all", False)),
+    # `--seed 203` at e01c093, program 596: DaCe's LoopToMap made `range(M - 1, 1, -2)` a map over one value
+    # too few for an even span (M = 6: 5 and 3, the map ran 5 only); descending loops stay loops.
+    "descending_loop_of_step_two": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N, M], w0: dace.float64[M], S: dace.float64[1]):
+    for i1 in range(M - 1, 1, -2):
+        x0[i1] += x1[N - 1, i1 - 1]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 5, "M": 6}, ("x0", "x1"), {}, ("grad", "store_all", False)),
 }
 
 

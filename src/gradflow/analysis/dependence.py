@@ -71,6 +71,7 @@ class Independence:
     independent: bool
     conflicts: tuple[Conflict, ...] = ()
     reason: str | None = None  # why the loop could not be analysed at all
+    counted: CountedLoop | None = None  # the loop's counted form, when it has one
 
     def describe(self) -> str:
         if self.independent:
@@ -97,7 +98,7 @@ def loop_independence(loop: LoopRegion) -> Independence:
     if blocker is not None:
         return _not_analysed(blocker)
     accesses = [a for a in body_accesses(state) if a.array not in _private(state)]
-    return _verdict(accesses, counted)
+    return attrs.evolve(_verdict(accesses, counted), counted=counted)
 
 
 def _opaque(state: dace.SDFGState) -> str | None:

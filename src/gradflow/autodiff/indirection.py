@@ -32,7 +32,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, LoopRegion, SDFGState
 from returns.result import Success
 
-from gradflow.autodiff.views import contiguous_library_operands
+from gradflow.autodiff.views import simplify
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -348,8 +348,7 @@ class LowerIndirection(Pass):
         for sub in list(sdfg.all_sdfgs_recursive()):
             lowered |= _lower_symbols(sub)
         if lowered:
-            sdfg.simplify()
-            contiguous_library_operands(sdfg)  # simplify composes the copies of strided operands away
+            simplify(sdfg)
         widened = False
         for sub in sdfg.all_sdfgs_recursive():
             widened |= _widen(sub)

@@ -45,7 +45,7 @@ from returns.result import Success
 
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.rules import LIBRARY, default_library_rules, library_rule_for
-from gradflow.autodiff.views import contiguous_library_operands, has_views, remove_views
+from gradflow.autodiff.views import has_views, remove_views, simplify
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
@@ -107,10 +107,9 @@ class ExpandLibraryNodes(Pass):
                 node.expand(state)
             expanded = True
         if expanded:
-            sdfg.simplify()
+            simplify(sdfg)
             if has_views(sdfg):  # made by the expansions (the program's own went before, see the module doc)
                 remove_views(sdfg)
-            contiguous_library_operands(sdfg)  # simplify composes the copies of strided operands away
         return Success(Graph.adopt(sdfg, graph.meta))
 
 

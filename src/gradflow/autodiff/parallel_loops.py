@@ -42,7 +42,6 @@ from dace.transformation.interstate import InlineSDFG, LoopToMap, StateFusion
 from returns.result import Success
 
 from gradflow.analysis.dependence import body_accesses, loop_independence
-from gradflow.analysis.loops import assigned_symbols, counted_loop
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -209,10 +208,10 @@ def _to_map(sdfg: dace.SDFG, loop: LoopRegion) -> bool:
     """Apply `LoopToMap` to `loop` when gradflow's own dependence test proves its iterations independent
     (`analysis.dependence`) and the map would be one reverse mode differentiates; DaCe's applicability
     check must agree too (it does the rewriting), but is never the proof."""
-    if not loop_independence(loop).independent or _rereads_overwritten(loop.nodes()[0]) is not None:
+    verdict = loop_independence(loop)
+    if not verdict.independent or _rereads_overwritten(loop.nodes()[0]) is not None:
         return False
-    counted = counted_loop(loop, assigned_symbols(loop))
-    if counted is None or counted.step < 0:
+    if verdict.counted.step < 0:
         # DaCe's LoopToMap gives `range(M - 1, 1, -2)` a map over one value too few when the span is even
         # (`gradflow fuzz --seed 203`, program 596): a descending loop is not rewritten
         return False

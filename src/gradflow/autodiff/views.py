@@ -276,6 +276,13 @@ def contiguous_library_operands(sdfg: dace.SDFG) -> bool:
     return changed
 
 
+def simplify(sdfg: dace.SDFG) -> None:
+    """DaCe's `simplify`, then `contiguous_library_operands`: simplify removes the copy of a strided library
+    operand as redundant and composes its step into the node's memlet. Passes call this, not simplify."""
+    sdfg.simplify()
+    contiguous_library_operands(sdfg)
+
+
 def _reject(state: SDFGState, view: nd.AccessNode) -> None:
     vedge, target = _view_edge(state, view)
     viewed = f"{target.data}[{vedge.data.subset}]" if vedge is not None else "another view"

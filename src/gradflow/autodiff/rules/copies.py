@@ -104,20 +104,20 @@ class CopyReverse:
         sdims, ddims = _varying_dims(src_subset), _varying_dims(dst_subset)
         ssizes = [src_subset.size()[d] for d in sdims]
         dsizes = [dst_subset.size()[d] for d in ddims]
+        # the loop extents: a strided extent as an integer ceiling
+        scount, dcount = src_subset.size(for_codegen=True), dst_subset.size(for_codegen=True)
         if len(sdims) == len(ddims):
             if any(_difference(a, b) != 0 for a, b in zip(ssizes, dsizes)):
                 raise NotDifferentiableError(
                     f"{what}: the subsets have the same rank but different extents {ssizes} and {dsizes} (DaCe copies "
                     "those dimension by dimension)", "reshape through a one-dimensional array")
             params = {d: symbolic.symbol(f"__c{k}") for k, d in enumerate(sdims)}
-            extents = [src_subset.size(for_codegen=True)[d] for d in sdims]  # strided: integer ceilings
-            ranges = {str(p): f"0:{n}" for p, n in zip(params.values(), extents)}
+            ranges = {str(p): f"0:{scount[d]}" for d, p in params.items()}
             s_at = params
             d_at = dict(zip(ddims, params.values()))
         else:
-            s_at, d_at, ranges = self._reshape(ctx, what, src.data, dst.data, sdims,
-                                               [src_subset.size(for_codegen=True)[d] for d in sdims], ddims,
-                                               [dst_subset.size(for_codegen=True)[d] for d in ddims])
+            s_at, d_at, ranges = self._reshape(ctx, what, src.data, dst.data, sdims, [scount[d] for d in sdims],
+                                               ddims, [dcount[d] for d in ddims])
         inputs = {"__g": dace.Memlet(data=g_dst, subset=_element(dst_subset, d_at))}
         outputs = {}
         code = []

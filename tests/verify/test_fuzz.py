@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from gradflow.verify.fuzz import campaign, programs
 from gradflow.verify.fuzz.check import DEFAULT, Verdict, check_program, make_data, run_twin, spec_of, twin_source
-from gradflow.verify.fuzz.program import Argument, Assign, For, Num, Op, Program, Read, At, Span
+from gradflow.verify.fuzz.program import Argument, Assign, At, For, Num, Op, Program, Read, Span, While
 from gradflow.verify.fuzz.shrink import reductions, shrink, size
 
 SOUND = ("ok", "refused", "dace", "invalid")
@@ -87,6 +87,14 @@ def test_a_worker_that_dies_is_a_crash_and_the_next_program_runs(tmp_path: Path)
         assert worker.check(spec, timeout=300).kind == "ok"
     finally:
         worker.stop()
+
+
+def test_a_while_counter_always_grows() -> None:
+    """The increment `0.5 + e ** 2` must stay positive for a negative literal e (`-1.25 ** 2` is -1.5625 in
+    Python: the loop never ended, and the check hung until its timeout)."""
+    tail = While("c", 3.0, Num(-1.25), ()).lines()[-1]
+    increment = tail.split("+=", 1)[1]
+    assert eval(increment) == 0.5 + 1.25 ** 2  # noqa: S307 (a literal expression the grammar rendered)
 
 
 def test_report_counts_verdicts_and_refusal_classes() -> None:

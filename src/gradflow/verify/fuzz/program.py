@@ -75,7 +75,9 @@ class Num:
     value: float
 
     def render(self) -> str:
-        return repr(self.value)
+        # a negative literal in parentheses: `(-1.25) ** 2`, not `-1.25 ** 2` (= -1.5625, which made a
+        # `while` counter's increment negative and the loop endless)
+        return repr(self.value) if self.value >= 0 else f"({self.value!r})"
 
 
 @attrs.frozen

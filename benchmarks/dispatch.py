@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "torch"))
 import vjp_programs as programs  # noqa: E402  (hand-written VJPResult pairs shared with the tests)
 
 import gradflow.torch as gt  # noqa: E402
-from gradflow.runtime.compile import cache_root  # noqa: E402
+from gradflow.runtime.cache import cache_root  # noqa: E402
 
 TARGET_US = 10.0
 

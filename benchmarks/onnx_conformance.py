@@ -2,7 +2,7 @@
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/onnx_conformance.py [--jobs 2] [--ops Conv,Gemm] [--filter substr]
 Writes benchmarks/results/onnx_conformance.{json,md} (per-op pass/fail, failures grouped by reason category,
-see `gradflow.frontend.onnx.conformance.CATEGORIES`) and prints the summary. A run restricted with --ops or
+see `gradflow.verify.onnx_conformance.CATEGORIES`) and prints the summary. A run restricted with --ops or
 --filter writes onnx_conformance_partial.{json,md} instead, so the full report is never overwritten by one.
 """
 
@@ -21,14 +21,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _run(name: str):
-    from gradflow.frontend.onnx.conformance import all_node_cases, run_case
+    from gradflow.verify.onnx_conformance import all_node_cases, run_case
 
     return run_case(all_node_cases()[name])
 
 
 def main() -> int:
-    from gradflow.frontend.onnx.conformance import CATEGORIES, OPS_IN_SCOPE, all_node_cases, cases_in_scope
-    from gradflow.frontend.onnx.table import default_table
+    from gradflow.frontend.onnx.rules import default_table
+    from gradflow.verify.onnx_conformance import CATEGORIES, OPS_IN_SCOPE, all_node_cases, cases_in_scope
 
     default_table()  # import every rule before the workers fork
     all_node_cases()

@@ -13,13 +13,18 @@ import attrs
 import dace
 
 from gradflow.analysis.activity import is_float
-from gradflow.autodiff.engine import OVERFLOW
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
+from gradflow.autodiff.spec import OVERFLOW
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
 from gradflow.core.errors import (
-    ORIGINS, InvalidArgumentError, LoopBoundError, UnknownArrayError, describe, with_origins,
+    ORIGINS,
+    InvalidArgumentError,
+    LoopBoundError,
+    UnknownArrayError,
+    describe,
+    with_origins,
 )
 from gradflow.core.graph import Graph
 from gradflow.core.names import check_identifiers, identifier_problem

@@ -146,16 +146,17 @@ def _onnx_graph(path: str, wrt: list[str], of: str | None):
 
 
 def _grad(args: argparse.Namespace) -> int:
-    import gradflow
+    from gradflow.api import grad
+    from gradflow.autodiff.forwarding import RECOMPUTE_ALL, STORE_ALL
 
     wrt = _names(args.wrt, "wrt")
     if args.program.endswith(".onnx"):
         program, wrt, of = _onnx_graph(args.program, wrt, args.of)
     else:
         program, of = _load_program(args.program), args.of
-    forwarding = gradflow.RECOMPUTE_ALL if args.forwarding == "recompute_all" else gradflow.STORE_ALL
+    forwarding = RECOMPUTE_ALL if args.forwarding == "recompute_all" else STORE_ALL
     with progress.step("differentiating"):
-        sdfg = gradflow.grad(program, wrt=wrt, of=of, forwarding=forwarding)
+        sdfg = grad(program, wrt=wrt, of=of, forwarding=forwarding)
     out = Path(args.output)
     sdfg.save(str(out))
     grads = ", ".join(f"grad_{x}" for x in wrt)

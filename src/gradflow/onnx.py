@@ -8,7 +8,8 @@ prog.graph                                # the lowered SDFG as a frozen gradflo
 ```
 
 Importing `gradflow` imports this module, so the `onnx_lower` pass is always registered
-(`gradflow.Pipeline.named("onnx_lower", ...)`). The rule modules load on first lowering.
+(`gradflow.Pipeline.named("onnx_lower", ...)`) and the rule modules are loaded (the pass's default table,
+`default_table()`, is collected from them on first use).
 See docs/onnx.md.
 """
 

@@ -171,9 +171,10 @@ def test_a_map_bodys_vjp_seeds_only_its_iterations_part_of_the_cotangent() -> No
 def test_operation_without_a_rule_names_the_node_and_state() -> None:
     from gradflow.analysis.ops import Op
     from gradflow.autodiff.context import OpSite
-    from gradflow.autodiff.engine import ADTables, _rule_for
+    from gradflow.autodiff.engine import _rule_for
+    from gradflow.autodiff.rules import default_tables
 
     state = _outer_with_nested().nodes()[0]
     site = OpSite(0, state, Op("other", frozenset(), (), (), "odd_node"))
     with pytest.raises(NoRuleError, match=r"other 'odd_node'.*state 'the_state'"):
-        _rule_for(ADTables(), site)
+        _rule_for(default_tables(), site)

@@ -18,7 +18,7 @@ import pytest
 from dace import InterstateEdge
 
 import gradflow
-from gradflow.autodiff.lifting import LiftControlFlow, branching_blocks
+from gradflow.transforms.lifting import LiftControlFlow, branching_blocks
 from gradflow.core.graph import Graph
 from gradflow.verify.corpus import loops, unstructured
 

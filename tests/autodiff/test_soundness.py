@@ -218,7 +218,7 @@ def test_triangular_recurrence_forward_stays_a_loop_and_is_right_on_two_threads(
 def _normalized_loops(program):
     """The loops of `program` as `loops_to_maps` sees them (the normalization steps before it applied)."""
     from gradflow.autodiff.normalize import NORMALIZE
-    from gradflow.autodiff.parallel_loops import _sums_in_loops
+    from gradflow.transforms.parallel_loops import _sums_in_loops
     from gradflow.core.graph import Graph
 
     graph = Graph.of(program)

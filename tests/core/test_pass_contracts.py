@@ -26,7 +26,7 @@ def _breaks(g: Graph) -> int:
 
 
 def _branching(g: Graph) -> int:
-    from gradflow.autodiff.lifting import branching_blocks
+    from gradflow.transforms.lifting import branching_blocks
 
     return len(branching_blocks(g.sdfg))
 
@@ -48,7 +48,7 @@ def _multi_op_states(g: Graph) -> int:
 
 
 def _loop_sized(g: Graph) -> int:
-    from gradflow.autodiff.shapes import loop_sized
+    from gradflow.transforms.shapes import loop_sized
 
     return len(loop_sized(g.sdfg))
 
@@ -59,7 +59,7 @@ def _small_parallel_maps(g: Graph) -> int:
 
 
 def _unowned_sums(g: Graph) -> int:
-    from gradflow.optimize.owned_sums import owners
+    from gradflow.optimize.nest_reductions import owners
 
     return sum(isinstance(n, nd.MapEntry) and s.entry_node(n) is None and n.map.schedule == dace.ScheduleType.Default
                and owners(s, n) is not None for s in g.sdfg.states() for n in s.nodes())
@@ -76,7 +76,7 @@ def _conflicting_scatters(g: Graph) -> int:
 
 
 def _zeroed_products(g: Graph) -> int:
-    from gradflow.optimize.first_writes import _candidates
+    from gradflow.optimize.overwrite_zeroed_products import _candidates
 
     return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
@@ -91,7 +91,7 @@ def _two_outer_products() -> Graph:
     """nb_atax's gradient with its first writes overwriting and its dead clears gone: grad_A gets one
     map's write and a later map's sum."""
     from gradflow.optimize.dead_stores import DropDeadStores
-    from gradflow.optimize.first_writes import OverwriteZeroedProducts
+    from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
     from tests.corpus import npbench
 
     graph = Reverse(("A",), ("S",))(_normalized(npbench.nb_atax)).unwrap()
@@ -115,7 +115,7 @@ def _sum_gradient() -> Graph:
     before `forward_broadcasts`): the reverse of its final `np.sum` spreads the sum's gradient over a
     matrix that the next reverse map reads."""
     from gradflow.optimize.dead_stores import DropDeadStores
-    from gradflow.optimize.first_writes import OverwriteZeroedProducts
+    from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
     from tests.corpus import npbench
 
     graph = Reverse(("a",), ("S",))(_normalized(npbench.nb_go_fast)).unwrap()
@@ -123,13 +123,13 @@ def _sum_gradient() -> Graph:
 
 
 def _row_products(g: Graph) -> int:
-    from gradflow.autodiff.row_products import _candidates
+    from gradflow.transforms.row_products import _candidates
 
     return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
 def _loop_reductions(g: Graph) -> int:
-    from gradflow.autodiff.loop_reductions import _candidates
+    from gradflow.transforms.loop_reductions import _candidates
 
     return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
@@ -197,7 +197,7 @@ def _optimized_with_tapes() -> Graph:
 
 def _npbench_unviewed(name: str) -> Callable[[], Graph]:
     def build() -> Graph:
-        from gradflow.autodiff.views import RemoveViews
+        from gradflow.transforms.views import RemoveViews
         from tests.corpus import npbench
 
         return RemoveViews()(Graph.of(getattr(npbench, name).to_sdfg())).unwrap()
@@ -219,7 +219,7 @@ def _data_symbols(g: Graph) -> int:
 
 
 def _conditional_writes(g: Graph) -> int:
-    from gradflow.autodiff.conditional_writes import _sites
+    from gradflow.transforms.conditional_writes import _sites
 
     return sum(len(_sites(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 

@@ -10,7 +10,7 @@ import numpy as np
 import gradflow
 from gradflow.core.passes import Pipeline
 from gradflow.optimize.dead_stores import DropDeadStores
-from gradflow.optimize.first_writes import OverwriteZeroedProducts
+from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
 from gradflow.optimize.sibling_sums import MergeElementSums, _pairs
 from gradflow.runtime.compile import compile_sdfg
 

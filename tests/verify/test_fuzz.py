@@ -107,8 +107,9 @@ def test_report_counts_verdicts_and_refusal_classes() -> None:
         r["run"] = "--seed 1" if k < 2 else "--seed 2"
     text = campaign.report(records, "gradflow fuzz --n 4")
     assert "| ok | 1 | 25.00% |" in text and "| WRONG | 1 | 25.00% |" in text
-    # per run: ok, WRONG, refused, crash, dace, invalid
-    assert "| `--seed 1` | 2 | 1 | 0 | 1 | 0 | 0 | 0 |" in text and "| `--seed 2` | 2 | 0 | 1 | 1 | 0 | 0 | 0 |" in text
+    # per run: ok, WRONG, unstable, refused, crash, dace, invalid
+    assert "| `--seed 1` | 2 | 1 | 0 | 0 | 1 | 0 | 0 | 0 |" in text
+    assert "| `--seed 2` | 2 | 0 | 1 | 0 | 1 | 0 | 0 | 0 |" in text
     assert "| NotDifferentiableError: loop _ has no bound | 2 |" in text  # labels masked: one class
     assert "x0[:N - 1] * x0[1:]" in text  # the failing program is printed
 
@@ -132,3 +133,19 @@ def test_bad_options_are_one_error_line() -> None:
     done = subprocess.run([sys.executable, "-m", "gradflow.cli", "fuzz", "--merge", "/nonexistent.jsonl"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "error: no such log" in done.stderr
+
+
+def test_configurations_may_differ_only_within_the_measured_spread() -> None:
+    """A difference between configurations is accepted only as far as the first one's own gradient moves
+    under a nudge of the inputs (`unstable`); beyond that, or without a spread, it is reported."""
+    from gradflow.verify.fuzz.check import _configs_agree, _nudged
+
+    first = {"x": np.array([1.0e11, 2.0])}
+    other = {"x": np.array([1.001e11, 2.0])}
+    assert _configs_agree(first, other) == "d S / d x differs between configurations"
+    assert _configs_agree(first, other, {"x": np.array([2.0e8, 0.0])}) is None
+    assert _configs_agree(first, other, {"x": np.array([2.0e7, 0.0])}) is not None
+    assert _configs_agree(first, {"x": np.array([1.0e11, 50.0])}, {"x": np.array([2.0e8, 0.0])}) is not None
+    nudged = _nudged({"x": np.array([1.0, -3.0]), "idx": np.array([2])}, ["x"], 1)
+    assert np.all(nudged["x"] != np.array([1.0, -3.0])) and np.all(np.abs(nudged["x"] / [1.0, -3.0] - 1) < 1e-14)
+    assert nudged["idx"].tolist() == [2]

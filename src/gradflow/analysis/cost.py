@@ -67,7 +67,8 @@ def _read_volume(site) -> sympy.Expr:
     for i in site.op.reads:
         for e in state.out_edges(state.node(i)):
             if not e.data.is_empty():
-                total += _volume(e.data.get_src_subset(e, state) or subsets.Range.from_array(state.sdfg.arrays[e.data.data]))
+                read = e.data.get_src_subset(e, state) or subsets.Range.from_array(state.sdfg.arrays[e.data.data])
+                total += _volume(read)
     return total if total != 0 else sympy.Integer(1)
 
 

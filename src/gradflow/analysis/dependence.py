@@ -163,7 +163,7 @@ def _leaves(state: dace.SDFGState, edge) -> Iterator:
 
 
 def _wcr_kind(wcr: str) -> str:
-    from gradflow.core.symbolic import reduction_type
+    from gradflow.core.wcr import reduction_type
     kind = reduction_type(wcr)
     if kind == dace.dtypes.ReductionType.Sum:
         return "sum"
@@ -256,7 +256,7 @@ def _hulls_apart(a, b, loop: CountedLoop) -> bool:
     domain = {loop.var: loop.interval()}
     lo_a, hi_a = upper_bound(a[0], domain, maximize=False), upper_bound(a[1], domain, maximize=True)
     lo_b, hi_b = upper_bound(b[0], domain, maximize=False), upper_bound(b[1], domain, maximize=True)
-    if None in (lo_a, hi_a, lo_b, hi_b):
+    if lo_a is None or hi_a is None or lo_b is None or hi_b is None:
         return False
     for gap in (lo_b - hi_a, lo_a - hi_b):
         value = _number(gap)
@@ -278,8 +278,9 @@ def _lattice_apart(a, b, loop: CountedLoop) -> bool:
     var = sympy.Symbol(loop.var)
     var = next((s for s in (*a[0].free_symbols, *a[1].free_symbols, *b[0].free_symbols, *b[1].free_symbols)
                 if s.name == loop.var), var)
-    rates = [_rate(e, var) for e in (*a, *b)]
-    if any(r is None for r in rates) or len({r[0] for r in rates}) != 1:
+    found = [_rate(e, var) for e in (*a, *b)]
+    rates = [r for r in found if r is not None]
+    if len(rates) != len(found) or len({r[0] for r in rates}) != 1:
         return False
     rate = rates[0][0]
     if rate == 0:
@@ -314,7 +315,7 @@ def apart_over(first: subsets.Range, second: subsets.Range, intervals: dict) -> 
     for (b1, e1, _), (b2, e2, _) in zip(first, second):
         lo1, hi1 = upper_bound(sympy.sympify(b1), intervals, False), upper_bound(sympy.sympify(e1), intervals, True)
         lo2, hi2 = upper_bound(sympy.sympify(b2), intervals, False), upper_bound(sympy.sympify(e2), intervals, True)
-        if None in (lo1, hi1, lo2, hi2):
+        if lo1 is None or hi1 is None or lo2 is None or hi2 is None:
             continue
         for gap in (lo2 - hi1, lo1 - hi2):
             value = _number(gap)

@@ -89,7 +89,8 @@ def decompose(state: SDFGState) -> list[Op]:
                 if i == j:
                     continue
                 for w in other.writes:
-                    if w != r and state.node(w).data == state.node(r).data and nx.has_path(state.nx, state.node(r), state.node(w)):
+                    if (w != r and state.node(w).data == state.node(r).data
+                            and nx.has_path(state.nx, state.node(r), state.node(w))):
                         order.add_edge(j, i)
     try:
         sequence = list(nx.lexicographical_topological_sort(order, key=lambda i: ops[i].label))

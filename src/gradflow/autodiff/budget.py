@@ -15,9 +15,9 @@ what the engine then does with S (`recompute.plan_recomputation`, `Reversal.reco
   may run before the overwrite w of b: w pushes the part it overwrites on the tape (the stack's size);
 - bytes: `sum size_b t_b + sum stack_w u_w + (the tape of the control flow, which S does not change)`.
 The objective is the work of the reruns plus that of the stacks (`cost.STORE_WORK` per element, the push
-and the pop, calibrated by measurement; keeping a temporary alive costs nothing), so a plan that fits the budget stores only where
-storing is cheaper than rerunning; it adds the bytes with a tiny weight, so that among equally cheap plans
-the smallest wins.
+and the pop, calibrated by measurement; keeping a temporary alive costs nothing), so a plan that fits
+the budget stores only where storing is cheaper than rerunning; it adds the bytes with a tiny weight, so
+that among equally cheap plans the smallest wins.
 Everything is evaluated at the sizes the user gives (`sizes=`), symbolic sizes otherwise being unknown.
 """
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from gradflow.analysis.cost import STORE_WORK, evaluate, op_work
 from gradflow.autodiff.recompute import Recomputability
+from gradflow.autodiff.spec import Choice
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
 
 TOP_SLOT = 8  # one int64 per stack in gradflow_tape_top
@@ -42,23 +43,16 @@ class BudgetError(InvalidArgumentError):
     minimum: int = 0
 
 
-@attrs.frozen
-class Choice:
-    """The planner's answer: the recompute set, and what the model predicts for it (`predicted_cost`: the
-    work of the reruns plus that of the tape stacks, as `ForwardingPlan.total_cost` counts it)."""
-
-    recompute: frozenset[str]
-    predicted_bytes: int
-    predicted_cost: int
-    minimum_bytes: int
-
-
 class _Model:
-    """Variables and constraints of the MILP, built from the engine's own facts."""
+    """Variables and constraints of the MILP, built from the engine's own facts: the rows, and per
+    variable its work (`cost`), its bytes (`bytes_of`) and whether it must stay 0 (`never`)."""
 
     def __init__(self) -> None:
         self.index: dict[tuple, int] = {}
         self.rows: list[tuple[dict[int, float], float, float]] = []
+        self.cost: dict[tuple, float] = {}
+        self.bytes_of: dict[tuple, float] = {}
+        self.never: set[tuple] = set()
 
     def var(self, key: tuple) -> int:
         if key not in self.index:
@@ -68,22 +62,29 @@ class _Model:
     def row(self, coefs: Mapping[tuple, float], lo: float, hi: float) -> None:
         self.rows.append(({self.var(k): c for k, c in coefs.items()}, lo, hi))
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(work per variable, bytes per variable, upper bounds, constraint matrix, row lows, row highs)."""
+        n = len(self.index)
+        weights, byte_row, upper = np.zeros(n), np.zeros(n), np.ones(n)
+        for key, b in self.bytes_of.items():
+            byte_row[self.index[key]] = b
+        for key, c in self.cost.items():
+            weights[self.index[key]] = c
+        for key in self.never:
+            upper[self.index[key]] = 0
+        matrix = np.zeros((len(self.rows), n))
+        lo, hi = np.empty(len(self.rows)), np.empty(len(self.rows))
+        for r, (coefs, a, z) in enumerate(self.rows):
+            for j, c in coefs.items():
+                matrix[r, j] += c
+            lo[r], hi[r] = a, z
+        return weights, byte_row, upper, matrix, lo, hi
 
-def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
-           sizes: Mapping[str, int]) -> Choice:
-    """The cheapest recompute set within `max_bytes` (see the module docstring); `BudgetError` when no
-    plan fits, naming the least bytes any plan needs."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
 
-    sites = rev.sites
-    facts = Recomputability(sites, accesses)
-    sdfg = rev.sdfg
-    model = _Model()
-    cost: dict[tuple, float] = {}
-    bytes_of: dict[tuple, float] = {}
-    never: set[tuple] = set()
-
-    # Reachable needs per operation, and which can be rerun there.
+def _needs(model: _Model, sites: list, needs: list[frozenset[str]], accesses: list,
+           facts: Recomputability) -> dict[tuple[str, int], object]:
+    """The `need` rows: what each operation's reverse needs, and (transitively) the inputs of the
+    definitions rerun for it. Returns where each (array, operation) need can be rerun."""
     rerun_at: dict[tuple[str, int], object] = {}
     for p in sites:
         frontier = [(b, p) for b in sorted(needs[p.index])]
@@ -104,9 +105,15 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
                 frontier.append((c, q))
         for b in seen:
             model.var(("need", b, p.index))
+    return rerun_at
+
+
+def _store_or_rerun(model: _Model, rev, rerun_at: dict, sizes: Mapping[str, int]) -> None:
+    """The `rc` (rerun, its work) and `st` (available from the forward) rows of every need, and `t` (a
+    temporary kept, its bytes)."""
     candidates = {b for b, _ in rerun_at}
     executions = {p.index: evaluate(rev.priced_capacity(p.loops), sizes, f"the trip count around "
-                                    f"'{p.state.label}'") for p in sites}
+                                    f"'{p.state.label}'") for p in rev.sites}
     for key in [k for k in model.index if k[0] == "need"]:
         _, b, pi = key
         if b in candidates:
@@ -115,20 +122,23 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
                 q = rerun_at[(b, pi)]
                 model.row({("rc", b, pi): 1, key: -1, x: -1}, -1, np.inf)
                 work = rev.worst_case(op_work(q), q.loops)
-                cost[("rc", b, pi)] = evaluate(work, sizes, f"the work of '{q.state.label}'") * executions[pi]
+                model.cost[("rc", b, pi)] = evaluate(work, sizes, f"the work of '{q.state.label}'") * executions[pi]
             else:
                 model.row({key: 1, x: 1}, -np.inf, 1)  # cannot be rerun for this operation
             model.row({("st", b, pi): 1, key: -1, x: 1}, 0, np.inf)
         else:
             model.row({("st", b, pi): 1, key: -1}, 0, np.inf)
-        desc = sdfg.arrays[b]
+        desc = rev.sdfg.arrays[b]
         if desc.transient:
             model.row({("t", b): 1, ("st", b, pi): -1}, 0, np.inf)
-            bytes_of[("t", b)] = evaluate(desc.total_size * desc.dtype.bytes, sizes, f"the size of '{b}'")
+            model.bytes_of[("t", b)] = evaluate(desc.total_size * desc.dtype.bytes, sizes, f"the size of '{b}'")
 
+
+def _stacks(model: _Model, rev, accesses: list, sizes: Mapping[str, int]) -> None:
+    """The `u` rows: an overwrite pushes what it overwrites when a stored value is read before it."""
     stored = {(k[1], k[2]) for k in model.index if k[0] == "st"}
     for w, b in rev.overwrite_sites(accesses):
-        readers = [q for q in sites if (b, q.index) in stored and rev.may_read_overwritten(q, w, b)]
+        readers = [q for q in rev.sites if (b, q.index) in stored and rev.may_read_overwritten(q, w, b)]
         if not readers:
             continue
         key = ("u", w.index, b)
@@ -136,32 +146,27 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
             model.row({key: 1, ("st", b, q.index): -1}, 0, np.inf)
         try:
             stack = evaluate(rev.stack_bytes(w, b, register=False), sizes, f"the stack of '{b}' at '{w.state.label}'")
-            bytes_of[key] = stack + TOP_SLOT
-            cost[key] = STORE_WORK * (stack // sdfg.arrays[b].dtype.bytes)
+            model.bytes_of[key] = stack + TOP_SLOT
+            model.cost[key] = STORE_WORK * (stack // rev.sdfg.arrays[b].dtype.bytes)
         except NotDifferentiableError:  # a loop without a bound around the overwrite: it cannot be stored
-            never.add(key)
+            model.never.add(key)
             model.var(key)
 
-    n = len(model.index)
-    weights = np.zeros(n)
-    byte_row = np.zeros(n)
-    for key, b in bytes_of.items():
-        byte_row[model.index[key]] = b
-    for key, c in cost.items():
-        weights[model.index[key]] = c
-    upper = np.ones(n)
-    for key in never:
-        upper[model.index[key]] = 0
-    matrix = np.zeros((len(model.rows), n))
-    lo = np.empty(len(model.rows))
-    hi = np.empty(len(model.rows))
-    for r, (coefs, a, z) in enumerate(model.rows):
-        for j, c in coefs.items():
-            matrix[r, j] += c
-        lo[r], hi[r] = a, z
+
+def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
+           sizes: Mapping[str, int]) -> Choice:
+    """The cheapest recompute set within `max_bytes` (see the module docstring); `BudgetError` when no
+    plan fits, naming the least bytes any plan needs."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    model = _Model()
+    rerun_at = _needs(model, rev.sites, needs, accesses, Recomputability(rev.sites, accesses))
+    _store_or_rerun(model, rev, rerun_at, sizes)
+    _stacks(model, rev, accesses, sizes)
+    weights, byte_row, upper, matrix, lo, hi = model.arrays()
     constant = evaluate(rev.control_tape_bytes(), sizes, "the control-flow tape")
     structure = [LinearConstraint(matrix, lo, hi)] if len(model.rows) else []
-    integral = np.ones(n)
+    integral = np.ones(len(model.index))
 
     least = milp(byte_row, constraints=structure, integrality=integral, bounds=Bounds(0, upper))
     if not least.success:
@@ -180,57 +185,3 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
     chosen = frozenset(k[1] for k, j in model.index.items() if k[0] == "x" and values[j] > 0.5)
     return Choice(chosen, int(round(float(byte_row @ values))) + constant, int(round(float(weights @ values))),
                   minimum)
-
-
-@attrs.frozen
-class ForwardingPlan:
-    """What reaches the backward sweep and how, as built (`ADInterface.forwarding_plan`): the forward's
-    temporaries and tape stacks kept for it (bytes, symbolic), the stacks of overwritten values among them
-    (elements, symbolic), the definitions rerun for it (which array, for which operation, the work of one
-    rerun times how often that operation's reverse runs), and, under a budget, what the planner predicted."""
-
-    policy: str
-    kept: tuple[tuple[str, object], ...] = ()
-    reruns: tuple[tuple[str, str, object], ...] = ()
-    predicted: Choice | None = None
-    #: arrays stored although they could be rerun (`RECOMPUTE_ALL` declines a rerun that would keep larger
-    #: overwritten arrays for the backward sweep than the value it saves)
-    declined: tuple[str, ...] = ()
-    #: tape stacks of overwritten values and the elements each holds (the control flow's stacks are not here)
-    pushed: tuple[tuple[str, object], ...] = ()
-
-    def total_bytes(self, sizes: Mapping[str, int]) -> int:
-        return sum(evaluate(b, sizes, f"the size of '{a}'") for a, b in self.kept)
-
-    def total_work(self, sizes: Mapping[str, int]) -> int:
-        return sum(evaluate(w, sizes, f"the rerun of '{a}'") for a, _, w in self.reruns)
-
-    def total_pushed(self, sizes: Mapping[str, int]) -> int:
-        return sum(evaluate(n, sizes, f"the size of '{a}'") for a, n in self.pushed)
-
-    def total_cost(self, sizes: Mapping[str, int]) -> int:
-        """What the budget planner minimizes: rerun work plus `STORE_WORK` per element pushed on the tape."""
-        return self.total_work(sizes) + STORE_WORK * self.total_pushed(sizes)
-
-    def describe(self, sizes: Mapping[str, int] | None = None) -> str:
-        """A table a person reads: kept arrays and their bytes, reruns and their work, totals."""
-        def shown(expr, what):
-            return str(evaluate(expr, sizes, what)) if sizes is not None else str(expr)
-
-        lines = [f"forwarding plan ({self.policy})", "  kept for the backward sweep:"]
-        lines += [f"    {a:40s} {shown(b, a):>12s} bytes" for a, b in self.kept] or ["    nothing"]
-        lines.append("  recomputed in the backward sweep:")
-        lines += [f"    {a:40s} for {p:30s} work {shown(w, a)}" for a, p, w in self.reruns] or ["    nothing"]
-        if self.declined:
-            lines.append(f"  stored although recomputable (the rerun would keep more): {', '.join(self.declined)}")
-        if sizes is not None:
-            lines.append(f"  total: {self.total_bytes(sizes)} bytes kept, {self.total_work(sizes)} element operations "
-                         f"rerun, {self.total_pushed(sizes)} elements pushed on the tape (cost "
-                         f"{self.total_cost(sizes)})")
-        if self.predicted is not None:
-            lines.append(f"  planner: predicted {self.predicted.predicted_bytes} bytes, work "
-                         f"{self.predicted.predicted_cost} (reruns and tape); least possible {self.predicted.minimum_bytes} bytes")
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.describe()

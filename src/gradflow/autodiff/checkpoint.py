@@ -41,12 +41,17 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.graph import SubgraphView
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.activity import is_float
 from gradflow.analysis.loops import assigned_symbols, counted_loop
+from gradflow.analysis.usage import arrays_used
 from gradflow.analysis.writes import overwritten_before_read_in
 from gradflow.autodiff import revolve
 from gradflow.autodiff.context import ReverseContext
 from gradflow.autodiff.emit import copy_array
-from gradflow.autodiff.rules import control_rule
+from gradflow.autodiff.forwarding import STORE_ALL
+from gradflow.autodiff.nesting import IN, PREFIX, inner_region, split_inout
+from gradflow.autodiff.protocols import control_rule
+from gradflow.autodiff.spec import ADSpec
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
 
 STEP = "gradflow_step_"
@@ -273,31 +278,21 @@ def backward_reads_state(node: nd.NestedSDFG, state, rev) -> bool:
     nothing needs to be stored and every step is reversed without rerunning any."""
     import copy
 
-    from gradflow.analysis.activity import is_float
-    from gradflow.autodiff.engine import ADSpec, build_reverse
-    from gradflow.autodiff.forwarding import STORE_ALL
-    from gradflow.autodiff.normalize import normalize_pipeline
-    from gradflow.autodiff.passes import _arrays_used
-    from gradflow.autodiff.rules.nested import IN, PREFIX, _inner_region, _split_inout
-    from gradflow.core.graph import Graph
-    from gradflow.core.passes import unwrap_or_raise
-
     ins = {e.dst_conn: e for e in state.in_edges(node) if e.dst_conn and not e.data.is_empty()}
     outs = {e.src_conn for e in state.out_edges(node) if e.src_conn and not e.data.is_empty()}
     shared = sorted(set(ins) & outs)
     where = f"checkpointed step '{node.label}'"
     source = copy.deepcopy(node.sdfg)
-    _split_inout(source, {c: _inner_region(node, ins[c].data, where) for c in shared})
-    inner = unwrap_or_raise(normalize_pipeline(rev.tables.library)(Graph.adopt(source))).editable()
+    split_inout(source, {c: inner_region(node, ins[c].data, where) for c in shared})
     wrt = tuple(IN + c if c in shared else c for c in sorted(ins) if is_float(node.sdfg.arrays[c]))
     of = tuple(c for c in sorted(outs) if is_float(node.sdfg.arrays[c]))
     policy = STORE_ALL.with_loop_bounds(**dict(rev.spec.forwarding.loop_bounds))
-    interface = build_reverse(inner, ADSpec(wrt, of, "vjp", PREFIX, policy, accumulate=True, outermost=False),
-                              rev.tables)
+    inner, interface = rev.differentiate(source, ADSpec(wrt, of, "vjp", PREFIX, policy, accumulate=True,
+                                                        outermost=False))
     region = next(b for b in inner.nodes() if b.label == interface.backward_label)
     forward = [b for b in inner.nodes() if b is not region]
     grads = set(interface.buffers.values()) | set(interface.cotangents.values())
-    read = (_arrays_used([region]) & _arrays_used(forward)) - grads
+    read = (arrays_used([region]) & arrays_used(forward)) - grads
     return bool(read - {c for c in ins if c not in outs})
 
 
@@ -530,7 +525,9 @@ class CheckpointedLoop:
             back = ControlFlowRegion(f"reverse_step_{item.label}", sdfg=sdfg)
             branches.add_branch(f"{kind} == {revolve.REVERSE}", back)
             with ctx.inside(back):
-                ctx.new_state(f"reverse_at_{item.label}", {var: here} if var is not None else None)
+                # `here` is None exactly where `var` is (the online schedule)
+                ctx.new_state(f"reverse_at_{item.label}",
+                              {var: here} if var is not None and here is not None else None)
                 body(item.body)
 
     @staticmethod

@@ -10,7 +10,7 @@ a branch, or the top of the backward sweep).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import attrs
 import dace
@@ -21,6 +21,7 @@ from dace.sdfg.state import ControlFlowBlock, ControlFlowRegion, SDFGState
 from gradflow.analysis.activity import Activity
 from gradflow.analysis.loops import in_loop
 from gradflow.analysis.ops import Op
+from gradflow.autodiff.spec import ADSpec, ADTables, Differentiate
 
 
 @attrs.define
@@ -29,8 +30,10 @@ class ReverseContext:
     region: ControlFlowRegion
     activity: Activity
     grad_buffers: Mapping[str, str]  # forward array -> gradient buffer
-    tables: Any  # the `ADTables` of the pass (rules that delegate, e.g. to library rules, look up here)
-    spec: Any  # the `ADSpec` being built (rules that recurse, e.g. into nested SDFGs, reuse its policy)
+    tables: ADTables  # the tables of the pass (rules that delegate, e.g. to library rules, look up here)
+    spec: ADSpec  # what is being built (rules that recurse, e.g. into nested SDFGs, reuse its policy)
+    #: reverse mode of a sub-program with the same tables (the nested rule's vjp of a nested SDFG)
+    differentiate: Differentiate
     values: dict[str, str] = attrs.field(factory=dict)  # forward array -> array the backward reads instead
     rules_used: dict[str, None] = attrs.field(factory=dict)  # names of the rules applied, in order
     #: bounded while loops of nested SDFGs (label, bound), numbered after the program's own ones
@@ -38,7 +41,7 @@ class ReverseContext:
     overflow_base: int = 0  # the number of bounded loops numbered before those of nested SDFGs
     #: (site, array) -> whether the backward's value of the array holds what the site wrote, when the site is
     #: reversed (`Reversal.keeps_result`; set by the engine once the tape is planned, never before `needs`)
-    keeps_result: Any = None
+    keeps_result: Callable[[OpSite, str], bool] | None = None
     _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
     _memo: dict = attrs.field(factory=dict)
 

@@ -27,8 +27,6 @@ Built-in rules:
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import attrs
 import dace
 from dace import symbolic
@@ -36,10 +34,9 @@ from dace.properties import CodeBlock
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.autodiff.context import ReverseContext
-from gradflow.autodiff.rules import control_rule
+from gradflow.autodiff.protocols import Body, control_rule
+from gradflow.autodiff.spec import OVERFLOW, set_flag
 from gradflow.autodiff.tape import Stack
-
-Body = Callable[[Any], None]
 
 
 def _ensure_start(region: ControlFlowRegion) -> None:
@@ -54,6 +51,8 @@ def _is_counted(item) -> bool:
 @control_rule("loop", priority=10, applies=_is_counted)
 class CountedLoop:
     """`for (i = a; i <cmp> b; i += s)`: reversed in closed form, nothing recorded."""
+
+    tape_free = False
 
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.counted.var})
@@ -86,6 +85,8 @@ class RecordedTrips:
 @control_rule("loop")
 class RecordedLoop:
     """Any loop that is not counted: its trip count (and its variable per iteration) recorded on the tape."""
+
+    tape_free = False
 
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.loop.loop_variable} if item.loop.loop_variable else ())
@@ -135,8 +136,6 @@ class RecordedLoop:
 def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev) -> None:
     """Stop the while loop after `bound` iterations and set `gradflow_overflow` to `number` if it would have
     gone on (see `forwarding.py`)."""
-    from gradflow.autodiff.engine import OVERFLOW, set_flag
-
     if OVERFLOW not in rev.sdfg.arrays:
         rev.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
     cond = loop.loop_condition.as_string
@@ -162,6 +161,8 @@ class RecordedChoice:
 @control_rule("conditional")
 class RecordedBranch:
     """A conditional: the branch taken recorded on the tape, reversed as a conditional on it."""
+
+    tape_free = False
 
     def restores(self, item) -> frozenset[str]:
         return frozenset()
@@ -205,6 +206,8 @@ class RecordedAssignment:
     """Symbols assigned on an interstate edge: old values pushed before it, popped where the backward
     sweep crosses it (a symbol that nothing reversed reads is not recorded). Their values at the end of
     the forward sweep are kept too (`Reversal.keep_final`), for the backward sweep to start from."""
+
+    tape_free = False
 
     def restores(self, item) -> frozenset[str]:
         return frozenset()

@@ -13,17 +13,16 @@ as an expression over other ports (the index values read from data) and constant
 from __future__ import annotations
 
 import attrs
-import dace
 import networkx as nx
 import numpy as np
 import sympy
 from dace import dtypes, subsets
-from gradflow.core.symbolic import reduction_type
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet, stored_as
+from gradflow.core.wcr import reduction_type
 
 
 @attrs.frozen
@@ -109,50 +108,80 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
                 "differentiated inside a map",
                 "nested maps that are not perfectly nested are not supported yet",
             )
-
-    inputs: list[Port] = []
-    outputs: list[Port] = []
-    exprs: list[sympy.Expr] = []
-    values: dict[tuple[nd.Node, str | None], sympy.Expr] = {}
-    local: dict[nd.AccessNode, sympy.Expr] = {}
-
-    def source_value(edge) -> sympy.Expr | None:
-        if edge.data.is_empty():
-            return None
-        if edge.src is entry or (entry is None and isinstance(edge.src, nd.AccessNode)):
-            port = Port(sympy.Symbol(f"__in{len(inputs)}", real=True), edge.data.data, _subset_str(edge.data))
-            inputs.append(port)
-            return port.symbol
-        if isinstance(edge.src, nd.AccessNode):
-            if edge.src not in local:
-                raise NotDifferentiableError(f"{where}: local '{edge.src.data}' is read before it is written")
-            return local[edge.src]
-        return values[(edge.src, edge.src_conn)]
-
-    def sink(edge, value: sympy.Expr) -> None:
-        if edge.data.is_empty():
-            return
-        value = _through_types(state, edge, value)
-        if edge.dst is exit_ or (exit_ is None and isinstance(edge.dst, nd.AccessNode)):
-            outputs.append(Port(sympy.Symbol(f"__out{len(outputs)}", real=True), edge.data.data,
-                                _subset_str(edge.data), _wcr_kind(edge.data.wcr)))
-            exprs.append(value)
-        elif isinstance(edge.dst, nd.AccessNode):
-            if edge.data.wcr is not None:
-                raise NotDifferentiableError(f"{where}: accumulation into scope-local '{edge.dst.data}'")
-            local[edge.dst] = value
-        else:
-            values[(edge.dst, edge.dst_conn)] = value
-
+    composer = _Composer(state, entry, exit_, where)
     for node in order:
         if isinstance(node, nd.AccessNode):
-            for e in state.in_edges(node):
-                if e.src is entry and not e.data.is_empty():
-                    local[node] = source_value(e)  # an element copied into a scope-local scalar
-            if node in local:
-                for e in state.out_edges(node):
-                    sink(e, local[node])
-            continue
+            composer.local_scalar(node)
+        else:
+            composer.tasklet(node, constants)
+    _check_writes(where, composer.outputs)
+    return ElementFunction(tuple(composer.inputs), tuple(composer.outputs), tuple(composer.exprs), entry,
+                           str(head))
+
+
+@attrs.define
+class _Composer:
+    """The element function of one operation as it is composed, node by node in topological order: the
+    ports read and written so far, the expression of each output port, the value on each tasklet
+    connector and in each scope-local scalar."""
+
+    state: SDFGState
+    entry: nd.MapEntry | None
+    exit_: nd.MapExit | None
+    where: str
+    inputs: list[Port] = attrs.field(factory=list)
+    outputs: list[Port] = attrs.field(factory=list)
+    exprs: list[sympy.Expr] = attrs.field(factory=list)
+    values: dict[tuple[nd.Node, str | None], sympy.Expr] = attrs.field(factory=dict)
+    local: dict[nd.AccessNode, sympy.Expr] = attrs.field(factory=dict)
+
+    def _from_outside(self, edge) -> bool:
+        return edge.src is self.entry or (self.entry is None and isinstance(edge.src, nd.AccessNode))
+
+    def _to_outside(self, edge) -> bool:
+        return edge.dst is self.exit_ or (self.exit_ is None and isinstance(edge.dst, nd.AccessNode))
+
+    def source_value(self, edge) -> sympy.Expr | None:
+        """The value an edge carries: a new input port, a scope-local scalar, or a tasklet's output."""
+        if edge.data.is_empty():
+            return None
+        if self._from_outside(edge):
+            port = Port(sympy.Symbol(f"__in{len(self.inputs)}", real=True), edge.data.data, _subset_str(edge.data))
+            self.inputs.append(port)
+            return port.symbol
+        if isinstance(edge.src, nd.AccessNode):
+            if edge.src not in self.local:
+                raise NotDifferentiableError(f"{self.where}: local '{edge.src.data}' is read before it is written")
+            return self.local[edge.src]
+        return self.values[(edge.src, edge.src_conn)]
+
+    def sink(self, edge, value: sympy.Expr) -> None:
+        """`value` leaves along `edge`: to an output port, a scope-local scalar or a tasklet's input."""
+        if edge.data.is_empty():
+            return
+        value = _through_types(self.state, edge, value)
+        if self._to_outside(edge):
+            self.outputs.append(Port(sympy.Symbol(f"__out{len(self.outputs)}", real=True), edge.data.data,
+                                     _subset_str(edge.data), _wcr_kind(edge.data.wcr)))
+            self.exprs.append(value)
+        elif isinstance(edge.dst, nd.AccessNode):
+            if edge.data.wcr is not None:
+                raise NotDifferentiableError(f"{self.where}: accumulation into scope-local '{edge.dst.data}'")
+            self.local[edge.dst] = value
+        else:
+            self.values[(edge.dst, edge.dst_conn)] = value
+
+    def local_scalar(self, node: nd.AccessNode) -> None:
+        state = self.state
+        for e in state.in_edges(node):
+            if e.src is self.entry and not e.data.is_empty():
+                self.local[node] = self.source_value(e)  # an element copied into a scope-local scalar
+        if node in self.local:
+            for e in state.out_edges(node):
+                self.sink(e, self.local[node])
+
+    def tasklet(self, node: nd.Tasklet, constants: set[str]) -> None:
+        state, where = self.state, self.where
         if node.language != dtypes.Language.Python:
             raise NotDifferentiableError(f"{where}: tasklet '{node}' is written in {node.language.name}, not Python")
         meaning = read_tasklet(node.code.as_string, node.in_connectors, node.out_connectors, f"tasklet '{node}'",
@@ -167,7 +196,7 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
             if e.dst_conn in indexed_in:
                 array_edges[e.dst_conn] = e
                 continue
-            v = source_value(e)
+            v = self.source_value(e)
             if v is not None:
                 subst[sympy.Symbol(e.dst_conn, real=True)] = v
         for e in state.out_edges(node):
@@ -176,9 +205,9 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
         tasklet = f"tasklet '{node}'"
         for symbol, el in meaning.reads.items():
             e = array_edges.get(el.conn)
-            outer = e is not None and (e.src is entry or (entry is None and isinstance(e.src, nd.AccessNode)))
-            port = _indirect_port(state, where, tasklet, e, el, subst, inputs, outer, "in")
-            inputs.append(port)
+            outer = e is not None and self._from_outside(e)
+            port = _indirect_port(state, where, tasklet, e, el, subst, self.inputs, outer, "in")
+            self.inputs.append(port)
             subst[symbol] = port.symbol
         subst = _numeric(subst)
         produced = {k: v.xreplace(subst) for k, v in meaning.outputs.items()}
@@ -188,25 +217,26 @@ def element_function(state: SDFGState, members: list[nd.Node]) -> ElementFunctio
                 continue
             if e.src_conn not in produced:
                 raise NotDifferentiableError(f"{where}: tasklet '{node}' never assigns output '{e.src_conn}'")
-            sink(e, _settle_unassigned(where, tasklet, e, produced[e.src_conn]))
+            self.sink(e, _settle_unassigned(where, tasklet, e, produced[e.src_conn]))
         for write in meaning.writes:
-            e = array_edges[write.element.conn]
-            outer = e.dst is exit_ or (exit_ is None and isinstance(e.dst, nd.AccessNode))
-            value, condition = write.value.xreplace(subst), write.condition.xreplace(subst)
-            wcr = _wcr_kind(e.data.wcr)
-            if condition != sympy.true and wcr != "sum" and not _carries_gradient(state, e.data.data):
-                continue  # e.g. a failed index check recording itself in an int64 error flag
-            if condition != sympy.true:
-                if wcr != "sum":
-                    raise NotDifferentiableError(
-                        f"{where}: {tasklet} overwrites an element chosen by an index only when {condition}",
-                        "write unconditionally, or accumulate (a write-conflict sum)")
-                value = sympy.Piecewise((value, condition), (0, True))
-            port = _indirect_port(state, where, tasklet, e, write.element, subst, outputs, outer, "out", e.data.wcr)
-            outputs.append(port)
-            exprs.append(value)
-    _check_writes(where, outputs)
-    return ElementFunction(tuple(inputs), tuple(outputs), tuple(exprs), entry, str(head))
+            self._indexed_write(write, array_edges[write.element.conn], subst, tasklet)
+
+    def _indexed_write(self, write, e, subst: dict, tasklet: str) -> None:
+        """A write through an index the tasklet computes (`A[idx[i]] = v`, perhaps under a condition)."""
+        value, condition = write.value.xreplace(subst), write.condition.xreplace(subst)
+        wcr = _wcr_kind(e.data.wcr)
+        if condition != sympy.true and wcr != "sum" and not _carries_gradient(self.state, e.data.data):
+            return  # e.g. a failed index check recording itself in an int64 error flag
+        if condition != sympy.true:
+            if wcr != "sum":
+                raise NotDifferentiableError(
+                    f"{self.where}: {tasklet} overwrites an element chosen by an index only when {condition}",
+                    "write unconditionally, or accumulate (a write-conflict sum)")
+            value = sympy.Piecewise((value, condition), (0, True))
+        port = _indirect_port(self.state, self.where, tasklet, e, write.element, subst, self.outputs,
+                              self._to_outside(e), "out", e.data.wcr)
+        self.outputs.append(port)
+        self.exprs.append(value)
 
 
 def _through_types(state: SDFGState, edge, value: sympy.Expr) -> sympy.Expr:
@@ -243,7 +273,8 @@ def _indirect_port(state: SDFGState, where: str, tasklet: str, edge, element: El
     memlet = edge.data
     desc = state.sdfg.arrays[memlet.data]
     subset = memlet.subset
-    if not isinstance(subset, subsets.Range) or subset.dims() != len(desc.shape) or len(element.index) != len(desc.shape):
+    rank = len(desc.shape)
+    if not isinstance(subset, subsets.Range) or subset.dims() != rank or len(element.index) != rank:
         raise NotDifferentiableError(
             f"{where}: {tasklet} indexes '{element.conn}' with {len(element.index)} indices through the memlet "
             f"{memlet}; only memlets over all {len(desc.shape)} dimensions of '{memlet.data}' are supported")

@@ -12,8 +12,6 @@ from dace import subsets, symbolic
 from dace.sdfg.propagation import propagate_subset
 from dace.sdfg.state import SDFGState
 
-SUM = "lambda a, b: a + b"
-
 
 def safe_label(text: str) -> str:
     """A node label usable as a C identifier (forward labels may hold brackets, '=' and ':')."""

@@ -13,16 +13,18 @@ control flow (see `structure.py`). Output, in place on that private copy (the ca
    first, an operation by its rule from the `reverse` table (after restoring what it overwrote), a loop or
    conditional by its rule from the `control` table.
 
-The engine walks the tree and dispatches; it knows no operation or region kinds itself. Invariant of the
-backward sweep: when an operation is reversed, every working copy holds the value the array had when the
-forward sweep ran that operation. The interface (gradient names, forwarded values, rules used) is
+The engine walks the tree and dispatches; it knows no operation or region kinds itself, and imports no rule
+table: its caller hands it the tables (`ADTables`) and the function rules call to reverse a sub-program
+(`Differentiate`, see `subprograms.py`); checkpoint planning has run before it (`checkpoint_plan.py`).
+Invariant of the backward sweep: when an operation is reversed, every working copy holds the value the
+array had when the forward sweep ran that operation. The interface (gradient names, forwarded values, rules used) is
 returned as frozen facts for the pass to attach.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Sequence, Union
 
 import attrs
 import dace
@@ -36,66 +38,37 @@ from gradflow.analysis.loops import describe_loop, upper_bound
 from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, copy_region, fill
-from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.recompute import RecomputePlan, plan_recomputation
-from gradflow.autodiff.rules import (
-    default_control_rules, default_library_rules, default_reverse_rules,
+from gradflow.autodiff.spec import (
+    BACKWARD_LABEL,
+    END_LABEL,
+    OVERFLOW,
+    ADInterface,
+    ADSpec,
+    ADTables,
+    Choice,
+    Differentiate,
+    ForwardingPlan,
+    set_flag,
 )
 from gradflow.autodiff.structure import (
-    OPERATION, Seq, block_chain, build_tree, check_symbols, region_items, symbols_read,
+    OPERATION,
+    AssignItem,
+    BranchItem,
+    LoopItem,
+    Seq,
+    block_chain,
+    build_tree,
+    check_symbols,
+    region_items,
+    symbols_read,
 )
 from gradflow.autodiff.tape import Stack, Tape, release
 from gradflow.core.errors import NoRuleError, NotDifferentiableError
-from gradflow.core.rule_table import RuleTable
+from gradflow.core.rule_table import Rule
 
-BACKWARD_LABEL = "gradflow_backward"
-#: An empty state after the backward region: DaCe 2.0.0b1's post-dominator analysis (used to place
-#: allocations) loops forever-cyclic when a plain ControlFlowRegion is the last block of its SDFG.
-END_LABEL = "gradflow_end"
-OVERFLOW = "gradflow_overflow"
-
-
-@attrs.frozen
-class ADTables:
-    """The rule tables one reverse-mode build uses (the fields of the `reverse` pass, bundled)."""
-
-    reverse: RuleTable = attrs.field(factory=default_reverse_rules)
-    library: RuleTable = attrs.field(factory=default_library_rules)
-    control: RuleTable = attrs.field(factory=default_control_rules)
-
-
-@attrs.frozen
-class ADSpec:
-    wrt: tuple[str, ...]
-    of: tuple[str, ...]
-    mode: str = "grad"  # "grad": seed 1.0; "vjp": seed from a cotangent argument
-    prefix: str = "grad_"
-    forwarding: Forwarding = STORE_ALL
-    accumulate: bool = False  # vjp mode: add into the `wrt` gradients (in/out) instead of overwriting them
-    outermost: bool = True  # False for the SDFG of a nested node: the outer program owns gradflow_overflow
-    overflow_base: int = 0  # numbers below this one are taken by bounded loops of enclosing programs
-    # vjp mode: (array, subset) pairs, the only part of an `of` array's cotangent that is seeded. The vjp of
-    # a map's nested body gets whole outer arrays but one iteration's part of them: seeding it all cost a
-    # copy of the whole array per iteration (lp_map_with_branch: 8 s at N = 200,000).
-    seed_regions: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
-class ADInterface:
-    """Frozen facts about a differentiated SDFG, attached to the Graph as `meta["ad"]`."""
-
-    spec: ADSpec
-    grads: dict[str, str]  # wrt -> gradient output array
-    cotangents: dict[str, str]  # of -> cotangent input array (vjp mode)
-    buffers: dict[str, str]  # forward array -> gradient buffer (internal and outputs)
-    stores: dict[str, str]  # tape array -> forward array (or "<control>") it records
-    recomputed: tuple[str, ...] = ()  # arrays the backward sweep recomputes instead of storing
-    bounded_loops: tuple[tuple[str, int], ...] = ()  # (label, user bound) of guarded while loops
-    backward_label: str = BACKWARD_LABEL
-    rules_used: tuple[str, ...] = ()  # names of the reverse, library and control rules applied
-    forwarding_plan: budget.ForwardingPlan | None = None  # what is kept and what is rerun (see budget.py)
-    #: heap records of the growable stacks (tape.py): their buffers live within one call of the SDFG
-    heaps: tuple[str, ...] = ()
+#: An item of the control-flow tree that a control rule reverses.
+RegionItem = Union[LoopItem, BranchItem, AssignItem]
 
 
 def _rule_for(tables: ADTables, site: OpSite):
@@ -126,7 +99,7 @@ class Reversal:
     spec: ADSpec
     tree: Seq
     sites: list[OpSite]
-    loops: dict[int, Any]  # id(LoopRegion) -> LoopItem
+    loops: dict[int, LoopItem]  # id(LoopRegion) -> its item
     tape: Tape
     pops: dict[int, list[tuple[str, Stack, subsets.Range]]] = attrs.field(factory=dict)  # site -> restores
     needs: list = attrs.field(factory=list)  # site index -> the arrays its reverse reads (`record_overwrites`)
@@ -136,8 +109,10 @@ class Reversal:
     finals: dict[str, Stack] = attrs.field(factory=dict)  # symbol -> stack of its value at the end
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
-    recorded: dict[int, Any] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
-    tables: Any = None  # the ADTables of the build
+    recorded: dict[int, object] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
+    tables: ADTables | None = None  # the tables of the build
+    #: reverse mode of a sub-program (a checkpointed step asks whether its vjp reads forward state)
+    differentiate: Differentiate | None = None
     active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     tape_free: frozenset[int] = frozenset()  # operations inside loops whose control rule records their state
     _names: dict[str, int] = attrs.field(factory=dict)
@@ -186,8 +161,8 @@ class Reversal:
         """How often a site inside `loops` runs, for reports: `capacity`, with a symbol `trips_<label>` for
         each loop without a bound."""
         bounds = self._asked_bounds(loops)
-        return sympy.Mul(sympy.Integer(1), *(b if b is not None else sympy.Symbol(f"trips_{l.label}", positive=True)
-                                             for l, b in zip(loops, bounds)))
+        return sympy.Mul(sympy.Integer(1), *(b if b is not None else sympy.Symbol(f"trips_{loop.label}", positive=True)
+                                             for loop, b in zip(loops, bounds)))
 
     def _asked_bounds(self, loops: Sequence[LoopRegion]) -> list:
         """`trip_bound` of each of `loops` (outermost first) inside the ones before it, without registering
@@ -242,7 +217,7 @@ class Reversal:
     def item_shape(self, site: OpSite, array: str, sub: subsets.Range) -> tuple:
         """The shape of one slot for `sub`: its size, where that depends on a loop variable or a symbol set at
         run time the array's whole extent."""
-        loop_vars = {l.loop_variable for l in site.loops} | set(self.assigned)
+        loop_vars = {loop.loop_variable for loop in site.loops} | set(self.assigned)
         shape = []
         for d, size in enumerate(sub.size(for_codegen=True)):  # a strided extent as an integer ceiling
             size = symbolic.pystr_to_symbolic(str(size))
@@ -352,8 +327,9 @@ class Reversal:
         loop variable around q (and a dimension of its own per loop)."""
         if not q.loops:
             return True
-        forms = [self.loops[id(loop)].counted for loop in q.loops]
-        if any(form is None for form in forms):
+        counted = [self.loops[id(loop)].counted for loop in q.loops]
+        forms = [form for form in counted if form is not None]
+        if len(forms) != len(counted):
             return False
         variables = [symbolic.pystr_to_symbolic(form.var) for form in forms]
         used: set[int] = set()
@@ -383,6 +359,7 @@ class Reversal:
         for item in (seq or self.tree).items:
             if item.kind == OPERATION:
                 continue
+            assert self.tables is not None  # `survey`, which builds every Reversal, gives it the tables
             total += _control_rule_for(self.tables, item).fn.tape_bytes(item, self, loops)
             for child in item.children:
                 total += self.control_tape_bytes(child, loops + item.encloses)
@@ -423,7 +400,7 @@ class Reversal:
         return [p for p in pops if p[0] in needed], [p for p in pops if p[0] not in needed]
 
 
-def _element_offset(r, var, variables) -> Any:
+def _element_offset(r, var, variables) -> sympy.Expr | None:
     """c where the range `r` is the one element `var + c` with c free of every symbol in `variables`,
     else None."""
     begin, end = symbolic.pystr_to_symbolic(str(r[0])), symbolic.pystr_to_symbolic(str(r[1]))
@@ -433,37 +410,31 @@ def _element_offset(r, var, variables) -> Any:
     return None if any(v in getattr(offset, "free_symbols", ()) for v in variables) else offset
 
 
-def set_flag(state, array: str, value: str) -> None:
-    """array[0] = value, as a tasklet in `state`."""
-    tasklet = state.add_tasklet(f"set_{array}", set(), {"__o"}, f"__o = {value}")
-    state.add_edge(tasklet, "__o", state.add_write(array), None, dace.Memlet(f"{array}[0]"))
-
-
 def may_precede(q: OpSite, p: OpSite) -> bool:
     """Can operation q run before (or be) operation p in some execution?"""
     return q.index <= p.index or bool(set(map(id, q.loops)) & set(map(id, p.loops)))
 
 
 @attrs.define
-class _Front:
+class Survey:
     """What the engine knows about a program before it plans storage: its structure, the rules of its
     operations, what is active and what each reverse needs."""
 
-    tree: Any
-    sites: list
-    regions: list
-    rules: list
-    accesses: list
-    active: set
-    buffers: dict
-    grads: dict
-    cotangents: dict
+    tree: Seq
+    sites: list[OpSite]
+    regions: list[RegionItem]
+    rules: list[Rule]
+    accesses: list[OpAccess]
+    active: set[int]
+    buffers: dict[str, str]
+    grads: dict[str, str]
+    cotangents: dict[str, str]
     region: ControlFlowRegion
     ctx: ReverseContext
     needs: list
     rev: Reversal
 
-    def choose(self, max_bytes: int) -> budget.Choice:
+    def choose(self, max_bytes: int) -> Choice:
         """The budget planner's choice for this program (`BudgetError` when nothing fits)."""
         # The budget prices the control tape before the plan exists: every symbol of every operation is
         # taken as read by the backward sweep (a superset of what it reads, so the price is an upper bound).
@@ -471,14 +442,10 @@ class _Front:
         return budget.choose(self.rev, self.needs, self.accesses, max_bytes, dict(self.rev.spec.forwarding.sizes))
 
 
-def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None) -> ADInterface:
-    tables = tables if tables is not None else ADTables()
-    policy = spec.forwarding
-    if policy.max_bytes is not None and policy.snapshots is None and policy.budget_checkpoints and spec.outermost:
-        spec = attrs.evolve(spec, forwarding=checkpoint_under_budget(sdfg, spec, tables))
-    if spec.forwarding.snapshots is not None and spec.outermost:
-        checkpoint.outline(sdfg, spec.forwarding.checkpoint_loops)
-    front = _front(sdfg, spec, tables)
+def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Differentiate) -> ADInterface:
+    """Reverse mode of `sdfg` in place (module doc); `differentiate` is what rules call to reverse a
+    sub-program (see `autodiff/subprograms.py`)."""
+    front = survey(sdfg, spec, tables, differentiate)
     tree, sites, regions, rules, accesses = front.tree, front.sites, front.regions, front.rules, front.accesses
     active, buffers, grads, cotangents = front.active, front.buffers, front.grads, front.cotangents
     region, ctx = front.region, front.ctx
@@ -558,12 +525,12 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables | None = None)
     sdfg.reset_cfg_list()
     reruns = tuple((array, sites[p].state.label, rev.worst_case(op_work(q), q.loops) * rev.trips(sites[p].loops))
                    for p, plan in sorted(recompute.before.items()) for array, q in plan)
-    plan = budget.ForwardingPlan(spec.forwarding.name, (), reruns, choice, tuple(sorted(recompute.declined)))
+    plan = ForwardingPlan(spec.forwarding.name, (), reruns, choice, tuple(sorted(recompute.declined)))
     return ADInterface(spec, grads, cotangents, buffers, rev.stores, tuple(sorted(recompute.arrays)), bounded,
                        rules_used=tuple(ctx.rules_used), forwarding_plan=plan, heaps=rev.tape.records())
 
 
-def _front(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> _Front:
+def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Differentiate) -> Survey:
     """Structure, rules, activity and needs of `sdfg` (adds the gradient buffers and the backward region's
     context, in place: the caller owns `sdfg`)."""
     tree, sites = build_tree(sdfg)
@@ -597,7 +564,7 @@ def _front(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> _Front:
             sdfg.add_array(cotangents[name], desc.shape, desc.dtype, transient=False)
 
     region = ControlFlowRegion(BACKWARD_LABEL, sdfg=sdfg)
-    ctx = ReverseContext(sdfg, region, act, buffers, tables, spec)
+    ctx = ReverseContext(sdfg, region, act, buffers, tables, spec, differentiate)
     for site, rule in zip(sites, rules):
         if site.index in active:
             ctx.note_rule(rule.name)
@@ -605,68 +572,13 @@ def _front(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> _Front:
     # not asked, so one the rules could not differentiate (e.g. an index read from data) does not block AD.
     needs = [frozenset(rule.fn.needs(site, ctx)) if site.index in active else frozenset()
              for site, rule in zip(sites, rules)]
-    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, active=frozenset(active))
+    rev = Reversal(sdfg, spec, tree, sites, loops, Tape(sdfg), tables=tables, differentiate=differentiate,
+                   active=frozenset(active))
     rev.arguments = frozenset(map(str, sdfg.free_symbols))
     rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
     rev.tape_free = frozenset(s.index for s in sites if any(
-        getattr(_control_rule_for(tables, loops[id(loop)]).fn, "tape_free", False) for loop in s.loops))
-    return _Front(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev)
-
-
-def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables) -> Forwarding:
-    """The policy a byte budget becomes: itself when a store/recompute plan fits, else the budget with the
-    outermost counted loops checkpointed (`Forwarding.checkpoint`) with as many snapshots as the bytes left
-    by the rest of the plan allow (more snapshots, fewer reruns); a budget neither fits is a `BudgetError`
-    stating the lesser least.
-
-    Checkpointing only when nothing else fits: priced against the store/recompute plan by rerun work alone,
-    it was chosen where that plan fitted and ran slower (lp_lu at half of STORE_ALL's bytes, 1.8x
-    RECOMPUTE_ALL's time: the snapshot copies, a whole matrix per takeshot and restore, went unpriced)."""
-    import copy
-
-    policy = spec.forwarding
-    sizes = dict(policy.sizes)
-    labels = tuple(sorted(loop.label for loop in checkpoint.chosen_loops(sdfg, None)))
-    if not labels:
-        return policy
-    plain_minimum = None
-    try:
-        _front(copy.deepcopy(sdfg), spec, tables).choose(policy.max_bytes)
-        return policy  # a store/recompute plan fits
-    except budget.BudgetError as err:
-        plain_minimum = err.minimum
-    except NotDifferentiableError:  # e.g. a while loop without a bound, which the plain plan cannot price
-        pass
-
-    outlined = copy.deepcopy(sdfg)
-    trial = attrs.evolve(spec, forwarding=attrs.evolve(policy, snapshots=1, checkpoint_loops=labels))
-    try:
-        checkpoint.outline(outlined, labels)
-        front = _front(outlined, trial, tables)
-        items = [item for item in front.regions if checkpoint.is_outlined(item)]
-        per_slot = sum(checkpoint.slot_bytes(item, front.rev, sizes) for item in items)
-    except NotDifferentiableError as err:
-        if plain_minimum is None:
-            raise
-        # the loops cannot be checkpointed (their bodies, outlined, are not differentiable as steps): the
-        # store/recompute plan's least is the least of any plan
-        reason = err.message.splitlines()[0]
-        raise budget.BudgetError(f"no store/recompute plan keeps at most {policy.max_bytes} bytes for the "
-                                 f"backward sweep, and loop(s) {', '.join(labels)} cannot be checkpointed "
-                                 f"({reason}); the least any plan needs is {plain_minimum} bytes",
-                                 f"raise the budget to at least {plain_minimum}", plain_minimum) from None
-    try:
-        rest = front.choose(policy.max_bytes - 2 * per_slot)  # one snapshot, one for the last step's start
-    except budget.BudgetError as err:
-        least = err.minimum + 2 * per_slot
-        least = least if plain_minimum is None else min(least, plain_minimum)
-        raise budget.BudgetError(f"no plan keeps at most {policy.max_bytes} bytes for the backward sweep, with "
-                                 f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "
-                                 f"{least} bytes", f"raise the budget to at least {least}", least) from None
-    # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`); more than the trips are of no use
-    most = max((checkpoint.trip_count(item, sizes) for item in items), default=1)
-    snapshots = max(1, min(most, (policy.max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
-    return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)
+        _control_rule_for(tables, loops[id(loop)]).fn.tape_free for loop in s.loops))
+    return Survey(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev)
 
 
 def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,

@@ -65,7 +65,7 @@ def _frozen_map(value) -> tuple[tuple[str, int], ...]:
     except (TypeError, ValueError):
         pairs = None
     if pairs is None or not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                                and v >= 1 for k, v in pairs):
+                                and int(v) >= 1 for k, v in pairs):
         raise InvalidArgumentError("Forwarding loop_bounds must map loop labels (or '*') to positive int bounds",
                                    "e.g. gradflow.STORE_ALL.with_loop_bounds(**{'*': 100})")
     return tuple(sorted((k, int(v)) for k, v in pairs))
@@ -126,7 +126,7 @@ class Forwarding:
         """Keep at most `max_bytes` for the backward sweep at these sizes (symbol -> value), rerunning
         the cheapest set of definitions that achieves it (see `gradflow.autodiff.budget`), or
         checkpointing the outermost counted loops when no store/recompute plan fits
-        (`engine.checkpoint_under_budget`; the plan's policy name then says how many snapshots).
+        (`checkpoint_plan.checkpoint_under_budget`; the plan's policy name then says how many snapshots).
         `checkpoint=False` keeps to storing and recomputing."""
         return Forwarding(max_bytes=max_bytes, sizes=sizes or {}, loop_bounds=loop_bounds or {},
                           budget_checkpoints=checkpoint)

@@ -13,7 +13,7 @@
   (then `simplify` inlines the nested SDFGs that expansions create, and the views those make are removed
   as `remove_views` does; before the expansions, since an expansion bakes its operands' layouts into the
   nested SDFG it makes);
-- `fold_product_scales` (`optimize/product_scales.py`): `(c * A) @ x` reads `A` with the product's
+- `fold_product_scales` (`transforms/product_scales.py`): `(c * A) @ x` reads `A` with the product's
   `alpha` times `c`, so no scaled copy of `A` is made (nor its gradient);
 - `hoist_row_products` (`row_products.py`): a loop of vector-matrix products over the columns of a matrix
   reads rows of one matrix product computed before it;
@@ -24,7 +24,7 @@
 - `complete_conditional_writes` (`conditional_writes.py`): a tasklet output assigned on some paths only
   reads the old value of its element explicitly;
 - `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
-- `fuse_maps` (`optimize/fusion.py`): element-wise chains become one map, so reverse mode sees one
+- `fuse_maps` (`transforms/fusion.py`): element-wise chains become one map, so reverse mode sees one
   operation (and no temporaries) where the frontend wrote several;
 - `collapse_maps`: perfectly nested maps become one multi-dimensional map;
 - `split_operations`: every state is split into a chain of states holding one operation each, so that
@@ -44,11 +44,12 @@ from dace.transformation.dataflow import MapCollapse
 from returns.result import Success
 
 from gradflow.analysis.ops import decompose
-from gradflow.autodiff.rules import LIBRARY, default_library_rules, library_rule_for
-from gradflow.autodiff.views import has_views, remove_views, simplify
+from gradflow.autodiff.protocols import LIBRARY, library_rule_for
+from gradflow.autodiff.rules import default_library_rules
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
+from gradflow.transforms.views import has_views, remove_views, simplify
 
 
 def _unresolvable(node: nd.LibraryNode) -> bool:
@@ -200,18 +201,18 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
     built-in table), and the loops labelled in `keep_loops` are not made maps (loops a forwarding policy
     checkpoints by name). Reverse mode needs its output: structured control flow, one operation per state,
     no views, no breaks."""
-    from gradflow.autodiff.conditional_writes import CompleteConditionalWrites
-    from gradflow.autodiff.idioms import RaiseConvolutions
-    from gradflow.autodiff.indirection import LowerIndirection
-    from gradflow.autodiff.jumps import LowerBreaks
-    from gradflow.autodiff.lifting import LiftControlFlow
-    from gradflow.autodiff.loop_reductions import RaiseLoopReductions
-    from gradflow.autodiff.parallel_loops import LoopsToMaps
-    from gradflow.autodiff.row_products import HoistRowProducts
-    from gradflow.autodiff.shapes import BoundTransientShapes
-    from gradflow.autodiff.views import RemoveViews
-    from gradflow.optimize.fusion import FuseMaps
-    from gradflow.optimize.product_scales import FoldProductScales
+    from gradflow.transforms.conditional_writes import CompleteConditionalWrites
+    from gradflow.transforms.fusion import FuseMaps
+    from gradflow.transforms.idioms import RaiseConvolutions
+    from gradflow.transforms.indirection import LowerIndirection
+    from gradflow.transforms.jumps import LowerBreaks
+    from gradflow.transforms.lifting import LiftControlFlow
+    from gradflow.transforms.loop_reductions import RaiseLoopReductions
+    from gradflow.transforms.parallel_loops import LoopsToMaps
+    from gradflow.transforms.product_scales import FoldProductScales
+    from gradflow.transforms.row_products import HoistRowProducts
+    from gradflow.transforms.shapes import BoundTransientShapes
+    from gradflow.transforms.views import RemoveViews
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, FoldProductScales(),

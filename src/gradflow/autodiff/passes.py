@@ -14,14 +14,19 @@ import dace
 from returns.result import Failure, Success
 
 from gradflow.analysis.activity import is_float
+from gradflow.analysis.usage import arrays_used
 from gradflow.analysis.writes import written
-from gradflow.autodiff.engine import END_LABEL, ADInterface, ADSpec, ADTables, build_reverse
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.normalize import NORMALIZE, normalize_pipeline  # noqa: F401 - NORMALIZE re-exported
+from gradflow.autodiff.protocols import CONTROL, LIBRARY, REVERSE
 from gradflow.autodiff.rules import (
-    CONTROL, LIBRARY, REVERSE, default_control_rules, default_library_rules, default_reverse_rules,
+    default_control_rules,
+    default_library_rules,
+    default_reverse_rules,
 )
+from gradflow.autodiff.spec import END_LABEL, OVERFLOW, ADInterface, ADSpec, ADTables
+from gradflow.autodiff.subprograms import reverse_program
 from gradflow.core.errors import InvalidArgumentError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
@@ -95,9 +100,10 @@ class Reverse(Pass):
         # DaCe's source-line info would record gradflow's own files and lines in every node it adds
         # (inspecting the stack each time): slow, and it would tie the fingerprint to gradflow's source.
         with dace.config.set_temporary("compiler", "lineinfo", value="none"):
-            interface = build_reverse(sdfg, spec, self.tables)
+            interface = reverse_program(sdfg, spec, self.tables)
         pushed = tuple(sorted((stack, sdfg.arrays[stack].total_size) for stack, array in interface.stores.items()
                               if not array.startswith("<")))  # "<trip count>" etc.: the control flow's stacks
+        assert interface.forwarding_plan is not None  # `build_reverse` always gives the plan it followed
         plan = attrs.evolve(interface.forwarding_plan, kept=tuple(sorted(kept_bytes(sdfg, interface).items())),
                             pushed=pushed)
         interface = attrs.evolve(interface, forwarding_plan=plan)
@@ -109,30 +115,6 @@ class Reverse(Pass):
 
 def _backward_region(sdfg: dace.SDFG, interface: ADInterface):
     return next(b for b in sdfg.nodes() if b.label == interface.backward_label)
-
-
-def _arrays_used(blocks) -> set[str]:
-    """Arrays read or written by the states of `blocks`, or read by their interstate edges and by the
-    conditions of their loops and branches (a reversed `for i in range(T)` reads the scalar argument T)."""
-    from dace.sdfg.state import ConditionalBlock, LoopRegion
-
-    used = set()
-    for block in blocks:
-        regions = [block] if isinstance(block, dace.SDFGState) else list(block.all_control_flow_blocks())
-        for b in regions:
-            if isinstance(b, dace.SDFGState):
-                used |= {n.data for n in b.data_nodes()}
-        if not isinstance(block, dace.SDFGState):
-            for edge in block.all_interstate_edges():
-                used |= set(edge.data.read_symbols())
-            for region in [block, *block.all_control_flow_regions()]:
-                codes = []
-                if isinstance(region, LoopRegion):
-                    codes = [region.init_statement, region.loop_condition, region.update_statement]
-                elif isinstance(region, ConditionalBlock):
-                    codes = [condition for condition, _ in region.branches]
-                used |= {str(symbol) for code in codes if code is not None for symbol in code.get_free_symbols()}
-    return used
 
 
 def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
@@ -160,8 +142,8 @@ def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]
     gradient buffers) are not forwarded."""
     region = _backward_region(sdfg, interface)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
-    used_backward = _arrays_used([region]) & set(sdfg.arrays)
-    used_forward = _arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
+    used_backward = arrays_used([region]) & set(sdfg.arrays)
+    used_forward = arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
     arguments = {a for a, d in sdfg.arrays.items() if not d.transient}
     # Constant arrays (`sdfg.add_constant`: ONNX constants, NumPy globals) stay constants of both SDFGs;
     # made arguments, they would lose their values.
@@ -187,7 +169,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         return _split_rerunning(sdfg, interface)
     region = _backward_region(sdfg, interface)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
-    used_backward = _arrays_used([region]) & set(sdfg.arrays)
+    used_backward = arrays_used([region]) & set(sdfg.arrays)
     forwarded = forwarded_arrays(sdfg, interface)
 
     fwd = _forward_sweep(sdfg, interface, gradient_arrays)
@@ -226,7 +208,6 @@ def _split_rerunning(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     import copy
 
     from gradflow.autodiff.emit import copy_array
-    from gradflow.autodiff.engine import OVERFLOW
     from gradflow.autodiff.tape import release
 
     region = _backward_region(sdfg, interface)

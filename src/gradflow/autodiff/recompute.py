@@ -7,8 +7,8 @@ Q (the last operation before P that writes R):
   variables), writes only R, without write-conflict resolution, and does not read R; it writes all of R,
   or exactly (no dynamic memlet, not from a nested SDFG) a part that contains what P reads;
 - reads nothing that an operation between Q and P overwrites, and no symbol that is reassigned between
-  them (so Q's inputs, as the backward sweep holds them for P, are what Q read); inputs that are themselves recomputed must satisfy the same
-  conditions (chains such as `a = exp(x); b = sin(a)` are rerun in order).
+  them (so Q's inputs, as the backward sweep holds them for P, are what Q read); inputs that are themselves
+  recomputed must satisfy the same conditions (chains such as `a = exp(x); b = sin(a)` are rerun in order).
 Then, right before P is reversed, the backward sweep runs a copy of Q that reads the backward's view of
 its inputs (working copies where the tape restores them) and writes a backward-local `gradflow_re_R`,
 valid for P's reverse only; the inputs of Q become values P needs, so the tape restores them where they
@@ -82,7 +82,8 @@ def _covers_read(q: OpSite, array: str, reader: OpSite) -> bool:
 
 def _no_wcr(site: OpSite, array: str) -> bool:
     state = site.state
-    return all(e.data.wcr is None for i in site.op.writes if state.node(i).data == array for e in state.in_edges(state.node(i)))
+    return all(e.data.wcr is None for i in site.op.writes if state.node(i).data == array
+               for e in state.in_edges(state.node(i)))
 
 
 @attrs.define
@@ -325,6 +326,7 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
         if all(plan is not None for plan in plans):
             chosen.add(array)
             for p, plan in zip(readers, plans):
+                assert plan is not None  # every plan is, by the test just above
                 before.setdefault(p.index, []).extend(plan)
         elif strict:
             raise InvalidArgumentError(

@@ -91,7 +91,8 @@ def thinned(steps: int, snapshots: int) -> tuple[int, tuple[int, ...]]:
     (the loop the forward sweep runs, in Python: the state at position `n` is stored, if at all, before
     step `n` runs)."""
     _check(steps, snapshots)
-    stride, stored, next_at = 1, [], 0
+    stride, next_at = 1, 0
+    stored: list[int] = []
     keep = (snapshots + 1) // 2
     for n in range(steps):
         if n == next_at and len(stored) == snapshots:  # full: keep the even slots, double the stride
@@ -114,27 +115,27 @@ def online_schedule(steps: int, snapshots: int) -> tuple[Action, ...]:
 
 def _expand(tasks: list[tuple[int, int, int, int, bool]]) -> tuple[Action, ...]:
     """Iterative form of the recursion (a deep `steps` would overflow Python's stack): each task reverses
-    `l` steps from position `p`, whose state is in slot `slot`, with `s` snapshots (`slot`'s included);
+    `n` steps from position `p`, whose state is in slot `slot`, with `s` snapshots (`slot`'s included);
     `fresh` says whether the current state already is the one at `p` (no restore needed). The last task
     runs first. `NEXT_ACTION_CPP` is the same loop, one action per call."""
     out: list[Action] = []
     tasks = list(tasks)
     while tasks:
-        l, s, p, slot, fresh = tasks.pop()
+        n, s, p, slot, fresh = tasks.pop()
         if not fresh:
             out.append(Action(RESTORE, slot, p))
-        if l == 1:
+        if n == 1:
             out.append(Action(REVERSE, 0, p))
             continue
-        m = l - 1 if s == 1 else _split(l, s)
+        m = n - 1 if s == 1 else _split(n, s)
         out.append(Action(ADVANCE, m, p))
         if s == 1:  # no slot left: advance to the last step, reverse it, start over from `p`
             out.append(Action(REVERSE, 0, p + m))
-            tasks.append((l - 1, s, p, slot, False))
+            tasks.append((n - 1, s, p, slot, False))
             continue
         out.append(Action(TAKESHOT, slot + 1, p + m))
         tasks.append((m, s, p, slot, False))  # runs second
-        tasks.append((l - m, s - 1, p + m, slot + 1, True))  # runs first
+        tasks.append((n - m, s - 1, p + m, slot + 1, True))  # runs first
     return tuple(out)
 
 

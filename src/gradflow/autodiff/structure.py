@@ -27,7 +27,6 @@ from gradflow.analysis.ops import decompose
 from gradflow.autodiff.context import OpSite
 from gradflow.core.errors import NotDifferentiableError
 
-
 #: `kind` of an operation item; region items are keyed by their kind in the `control` rule table.
 OPERATION, LOOP, CONDITIONAL, ASSIGNMENT = "operation", "loop", "conditional", "assignment"
 
@@ -164,7 +163,7 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
     types = assigned_types(sdfg)
 
     def walk(region: ControlFlowRegion, loops: tuple) -> Seq:
-        items = []
+        items: list[OpItem | LoopItem | BranchItem | AssignItem] = []
         isolated = set()
         for block in block_chain(region)[:-1]:
             edge = region.out_edges(block)[0]
@@ -246,8 +245,8 @@ def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], restor
         if site.index not in active:
             continue
         exempt = set().union(*(restores.get(id(loop), frozenset()) for loop in site.loops))
-        used = {str(s) for s in site.state.free_symbols} - exempt
-        unrestored = sorted(used & set(loop_vars))
+        unexempt = {str(s) for s in site.state.free_symbols} - exempt
+        unrestored = sorted(unexempt & set(loop_vars))
         if unrestored:
             var = unrestored[0]
             raise NotDifferentiableError(

@@ -65,6 +65,18 @@ class Stack:
     def growable(self) -> bool:
         return self.record is not None
 
+    @property
+    def pointer(self) -> str:
+        """The stack-pointer symbol of a fixed stack."""
+        assert self.sp is not None, f"growable stack '{self.array}' has no stack pointer"
+        return self.sp
+
+    @property
+    def heap_record(self) -> str:
+        """The heap record of a growable stack."""
+        assert self.record is not None, f"fixed stack '{self.array}' has no heap record"
+        return self.record
+
 
 @attrs.define
 class Tape:
@@ -128,7 +140,7 @@ class Tape:
             return None
         start = sdfg.start_block
         begin = sdfg.add_state_before(start, "gradflow_tape_start", is_start_block=True,
-                                      assignments={**(initial or {}), **{s.sp: "0" for s in self.stacks}})
+                                      assignments={**(initial or {}), **{s.pointer: "0" for s in self.stacks}})
         for stack in self.growable:
             values = ("0", "0", "0", symbolic.symstr(stack.item_bytes))
             tasklet = begin.add_tasklet(f"clear_{stack.record}", set(), {f"__o{k}" for k in range(4)},
@@ -150,7 +162,7 @@ class Tape:
 
     def load_pointers(self) -> dict[str, str]:
         """Interstate assignments that set every stack pointer to its final forward value."""
-        return {s.sp: f"{TOP}[{s.slot}]" for s in self.stacks}
+        return {s.pointer: f"{TOP}[{s.slot}]" for s in self.stacks}
 
     def pop_subset(self, ctx, stack: Stack, array: str, subset: subsets.Range) -> None:
         """Restore array[subset] (in the backward's working copy `array`) from the top slot."""
@@ -176,7 +188,7 @@ class Tape:
 
     def records(self) -> tuple[str, ...]:
         """The heap records of the growable stacks (what `release` frees)."""
-        return tuple(s.record for s in self.growable)
+        return tuple(s.heap_record for s in self.growable)
 
 
 def release(state: SDFGState, records) -> None:

@@ -56,7 +56,7 @@ def _check_grammar(text: str, args: tuple[str, ...]) -> ast.Expression:
             raise ValueError(f"formula '{text}' uses unknown name(s) ['{node.id}']; arguments are {list(args)}")
         if isinstance(node, ast.Call) and (node.keywords or not isinstance(node.func, ast.Name)):
             raise ValueError(f"formula '{text}': only plain calls like exp(x) are allowed")
-        if isinstance(node, ast.Call) and node.func.id not in FORMULA_NAMESPACE:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in FORMULA_NAMESPACE:
             raise ValueError(f"formula '{text}' calls unknown function(s) ['{node.func.id}']")
     return tree
 
@@ -184,7 +184,8 @@ def load_elementwise(path: Path) -> ElementwiseTable:
             by_spelling[spelling] = entry
         for op in entry.onnx:
             if op in by_onnx:
-                raise RuleTableError.build(str(path), entry.name, f"ONNX op '{op}' already maps to '{by_onnx[op].name}'")
+                raise RuleTableError.build(str(path), entry.name,
+                                           f"ONNX op '{op}' already maps to '{by_onnx[op].name}'")
             by_onnx[op] = entry
     return ElementwiseTable(entries, by_spelling, by_onnx)
 

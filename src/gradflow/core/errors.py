@@ -119,7 +119,7 @@ def describe(value: object) -> str:
     if isinstance(value, str):
         return repr(value) if len(value) <= 60 else repr(value[:57] + "...")
     shape = getattr(value, "shape", None)
-    if isinstance(shape, tuple) or type(shape).__name__ == "Size":
+    if isinstance(shape, tuple) or (shape is not None and type(shape).__name__ == "Size"):
         return f"a {type(value).__name__} of shape {tuple(shape)}"
     return f"a {type(value).__name__}"
 @attrs.frozen(eq=False)

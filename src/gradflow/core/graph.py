@@ -93,12 +93,12 @@ def _renamed_scope_connectors(graph: dict) -> dict:
 
     out_nodes = []
     for node in nodes:
-        mapping = renames.get(str(node["id"]))
-        if mapping:
+        node_renames = renames.get(str(node["id"]))
+        if node_renames:
             attrs_ = dict(node["attributes"])
             for key in ("in_connectors", "out_connectors"):
                 if isinstance(attrs_.get(key), dict):
-                    attrs_[key] = {mapping.get(c, c): t for c, t in attrs_[key].items()}
+                    attrs_[key] = {node_renames.get(c, c): t for c, t in attrs_[key].items()}
             node = dict(node, attributes=attrs_)
         out_nodes.append(node)
     out_edges = [dict(e, src_connector=rename(e.get("src"), e.get("src_connector")),

@@ -17,7 +17,7 @@ pipeline that starts from an already-normalized graph says so with `assumes=`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, TypeVar
 
 import attrs
 from returns.result import Failure, Result, Success
@@ -42,9 +42,10 @@ def table_field(table: str, factory: Callable[[], Any]) -> Any:
 
 def table_fields(step: "Pass") -> dict[str, str]:
     """field name -> table name, for the table fields of a pass."""
-    if not attrs.has(type(step)):
+    cls = type(step)
+    if not attrs.has(cls):
         return {}
-    return {f.name: f.metadata[TABLE] for f in attrs.fields(type(step)) if TABLE in f.metadata}
+    return {f.name: f.metadata[TABLE] for f in attrs.fields(cls) if TABLE in f.metadata}
 
 
 class Pass:
@@ -83,24 +84,6 @@ class Pass:
         return (self.name,)
 
 
-def rewrite_one_at_a_time(graph: Graph, candidates: Callable[[Any], list],
-                          rewrite: Callable[[Any, Any], None]) -> PassResult:
-    """The run of a pass that rewrites matches one at a time: `candidates(sdfg)` finds them in one SDFG,
-    `rewrite(sdfg, match)` applies the first; found again after each rewrite (one may change what the next
-    sees), in every SDFG of the graph, on one copy. The graph itself when nothing matches."""
-    if not any(candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-        return Success(graph)
-    sdfg = graph.editable()
-    for sub in sdfg.all_sdfgs_recursive():
-        while True:
-            found = candidates(sub)
-            if not found:
-                break
-            rewrite(sub, found[0])
-    sdfg.reset_cfg_list()
-    return Success(Graph.adopt(sdfg, graph.meta))
-
-
 def register_pass(cls: type[Pass]) -> type[Pass]:
     """Class decorator: make a pass available to `Pipeline.named` and the purity tests."""
     if cls.name in PASS_REGISTRY and PASS_REGISTRY[cls.name] is not cls:
@@ -110,9 +93,9 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
 
 
 def registered_passes() -> dict[str, type[Pass]]:
-    """All registered passes by name (importing gradflow registers the built-in ones)."""
-    import gradflow  # noqa: F401  (registration happens on import)
-
+    """The passes registered so far, by name. The built-in ones register when their modules load, which
+    importing `gradflow` does (and any import of this module imports `gradflow` first); code that runs
+    while `gradflow` itself is still loading sees only the passes loaded before it."""
     return dict(PASS_REGISTRY)
 
 
@@ -142,6 +125,10 @@ def _steps(value: Any) -> tuple[Pass, ...]:
     return steps
 
 
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class Pipeline(Pass):
     """Straight-line composition of passes; stops at the first failure. Itself a pass.
@@ -152,7 +139,7 @@ class Pipeline(Pass):
 
     steps: tuple[Pass, ...] = attrs.field(converter=_steps)
     hook: StepHook | None = attrs.field(default=None, eq=False)
-    assumes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    assumes: tuple[str, ...] = attrs.field(default=(), converter=_names)
     name: ClassVar[str] = "pipeline"
     checks_output: ClassVar[bool] = False  # each step checks its own output
 
@@ -229,7 +216,8 @@ class Pipeline(Pass):
                 return step._edited(tuple(swap(s) for s in step.steps))
             changes = {f: tables[t] for f, t in table_fields(step).items() if t in tables}
             used.update(table_fields(step)[f] for f in changes)
-            return attrs.evolve(step, **changes) if changes else step
+            # `changes` names fields of `step` (`table_fields`), so it is an attrs class; typed as the base `Pass`
+            return attrs.evolve(step, **changes) if changes else step  # type: ignore[misc]
 
         new = self._edited(tuple(swap(s) for s in self.steps))
         unused = sorted(set(tables) - used)
@@ -293,7 +281,10 @@ def _instantiate(cls: type[Pass], options: Mapping[str, Any]) -> Pass:
         raise InvalidArgumentError(f"bad options for pass '{cls.name}': {exc}") from exc
 
 
-def unwrap_or_raise(result: Result) -> object:
+_Value = TypeVar("_Value")
+
+
+def unwrap_or_raise(result: Result[_Value, BaseException]) -> _Value:
     """At the public edge: the success value, or raise the typed error (its cause chained)."""
     if isinstance(result, Failure):
         error = result.failure()

@@ -115,7 +115,7 @@ def rule_verb(table: str) -> Callable[..., Callable[[Any], Any]]:
 
         def deco(obj: Any) -> Any:
             fn = obj() if isinstance(obj, type) else obj
-            stem = name or getattr(obj, "__name__", type(obj).__name__)
+            stem = name if name else getattr(obj, "__name__", type(obj).__name__)
             doc = (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
             new = tuple(
                 Rule(key, fn, stem if len(keys) == 1 else f"{stem}[{key}]", priority, applies or _always, doc,

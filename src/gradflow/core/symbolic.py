@@ -10,8 +10,7 @@ Python tasklet code that DaCe's code generator accepts. All are pure functions o
 from __future__ import annotations
 
 import ast
-import functools
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import attrs
 import sympy
@@ -102,7 +101,8 @@ class _ExprReader:
         self.env = env
         self.table = table
         self.where = where
-        self.element = None  # reads `conn[index]`; set by the statement interpreter
+        # reads `conn[index]`; set by the statement interpreter
+        self.element: Callable[[ast.Subscript], sympy.Symbol] | None = None
         self.statement: ast.stmt | None = None  # the statement being read (named in errors)
 
     def fail(self, node: ast.AST, why: str, hint: str | None = None) -> UnsupportedCode:
@@ -155,11 +155,11 @@ class _ExprReader:
         if isinstance(node, ast.Compare):
             parts = []
             left = self.read(node.left)
-            for op, comp in zip(node.ops, node.comparators):
+            for cmpop, comp in zip(node.ops, node.comparators):
                 right = self.read(comp)
-                if type(op) not in _CMPOPS:
+                if type(cmpop) not in _CMPOPS:
                     raise self.fail(node, "unsupported comparison")
-                parts.append(_CMPOPS[type(op)](left, right))
+                parts.append(_CMPOPS[type(cmpop)](left, right))
                 left = right
             return sympy.And(*parts) if len(parts) > 1 else parts[0]
         if isinstance(node, ast.BoolOp):
@@ -473,7 +473,8 @@ class _Printer:
             terms = [self(a) for a in e.as_ordered_terms()]
             return "(" + " + ".join(terms) + ")"
         if isinstance(e, sympy.Mul):
-            num, den = [], []
+            num: list[sympy.Basic] = []
+            den: list[sympy.Basic] = []
             for f in e.as_ordered_factors():
                 if isinstance(f, sympy.Pow) and f.exp.is_number and f.exp < 0:
                     den.append(sympy.Pow(f.base, -f.exp))
@@ -510,13 +511,14 @@ class _Printer:
             half = e.args[1] if len(e.args) > 1 else sympy.Rational(1, 2)
             return f"({self._float(1.0)} if {x} > 0 else ({self(half)} if {x} == 0 else {self._float(0.0)}))"
         if isinstance(e, sympy.Piecewise):
-            out = None
+            code: str | None = None
             for value, cond in reversed(e.args):
-                if out is None or cond is sympy.true:
-                    out = self(value)
+                if code is None or cond is sympy.true:
+                    code = self(value)
                 else:
-                    out = f"({self(value)} if {self(cond)} else {out})"
-            return out
+                    code = f"({self(value)} if {self(cond)} else {code})"
+            assert code is not None  # SymPy makes no Piecewise without a piece
+            return code
         if isinstance(e, sympy.core.relational.Relational):
             return f"({self(e.lhs)} {e.rel_op} {self(e.rhs)})"
         if isinstance(e, sympy.And):
@@ -530,12 +532,12 @@ class _Printer:
         if isinstance(e, sympy.ITE):  # SymPy's own form of some merged truth values (see `_select`)
             test, a, b = (self(v) for v in e.args)
             return f"({a} if {test} else {b})"
-        fn = self.FUNCS.get(type(e))
-        if fn is not None:
-            if self.single and fn in self.MATH:
+        func = self.FUNCS.get(type(e))
+        if func is not None:
+            if self.single and func in self.MATH:
                 # unqualified `exp` is C's double function; `math.exp` is DaCe's overload by argument type
-                return f"math.{fn}({', '.join(f'dace.float32({self(a)})' for a in e.args)})"
-            return f"{fn}({', '.join(self(a) for a in e.args)})"
+                return f"math.{func}({', '.join(f'dace.float32({self(a)})' for a in e.args)})"
+            return f"{func}({', '.join(self(a) for a in e.args)})"
         raise NotDifferentiableError(f"cannot print {e} ({type(e).__name__}) as tasklet code")
 
 
@@ -561,13 +563,3 @@ def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = 
     for name, expr in zip(names, exprs):
         lines.append(f"{name} = {printer(expr)}")
     return "\n".join(lines)
-
-
-@functools.lru_cache(maxsize=512)
-def reduction_type(wcr: str | None) -> "dace.dtypes.ReductionType | None":
-    """DaCe's `detect_reduction_type` of a write-conflict lambda, memoized: it is a pure function of the
-    text, and each call builds SymPy's `Max`/`Min` of two symbols (milliseconds), which the AD asks for
-    every write-conflict edge it meets."""
-    from dace.frontend.operations import detect_reduction_type
-
-    return detect_reduction_type(wcr)

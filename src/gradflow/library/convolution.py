@@ -12,10 +12,12 @@ nodes add into their output (a gradient buffer), as a Gemm with beta = 1 does. R
 made of these nodes too.
 
 Expansions: `pure` (the default, and what the two-route check differentiates): map nests with a sum
-into the output; `gradflow_blas` (made the default by `runtime.blas.compile_context` while a program
+into the output. `runtime.blas` adds `gradflow_blas` (and makes it the default while a program
 compiles): one C++ call into `runtime/conv_kernels.h` (per-image unfolding and OpenBLAS products), for
-operands that are whole float32/float64 arrays with packed C strides; other operands get the map nests.
-Build nodes with `wire` (it records the extents whose symbols the call names). docs/library_nodes.md.
+operands that are whole float32/float64 arrays with packed C strides (`blas_ready`, `symbols_declared`);
+other operands get the map nests. That expansion lives with the BLAS it links, so this package stays
+below the runtime. Build nodes with `wire` (it records the extents whose symbols the call names).
+docs/library_nodes.md.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dace import properties, symbolic
 from dace.sdfg import nodes as nd
 from dace.transformation.transformation import ExpandTransformation
 
-SUM = "lambda a, b: a + b"
+from gradflow.core.wcr import SUM
 
 #: (inputs, output) connectors of each node class
 CONNECTORS = {
@@ -99,6 +101,16 @@ def blas_ready(node, state, sdfg) -> bool:
             and len(dtypes) == 1 and dtypes <= {dace.float32, dace.float64})
 
 
+def symbols_declared(node, state) -> bool:
+    """Every symbol of the operands' extents is among the node's free symbols (see `wire`): the C++ call
+    of the BLAS expansion (`runtime.blas`) names them, so a node without them gets the map nests."""
+    used = set()
+    for memlet in _edges(node, state).values():
+        for extent in memlet.subset.size():
+            used |= {str(s) for s in symbolic.pystr_to_symbolic(str(extent)).free_symbols}
+    return used <= node.free_symbols
+
+
 # --- pure expansion: map nests ----------------------------------------------------------------------------
 
 def _pure(node, state, sdfg) -> dace.SDFG:
@@ -139,52 +151,6 @@ class ExpandPure(ExpandTransformation):
     @staticmethod
     def expansion(node, state, sdfg, **kwargs):
         return _pure(node, state, sdfg)
-
-
-# --- BLAS expansion: one call into conv_kernels.h ---------------------------------------------------------
-
-#: the kernel of each node class; its arguments are the node's connectors, inputs then output
-_KERNEL = {"Convolution": "forward", "ConvolutionGradInput": "grad_input", "ConvolutionGradWeights": "grad_weights"}
-
-
-def _call(node, state, sdfg) -> str:
-    from dace.codegen.common import sym2cpp
-
-    s = shape_of(node, state)
-    sh, sw = node.strides
-    dh, dw = node.dilations
-    dims = [s[k] for k in ("N", "C", "H", "W", "M", "KH", "KW", "OH", "OW")] + [sh, sw, dh, dw,
-                                                                                int(node.layout == "NHWC")]
-    shape = ", ".join(f"(long)({sym2cpp(d)})" for d in dims)
-    ins, out = CONNECTORS[type(node).__name__]
-    return f"gradflow_conv::{_KERNEL[type(node).__name__]}(gradflow_conv::Shape{{{shape}}}, {', '.join((*ins, out))});"
-
-
-def _symbols_declared(node, state) -> bool:
-    """Every symbol of the operands' extents is among the node's free symbols (see `wire`)."""
-    used = set()
-    for memlet in _edges(node, state).values():
-        for extent in memlet.subset.size():
-            used |= {str(s) for s in symbolic.pystr_to_symbolic(str(extent)).free_symbols}
-    return used <= node.free_symbols
-
-
-def _blas_expansion():
-    from gradflow.runtime.blas import GradflowOpenBLAS
-
-    @dace.library.expansion
-    class ExpandBLAS(ExpandTransformation):
-        environments = [GradflowOpenBLAS]
-
-        @staticmethod
-        def expansion(node, state, sdfg, **kwargs):
-            if not blas_ready(node, state, sdfg) or not _symbols_declared(node, state):
-                return _pure(node, state, sdfg)
-            ins, out = CONNECTORS[type(node).__name__]
-            return nd.Tasklet(node.label, {c: None for c in ins}, {out: None}, _call(node, state, sdfg),
-                              language=dace.dtypes.Language.CPP)
-
-    return ExpandBLAS
 
 
 @properties.make_properties
@@ -252,10 +218,3 @@ def wire(state: dace.SDFGState, node: _ConvolutionBase, reads: dict[str, dace.Me
     state.add_edge(node, conn, state.add_write(memlet.data), None, memlet)
     node.extents = [str(e) for m in (*reads.values(), memlet) for e in m.subset.size()]
 
-
-def register_blas(implementation: str) -> None:
-    """Give every node here the C++ expansion under `implementation` (`runtime.blas` calls it once)."""
-    expand = _blas_expansion()
-    for cls in NODES:
-        if implementation not in cls.implementations:
-            cls.register_implementation(implementation, expand)

@@ -10,28 +10,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradflow.autodiff.idioms import RaiseConvolutions
-from gradflow.autodiff.parallel_loops import LoopsToMaps
-from gradflow.autodiff.loop_reductions import RaiseLoopReductions
-from gradflow.autodiff.row_products import HoistRowProducts
-from gradflow.autodiff.views import RemoveViews
-from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
+from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.optimize.dead_stores import DropDeadStores
-from gradflow.optimize.first_writes import OverwriteZeroedProducts
-from gradflow.optimize.fusion import FuseMaps
 from gradflow.optimize.layouts import TransientLayouts
-from gradflow.optimize.owned_sums import NestReductions
+from gradflow.optimize.nest_reductions import NestReductions
+from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
 from gradflow.optimize.persistent_tapes import PersistentTapes
-from gradflow.optimize.product_scales import FoldProductScales
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scalar_sums import RegisterScalarSums
 from gradflow.optimize.scatter import OwnScatterWrites
-from gradflow.optimize.simd_sums import SimdRegisterSums
-from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.schedules import ChooseSchedules
+from gradflow.optimize.sibling_sums import MergeElementSums
+from gradflow.optimize.simd_sums import SimdRegisterSums
 from gradflow.optimize.versioning import VersionBySize
+from gradflow.transforms.fusion import FuseMaps
+from gradflow.transforms.idioms import RaiseConvolutions
+from gradflow.transforms.loop_reductions import RaiseLoopReductions
+from gradflow.transforms.parallel_loops import LoopsToMaps
+from gradflow.transforms.product_scales import FoldProductScales
+from gradflow.transforms.row_products import HoistRowProducts
+from gradflow.transforms.views import RemoveViews
 
 #: The default optimization pipeline. Its first six passes are AD normalization passes too (a no-op on
 #: a differentiated program, which went through them): a program compiled forward only gets the same

@@ -11,7 +11,7 @@ array chosen by the map's parameters `p`, into `t[p]`, over the whole of `t`: a 
 into what an earlier operation wrote (the sum's gradient added to the gradient of its summands, which
 the operation after the sum gave them; softmax's `e / sum(e)`). It is forwarded when `t` is a transient
 whose access nodes after the map all read it in states later in the same chain of blocks
-(`first_writes.chain_of`), each reaching only Python tasklets, one element each, with nothing on the way
+(`analysis.access.chain_of`), each reaching only Python tasklets, one element each, with nothing on the way
 (the blocks in between, the interstate edges crossed, the reading states) writing `s` or `t`, and whose
 other access nodes come before the map, in a region no loop runs again. Each read `t[e]` becomes
 `s[f(e)]` (a plain write) or `t[e] + s[f(e)]` (a sum); the map goes, and `t` with it when nothing else
@@ -27,17 +27,18 @@ import attrs
 import dace
 import sympy
 from dace import subsets
-from dace.sdfg import nodes as nd
 from dace.frontend.operations import detect_reduction_type
 from dace.properties import CodeBlock
+from dace.sdfg import nodes as nd
 from dace.sdfg.state import ControlFlowRegion
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
+from gradflow.analysis.access import accesses, chained_states, named_by_control, touches
 from gradflow.analysis.loops import in_loop
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.optimize.dead_stores import KEPT_LIFETIMES
-from gradflow.optimize.first_writes import accesses, chained_states, named_by_control, touches
-from gradflow.optimize.product_scales import indexes_whole
+from gradflow.transforms.product_scales import indexes_whole
+
 
 @attrs.frozen
 class Broadcast:
@@ -236,11 +237,16 @@ def _read_source(sdfg: dace.SDFG, b: Broadcast) -> None:
 
 @register_pass
 @attrs.frozen
-class ForwardBroadcasts(Pass):
+class ForwardBroadcasts(RewritePass):
     """Reads of a transient that repeats elements of another array read that array (see the module doc)."""
 
     name: ClassVar[str] = "forward_broadcasts"
 
-    def run(self, graph: Graph) -> PassResult:
-        # one at a time: a forwarded broadcast may be the source of the next
-        return rewrite_one_at_a_time(graph, _candidates, _forward)
+    strategy: ClassVar[str] = ONE_AT_A_TIME  # a forwarded broadcast may be the source of the next
+    resets_cfg: ClassVar[bool] = True
+
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _forward(sdfg, match)

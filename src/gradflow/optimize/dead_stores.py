@@ -27,10 +27,9 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, LoopRegion
 from returns.result import Success
 
+from gradflow.analysis.access import named_in_code, touches
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.first_writes import _named_in_code, touches
-
 
 #: lifetimes whose values outlive one call: a write may be read by the next
 KEPT_LIFETIMES = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
@@ -58,7 +57,7 @@ def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set
     `sdfg` reads (conservatively, wherever the edge is)."""
     if name in on_edges:
         return True
-    if _named_in_code(sdfg, name):
+    if named_in_code(sdfg, name):
         return True
     block = state
     while block is not sdfg:

@@ -28,10 +28,10 @@ from dace import symbolic
 from dace.sdfg import nodes as nd
 from returns.result import Success
 
+from gradflow.analysis.access import named_by_control
 from gradflow.analysis.loops import loop_depth
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.first_writes import named_by_control
 
 
 def _row_major(desc: dace.data.Array) -> bool:

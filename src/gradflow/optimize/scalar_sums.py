@@ -22,11 +22,10 @@ import attrs
 import dace
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.owned_sums import accumulate_in_register
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
+from gradflow.optimize.nest_reductions import accumulate_in_register
 
 _FLOATS = (dace.float16, dace.float32, dace.float64)
 
@@ -58,16 +57,14 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, obje
 
 @register_pass
 @attrs.frozen
-class RegisterScalarSums(Pass):
+class RegisterScalarSums(RewritePass):
     """Sums of a sequential map into one element go through a local variable (see the module doc)."""
 
     name: ClassVar[str] = "register_scalar_sums"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            for state, entry, edge in _candidates(sub):
-                accumulate_in_register(sub, state, edge, entry)
-        return Success(Graph.adopt(sdfg, graph.meta))
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        state, entry, edge = match
+        accumulate_in_register(sdfg, state, edge, entry)

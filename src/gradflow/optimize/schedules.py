@@ -22,11 +22,9 @@ from typing import ClassVar
 import attrs
 import dace
 from dace.sdfg import nodes as nd
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 
 #: Largest transient (elements) inside a sequential map that `make_sequential` keeps on the stack.
 REGISTER_LIMIT = 1024
@@ -100,18 +98,15 @@ def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[tuple[dac
 
 @register_pass
 @attrs.frozen
-class ChooseSchedules(Pass):
+class ChooseSchedules(RewritePass):
     """Small top-level maps, and maps whose iterations all add into one element, become sequential loops
     (see the module docstring)."""
 
     min_parallel: int = 2048
     name: ClassVar[str] = "choose_schedules"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not any(_sequential_candidates(s, self.min_parallel) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            for state, entry in _sequential_candidates(sub, self.min_parallel):
-                make_sequential(state, entry)
-        return Success(Graph.adopt(sdfg, graph.meta))
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _sequential_candidates(sdfg, self.min_parallel)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        make_sequential(*match)

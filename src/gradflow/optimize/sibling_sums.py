@@ -6,7 +6,7 @@ later `gA[i, j] += w[i] z[j]`. Each pass streams the matrix through memory (nb_b
 read and written again). Merged, one map computes both terms and writes each element once.
 
 Applies to a pair in one control-flow region whose blocks form a chain: an earlier state holding only a
-map that writes every element of `g` once (`first_writes.ElementWrite`: plain or a sum) and access nodes,
+map that writes every element of `g` once (`analysis.access.ElementWrite`: plain or a sum) and access nodes,
 and a later state holding only a map that adds into every element of `g` once and access nodes. The
 earlier map moves to the later one, so nothing between them may touch `g`, write what it reads or assign
 symbols; neither tasklet may name a map parameter in its code (they are renamed in memlets only). The
@@ -23,11 +23,10 @@ from typing import ClassVar
 import attrs
 import dace
 from dace.sdfg import nodes as nd
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-from gradflow.optimize.first_writes import ElementWrite, accesses, chain_of, element_write, touches
+from gradflow.analysis.access import ElementWrite, accesses, chain_of, element_write, touches
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 
 
 @attrs.frozen
@@ -157,19 +156,15 @@ def _merge(earlier: _Single, later: _Single) -> None:
 
 @register_pass
 @attrs.frozen
-class MergeElementSums(Pass):
+class MergeElementSums(RewritePass):
     """Two maps each writing every element of a buffer once: one map (see the module docstring)."""
 
     name: ClassVar[str] = "merge_element_sums"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not any(_pairs(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            while True:
-                pairs = _pairs(sub)
-                if not pairs:
-                    break
-                _merge(*pairs[0])
-        return Success(Graph.adopt(sdfg, graph.meta))
+    strategy: ClassVar[str] = ONE_AT_A_TIME
+
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _pairs(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _merge(*match)

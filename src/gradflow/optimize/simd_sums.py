@@ -29,10 +29,9 @@ from dace import dtypes, registry, symbolic
 from dace.codegen.instrumentation.provider import InstrumentationProvider
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 
 #: the instrumentation type that stands for "emit the `omp simd` pragma of this loop"
 SIMD_SUMS = (dtypes.InstrumentationType.SIMD_SUMS if "SIMD_SUMS" in dtypes.InstrumentationType.__members__
@@ -128,16 +127,14 @@ class SimdSumsProvider(InstrumentationProvider):
 
 @register_pass
 @attrs.frozen
-class SimdRegisterSums(Pass):
+class SimdRegisterSums(RewritePass):
     """Mark sequential loops that sum into local accumulators for `omp simd` (module doc)."""
 
     name: ClassVar[str] = "simd_register_sums"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            for _, entry in _candidates(sub):
-                entry.map.instrument = SIMD_SUMS
-        return Success(Graph.adopt(sdfg, graph.meta))
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _, entry = match
+        entry.map.instrument = SIMD_SUMS

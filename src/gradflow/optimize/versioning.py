@@ -32,7 +32,6 @@ from gradflow.core.names import private_copies
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.schedules import make_sequential, work
 
-
 _SUFFIX = "_by_size"
 
 

@@ -12,7 +12,9 @@ This module, when that wheel is importable:
 - registers the DaCe environment `GradflowOpenBLAS` (include paths, the library, an rpath) and, for every
   node of DaCe's BLAS library, an implementation named `IMPLEMENTATION` that emits the same CBLAS calls as
   DaCe's OpenBLAS expansion but links against that environment (nodes without a BLAS call get their pure
-  expansion under that name, so that it can be the library default);
+  expansion under that name, so that it can be the library default), and for gradflow's own convolution
+  nodes (`gradflow.library.convolution`) one call into `conv_kernels.h` (the library stays below the
+  runtime: the expansion that links this environment is defined here);
 - `compile_context()` makes that implementation the default only while `runtime.compile` builds an SDFG.
   Reverse mode itself always sees the default (`pure`) expansion, so expanding a node to differentiate its
   maps is unaffected.
@@ -31,6 +33,11 @@ import re
 from pathlib import Path
 
 import dace
+from dace.sdfg import nodes as nd
+from dace.transformation.transformation import ExpandTransformation
+
+from gradflow.library import convolution
+from gradflow.runtime.cache import cache_root
 
 IMPLEMENTATION = "gradflow_blas"
 SHIM_HEADER = "gradflow_cblas.h"
@@ -90,8 +97,6 @@ def _shim() -> tuple[str, str]:
 
 @functools.cache
 def _shim_dir() -> str:
-    from gradflow.runtime.compile import cache_root
-
     text, digest = _shim()
     folder = cache_root() / "blas" / digest
     folder.mkdir(parents=True, exist_ok=True)
@@ -186,6 +191,45 @@ def _delegating(base, environments, fallback=None, use_fallback=None):
     return dace.library.expansion(cls)
 
 
+# --- gradflow's convolution nodes: one call into conv_kernels.h ----------------------------------------------
+
+#: the kernel of each node class; its arguments are the node's connectors, inputs then output
+_CONV_KERNEL = {"Convolution": "forward", "ConvolutionGradInput": "grad_input",
+                "ConvolutionGradWeights": "grad_weights"}
+
+
+def _conv_call(node, state, sdfg) -> str:
+    """The C++ statement calling the node's kernel of `conv_kernels.h` (included by the shim header)."""
+    from dace.codegen.common import sym2cpp
+
+    s = convolution.shape_of(node, state)
+    sh, sw = node.strides
+    dh, dw = node.dilations
+    dims = [s[k] for k in ("N", "C", "H", "W", "M", "KH", "KW", "OH", "OW")] + [sh, sw, dh, dw,
+                                                                                int(node.layout == "NHWC")]
+    shape = ", ".join(f"(long)({sym2cpp(d)})" for d in dims)
+    ins, out = convolution.CONNECTORS[type(node).__name__]
+    return (f"gradflow_conv::{_CONV_KERNEL[type(node).__name__]}(gradflow_conv::Shape{{{shape}}}, "
+            f"{', '.join((*ins, out))});")
+
+
+@dace.library.expansion
+class ExpandConvolutionBLAS(ExpandTransformation):
+    """`IMPLEMENTATION` of gradflow's convolution nodes: a C++ tasklet calling `conv_kernels.h` when the
+    kernels can take the operands (`convolution.blas_ready`, `convolution.symbols_declared`), else the
+    node's pure expansion (map nests)."""
+
+    environments = [GradflowOpenBLAS]
+
+    @staticmethod
+    def expansion(node, state, sdfg, **kwargs):
+        if not convolution.blas_ready(node, state, sdfg) or not convolution.symbols_declared(node, state):
+            return convolution.ExpandPure.expansion(node, state, sdfg)
+        ins, out = convolution.CONNECTORS[type(node).__name__]
+        return nd.Tasklet(node.label, {c: None for c in ins}, {out: None}, _conv_call(node, state, sdfg),
+                          language=dace.dtypes.Language.CPP)
+
+
 @functools.cache
 def _register() -> bool:
     """Register `IMPLEMENTATION` on every node of DaCe's BLAS library (once per process)."""
@@ -219,9 +263,9 @@ def _register() -> bool:
                 with_blas[node_cls], [GradflowOpenBLAS], node_cls.implementations["pure"], pure_for(node_cls)))
         elif "pure" in node_cls.implementations:
             node_cls.register_implementation(IMPLEMENTATION, _delegating(node_cls.implementations["pure"], []))
-    from gradflow.library import convolution
-
-    convolution.register_blas(IMPLEMENTATION)
+    for node_cls in convolution.NODES:
+        if IMPLEMENTATION not in node_cls.implementations:
+            node_cls.register_implementation(IMPLEMENTATION, ExpandConvolutionBLAS)
     return True
 
 
@@ -254,14 +298,13 @@ def compile_context():
     if not _register():
         yield False
         return
-    from gradflow.library.convolution import NODES
-
-    saved = [cls.default_implementation for cls in NODES]
+    nodes = convolution.NODES
+    saved = [cls.default_implementation for cls in nodes]
     try:
-        for cls in NODES:  # gradflow's own nodes are in no DaCe library: their class default is switched
+        for cls in nodes:  # gradflow's own nodes are in no DaCe library: their class default is switched
             cls.default_implementation = IMPLEMENTATION
         with dace.config.set_temporary("library", "blas", "default_implementation", value=IMPLEMENTATION):
             yield True
     finally:
-        for cls, implementation in zip(NODES, saved):
+        for cls, implementation in zip(nodes, saved):
             cls.default_implementation = implementation

@@ -48,6 +48,7 @@ from gradflow.core.errors import CacheWarning, CompilationError, InvalidArgument
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.core.names import check_identifiers
 from gradflow.runtime import blas, heap, vector_math
+from gradflow.runtime.cache import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,6 @@ MARKER_FORMAT = 2  # 2: records the entry point's parameter names (`arguments`)
 _LOADED: dict[str, CompiledSDFG] = {}  # memo: entry folder -> loaded program
 _LOCK = threading.Lock()
 _ROOTS: dict[str, Path] = {}  # memo: configured root -> the root this process uses (itself or a fallback)
-
-
-def cache_root() -> Path:
-    """The configured root: `GRADFLOW_CACHE`, else `$XDG_CACHE_HOME/gradflow`, else `~/.cache/gradflow`."""
-    env = os.environ.get("GRADFLOW_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gradflow"
 
 
 def _unusable(root: Path) -> str | None:
@@ -103,7 +95,8 @@ def usable_cache_root() -> Path:
 @functools.cache
 def _codegen_tag() -> str:
     """Content hash of the modules that change what a build emits for the same SDFG (this one: how sizes
-    print; `blas`: which expansion a product gets), so a fixed code generator never reuses an old build."""
+    print; `blas`: which expansion a product gets, and the call a convolution node's kernel gets), so a fixed
+    code generator never reuses an old build."""
     digest = hashlib.sha256()
     for module in (__file__, blas.__file__):
         digest.update(Path(module).read_bytes())

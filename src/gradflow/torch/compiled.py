@@ -14,9 +14,9 @@ each training-mode call exactly as torch updates them (`_update_batch_stats`).
 from __future__ import annotations
 
 import contextlib
-from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import attrs
 import numpy as np
 import onnx
 import torch
@@ -24,15 +24,41 @@ import torch.utils._pytree as pytree
 
 from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
-from gradflow.torch.export import BatchStats, ExportError, Exported, adopt_model, export_module
+from gradflow.torch.export import BatchStats, Exported, ExportError, adopt_model, export_module
 
-#: options of `compile` and their checks (value -> error text, '' when fine)
-_OPTIONS = MappingProxyType({
-    "dispatcher": lambda v: "" if v in ("ctypes", "cpp") else "must be 'ctypes' or 'cpp'",
-    "optimize": lambda v: "" if isinstance(v, bool) else "must be True or False",
-    "onnx_model": lambda v: "" if isinstance(v, (str, bytes, onnx.ModelProto)) or hasattr(v, "__fspath__")
-    else "must be a path, the serialized bytes or an onnx.ModelProto",
-})
+
+def _option(problem: Callable[[Any], str]):
+    """An attrs validator raising the `InvalidArgumentError` that names the option, when `problem(value)`
+    says what is wrong ('' when fine)."""
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        text = problem(value)
+        if text:
+            raise InvalidArgumentError(f"option {attribute.name}={describe(value)}: {text}")
+    return check
+
+
+@attrs.frozen
+class CompileOptions:
+    """The options of `gradflow.torch.compile`, checked when it is called (see its docstring)."""
+
+    dispatcher: str = attrs.field(default="ctypes", validator=_option(
+        lambda v: "" if v in ("ctypes", "cpp") else "must be 'ctypes' or 'cpp'"))
+    optimize: bool = attrs.field(default=True, validator=_option(
+        lambda v: "" if isinstance(v, bool) else "must be True or False"))
+    #: an ONNX model exported from the module, used instead of exporting (None: gradflow exports)
+    onnx_model: Any = attrs.field(default=None, validator=_option(
+        lambda v: "" if v is None or isinstance(v, (str, bytes, onnx.ModelProto)) or hasattr(v, "__fspath__")
+        else "must be a path, the serialized bytes or an onnx.ModelProto"))
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> CompileOptions:
+        """The record of keyword options; an unknown name is an `InvalidArgumentError` listing the known."""
+        known = [f.name for f in attrs.fields(cls)]
+        for name in options:
+            if name not in known:
+                raise InvalidArgumentError(f"unknown option '{name}' of gradflow.torch.compile",
+                                           f"options: {', '.join(known)}")
+        return cls(**options)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -100,9 +126,7 @@ class _Program:
     to what needs a gradient, or (nothing does) the lowered graph run forward only."""
 
     def __init__(self, source: torch.nn.Module, lowered: _Lowered, needs_grad: tuple[bool, ...] | None,
-                 options: Mapping[str, Any]) -> None:
-        import gradflow
-
+                 options: CompileOptions) -> None:
         sig = lowered.signature
         ports = {p.onnx_name: p for p in sig.outputs}
         self.lowered = lowered
@@ -117,16 +141,17 @@ class _Program:
         wrt = [] if needs_grad is None else [a for a, need in zip(self.in_arrays, needs_grad) if need]
         self.function = self.runner = None
         if wrt and differentiable:
+            from gradflow.api import vjp
             from gradflow.torch.function import function
 
-            vjp = gradflow.vjp(lowered.graph, wrt=wrt, of=differentiable, optimize=options.get("optimize", True))
-            self.function = function(vjp, inputs=self.in_arrays, outputs=[p.array for p in out_ports],
-                                     dispatcher=options.get("dispatcher", "ctypes"))
+            pair = vjp(lowered.graph, wrt=wrt, of=differentiable, optimize=options.optimize)
+            self.function = function(pair, inputs=self.in_arrays, outputs=[p.array for p in out_ports],
+                                     dispatcher=options.dispatcher)
         else:
             from gradflow.optimize import optimized
             from gradflow.runtime.calling import Runner
 
-            graph = optimized(lowered.graph) if options.get("optimize", True) else lowered.graph
+            graph = optimized(lowered.graph) if options.optimize else lowered.graph
             self.runner = Runner(graph)
             self.allocate = [(p.array, [int(d) for d in p.shape] or [1], _torch_dtype(p.dtype)) for p in out_ports]
 
@@ -185,7 +210,7 @@ class CompiledModule(torch.nn.Module):
     Made by `gradflow.torch.compile`; it shares the original's submodules, parameters and buffers."""
 
     def __init__(self, module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
-                 options: Mapping[str, Any]) -> None:
+                 options: CompileOptions) -> None:
         super().__init__()
         for name, child in module.named_children():
             self.add_module(name, child)
@@ -196,7 +221,7 @@ class CompiledModule(torch.nn.Module):
         self.training = module.training
         # plain attributes (not submodules): the original is traced, never registered twice
         self.__dict__["_gf_source"] = module
-        self._gf_options = dict(options)
+        self._gf_options = options
         self._gf_example = tuple(tuple(x.shape) for x in example_inputs)
         self._gf_modules = tuple(m for m in module.modules() if m is not module)
         with _untouched(module), torch.no_grad():
@@ -210,10 +235,10 @@ class CompiledModule(torch.nn.Module):
         self._gf_exports: dict[tuple, _Lowered] = {}
         self._gf_programs: dict[tuple, _Program] = {}
         self._gf_given = None
-        if "onnx_model" in options:
+        if options.onnx_model is not None:
             from gradflow.frontend.onnx.model import read_model
 
-            self._gf_given = read_model(options["onnx_model"]).proto()
+            self._gf_given = read_model(options.onnx_model).proto()
         self._export(self._modes(), example_inputs)  # unsupported models fail here, not at the first call
 
     @property
@@ -311,12 +336,4 @@ def compile(module: torch.nn.Module, example_inputs: Any, **options: Any) -> Com
     """
     if not isinstance(module, torch.nn.Module):
         raise InvalidArgumentError(f"module must be a torch.nn.Module, got {describe(module)}")
-    for name, value in options.items():
-        check = _OPTIONS.get(name)
-        if check is None:
-            raise InvalidArgumentError(f"unknown option '{name}' of gradflow.torch.compile",
-                                       f"options: {', '.join(_OPTIONS)}")
-        problem = check(value)
-        if problem:
-            raise InvalidArgumentError(f"option {name}={describe(value)}: {problem}")
-    return CompiledModule(module, _as_inputs(example_inputs), options)
+    return CompiledModule(module, _as_inputs(example_inputs), CompileOptions.of(options))

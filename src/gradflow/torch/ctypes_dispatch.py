@@ -27,7 +27,7 @@ from gradflow.core.errors import ArgumentError, GradflowError
 from gradflow.runtime.calling import Kernel
 from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL, ArgSpec
 from gradflow.runtime.validate import TORCH_DTYPES, check_array, check_symbol_range, infer_symbols
-from gradflow.torch.plan import EXTRA, INPUT, OUTPUT, FunctionPlan
+from gradflow.torch.plan import INPUT, OUTPUT, FunctionPlan
 
 _MAX_SIGNATURES = 256
 _MISSING = object()  # default of the generated forward's parameters: fewer inputs than the plan's

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from gradflow import api
 from gradflow.autodiff.interface import VJPResult
 from gradflow.core.checks import ERROR_FLAG, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
@@ -73,13 +74,8 @@ def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] |
     if not outs:
         raise InvalidArgumentError(f"program '{sdfg.name}' returns nothing; name its outputs",
                                    "gradflow.torch.function(program, inputs=[...], outputs=[...])")
-    try:
-        import gradflow
-        vjp = gradflow.vjp
-    except AttributeError:
-        raise GradflowError("gradflow.vjp is not available in this build; pass a VJPResult instead") from None
     chosen = list(wrt) if wrt is not None else differentiable_inputs(sdfg, ins)
-    return vjp(program, wrt=chosen, of=outs), ins, outs
+    return api.vjp(program, wrt=chosen, of=outs), ins, outs
 
 
 def bind_inputs(owner: str, names: Sequence[str], args: tuple, kwargs: Mapping[str, Any]) -> tuple:

@@ -20,7 +20,7 @@ import dace
 from gradflow.analysis.writes import overwritten_before_read, written
 from gradflow.autodiff.interface import VJPResult
 from gradflow.core.errors import InvalidArgumentError, UnknownArrayError
-from gradflow.runtime.plan import ARRAY, SCALAR, SYMBOL, ArgSpec, CallPlan, plan_for
+from gradflow.runtime.plan import ARRAY, SYMBOL, ArgSpec, CallPlan, plan_for
 
 INPUT, OUTPUT, EXTRA = "input", "output", "extra"
 
@@ -107,6 +107,43 @@ def build_plan(
     `InvalidArgumentError` naming the array at fault."""
     fwd_plan, bwd_plan = plan_for(vjp.forward), plan_for(vjp.backward)
     fixed = dict(fixed_symbols or {})
+    extras = [n for n in vjp.saved if n not in inputs and n not in outputs]
+    _check_arguments(fwd_plan, inputs, outputs, extras)
+    writes = written(vjp.forward)
+    copied = tuple(i for i, n in enumerate(inputs) if n in writes and fwd_plan.arg(n).kind == ARRAY)
+    in_specs = tuple(fwd_plan.arg(n) for n in inputs)
+    out_specs = tuple(fwd_plan.arg(n) for n in outputs)
+    extra_specs = tuple(fwd_plan.arg(n) for n in extras)
+    differentiable = tuple(n in vjp.of and s.dtype in _FLOAT for n, s in zip(outputs, out_specs))
+    forwarded, cotangents, grads = _backward_arguments(vjp, bwd_plan, inputs, outputs, extras)
+    grad_specs = tuple(bwd_plan.arg(g) for _, g in grads)
+    _check_layouts(bwd_plan, inputs, outputs, {INPUT: in_specs, OUTPUT: out_specs, EXTRA: extra_specs},
+                   forwarded, cotangents, grads, grad_specs)
+    needed = [s for s in fwd_plan.symbols] + [s for s in bwd_plan.symbols if s not in fwd_plan.symbols]
+    return FunctionPlan(
+        name=name or vjp.forward.name,
+        inputs=in_specs,
+        outputs=out_specs,
+        extras=extra_specs,
+        differentiable=differentiable,
+        zero_init=frozenset(n for n in list(outputs) + extras if not overwritten_before_read(vjp.forward, n)),
+        forwarded=tuple(forwarded),
+        cotangents=cotangents,
+        grads=grads,
+        grad_specs=grad_specs,
+        symbol_sources=_symbol_sources(needed, fixed, in_specs),
+        fixed_symbols=tuple(sorted((k, int(v)) for k, v in fixed.items() if k in needed)),
+        forward=fwd_plan,
+        backward=bwd_plan,
+        copied=copied,
+        backward_copied=frozenset(
+            n for n in written(vjp.backward)
+            if n in dict(forwarded) or n in {c for _, c in cotangents}),
+    )
+
+
+def _check_arguments(fwd_plan: CallPlan, inputs: Sequence[str], outputs: Sequence[str], extras: list[str]) -> None:
+    """Every argument of the forward is exactly one of: an input, an output (an array), a saved extra."""
     fwd_names = set(fwd_plan.names)
     for n in list(inputs) + list(outputs):
         if n not in fwd_names or fwd_plan.arg(n).kind == SYMBOL:
@@ -118,7 +155,6 @@ def build_plan(
         if fwd_plan.arg(n).kind != ARRAY:
             raise InvalidArgumentError(f"output '{n}' is a scalar; outputs must be arrays",
                                        "write the result to a one-element array")
-    extras = [n for n in vjp.saved if n not in inputs and n not in outputs]
     for n in extras:
         if n not in fwd_names or fwd_plan.arg(n).kind != ARRAY:
             raise InvalidArgumentError(f"saved value '{n}' is not an array argument of the forward SDFG")
@@ -128,14 +164,12 @@ def build_plan(
                 f"argument '{a.name}' of the forward SDFG is neither an input nor an output of the function",
                 f"list it in inputs= or outputs= (inputs: {list(inputs)}, outputs: {list(outputs)})",
             )
-    writes = written(vjp.forward)
-    copied = tuple(i for i, n in enumerate(inputs) if n in writes and fwd_plan.arg(n).kind == ARRAY)
-    in_specs = tuple(fwd_plan.arg(n) for n in inputs)
-    out_specs = tuple(fwd_plan.arg(n) for n in outputs)
-    extra_specs = tuple(fwd_plan.arg(n) for n in extras)
-    differentiable = tuple(n in vjp.of and s.dtype in _FLOAT for n, s in zip(outputs, out_specs))
 
-    # backward arguments: forwarded values, cotangents, gradients, symbols; nothing else
+
+def _backward_arguments(vjp: VJPResult, bwd_plan: CallPlan, inputs: Sequence[str], outputs: Sequence[str],
+                        extras: list[str]) -> tuple[list, tuple, tuple]:
+    """The backward's arguments: forwarded values (and where each comes from), cotangents (by output
+    index), gradients (by input index); nothing else."""
     sources = {}
     for i, n in enumerate(inputs):
         sources[n] = Source(INPUT, i)
@@ -169,8 +203,14 @@ def build_plan(
         if vjp.grads[x] not in bwd_names or bwd_plan.arg(vjp.grads[x]).kind != ARRAY:
             raise InvalidArgumentError(f"gradient '{vjp.grads[x]}' of '{x}' is not an array of the backward SDFG")
     grads = tuple(sorted((list(inputs).index(x), vjp.grads[x]) for x in vjp.wrt))
-    grad_specs = tuple(bwd_plan.arg(g) for _, g in grads)
-    by_role = {INPUT: in_specs, OUTPUT: out_specs, EXTRA: extra_specs}
+    return forwarded, cotangents, grads
+
+
+def _check_layouts(bwd_plan: CallPlan, inputs: Sequence[str], outputs: Sequence[str],
+                   by_role: dict[str, tuple[ArgSpec, ...]], forwarded: list, cotangents: tuple, grads: tuple,
+                   grad_specs: tuple[ArgSpec, ...]) -> None:
+    """The backward declares every value it shares with the forward as the forward does."""
+    in_specs, out_specs = by_role[INPUT], by_role[OUTPUT]
     for n, src in forwarded:
         _same_layout(by_role[src.role][src.index], bwd_plan.arg(n), f"forwarded value '{n}'")
     for i, c in cotangents:
@@ -182,8 +222,11 @@ def build_plan(
             raise InvalidArgumentError(f"gradient '{g}' of scalar input '{inputs[i]}' must be a one-element "
                                        f"{in_specs[i].dtype} array")
 
-    # symbols: every one the two programs take must be fixed by a dimension of an input (or given)
-    needed = [s for s in fwd_plan.symbols] + [s for s in bwd_plan.symbols if s not in fwd_plan.symbols]
+
+def _symbol_sources(needed: list[str], fixed: Mapping[str, int],
+                    in_specs: tuple[ArgSpec, ...]) -> tuple[tuple[str, int, int], ...]:
+    """Every symbol the two programs take that the user did not fix: (symbol, input index, axis) of a
+    dimension of an input whose extent it is."""
     symbol_sources = []
     for s in needed:
         if s in fixed:
@@ -196,23 +239,4 @@ def build_plan(
                 f"give its value: symbols={{'{s}': ...}}",
             )
         symbol_sources.append((s, *where))
-    return FunctionPlan(
-        name=name or vjp.forward.name,
-        inputs=in_specs,
-        outputs=out_specs,
-        extras=extra_specs,
-        differentiable=differentiable,
-        zero_init=frozenset(n for n in list(outputs) + extras if not overwritten_before_read(vjp.forward, n)),
-        forwarded=tuple(forwarded),
-        cotangents=cotangents,
-        grads=grads,
-        grad_specs=grad_specs,
-        symbol_sources=tuple(symbol_sources),
-        fixed_symbols=tuple(sorted((k, int(v)) for k, v in fixed.items() if k in needed)),
-        forward=fwd_plan,
-        backward=bwd_plan,
-        copied=copied,
-        backward_copied=frozenset(
-            n for n in written(vjp.backward)
-            if n in dict(forwarded) or n in {c for _, c in cotangents}),
-    )
+    return tuple(symbol_sources)

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import attrs
 import numpy as np
 
-from gradflow.frontend.onnx.conformance import all_node_cases, case_op, cases_in_scope, measure_case
 from gradflow.frontend.onnx.errors import UnsupportedTypeError
-from gradflow.frontend.onnx.table import default_table
+from gradflow.frontend.onnx.rules import default_table
+from gradflow.verify.onnx_conformance import all_node_cases, case_op, cases_in_scope, measure_case
 
 
 @attrs.frozen

@@ -12,7 +12,6 @@ import functools
 
 import numpy as np
 
-import gradflow
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg

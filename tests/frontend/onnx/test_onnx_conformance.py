@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gradflow.frontend.onnx.backend import GradflowBackend
-from gradflow.frontend.onnx.conformance import all_node_cases, run_case
+from gradflow.verify.onnx_conformance import all_node_cases, run_case
 
 
 def test_backend_run_node_and_device():

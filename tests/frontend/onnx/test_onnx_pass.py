@@ -40,7 +40,7 @@ def test_without_model_is_a_failure_value():
 def test_custom_table_overrides_a_rule():
     from gradflow.core.rule_table import Rule
     from gradflow.frontend.onnx import load
-    from gradflow.frontend.onnx.table import default_table
+    from gradflow.frontend.onnx.rules import default_table
 
     def relu_as_abs(lw, node):
         x = lw.get(node.inputs[0])

@@ -15,7 +15,7 @@ import gradflow
 from gradflow.core.errors import GradflowError
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.frontend.onnx import OnnxLower, model_graph, read_model
-from gradflow.frontend.onnx.conformance import all_node_cases
+from gradflow.verify.onnx_conformance import all_node_cases
 from onnx_testutil import cnn, export_cnn, export_mlp, export_transformer, mlp, transformer
 
 #: node-test models that lower: convolution with auto_pad, cubic resize and TopK (their shape-deciding

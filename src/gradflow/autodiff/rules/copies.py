@@ -27,10 +27,11 @@ import sympy
 from dace import subsets, symbolic
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import reverse_rule
+from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.protocols import reverse_rule
 from gradflow.autodiff.rules.library._common import disjoint
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.wcr import SUM
 
 
 def _canonical(expr):

@@ -28,12 +28,11 @@ from dace import subsets
 from gradflow.analysis.dependence import apart_over
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import ElementFunction, Port, element_function
-from gradflow.autodiff.emit import SUM, add_element_tasklet, fill, map_ranges
-from gradflow.autodiff.rules import reverse_rule
+from gradflow.autodiff.emit import add_element_tasklet, fill, map_ranges
+from gradflow.autodiff.protocols import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative, print_code
-
-MAX = "lambda a, b: max(a, b)"
+from gradflow.core.wcr import MAX, SUM
 
 
 def _element_function(site: OpSite, ctx: ReverseContext) -> ElementFunction:
@@ -54,7 +53,7 @@ class _Plan:
 
 
 def _index_symbols(port: Port) -> set[sympy.Symbol]:
-    return set().union(*(i.free_symbols for i in port.index)) if port.indirect else set()
+    return set().union(*(i.free_symbols for i in port.index)) if port.index is not None else set()
 
 
 def _result_symbol(i: int) -> sympy.Symbol:
@@ -95,6 +94,7 @@ def _apart(ef: ElementFunction, read: Port, write: Port) -> bool:
     if read.indirect or write.indirect:
         return False
     entry = ef.map_entry
+    assert entry is not None  # `_plan` asks only about an operation in a map
     intervals = {p: (b, e) for p, (b, e, _) in zip(entry.map.params, entry.map.range)}
     return apart_over(subsets.Range.from_string(read.subset), subsets.Range.from_string(write.subset), intervals)
 
@@ -173,6 +173,7 @@ def _iteration_number(entry, where: str) -> str:
 
 
 def _index_code(port: Port) -> str:
+    assert port.index is not None  # called for indirect ports only
     return ", ".join(print_code(i) for i in port.index)
 
 
@@ -241,6 +242,7 @@ class ElementwiseReverse:
         for i in plan.gouts:
             port = ef.outputs[i]
             grad = ctx.grad_of(port.array)
+            assert grad is not None  # `gouts` holds the outputs with a gradient
             if not port.indirect:
                 inputs[f"__gout{i}"] = dace.Memlet(f"{grad}[{port.subset}]")
                 continue
@@ -257,6 +259,7 @@ class ElementwiseReverse:
         overwritten = [(i, ef.outputs[i]) for i in plan.gouts if ef.outputs[i].wcr is None]
         for n, (i, port) in enumerate(sorted(overwritten, key=lambda t: str(t[1].key))):
             grad = ctx.grad_of(port.array)
+            assert grad is not None  # one of `gouts`, which have a gradient
             value = plan.assigned.get(port.key, sympy.Integer(0))
             if not port.indirect:
                 lines.append((f"__gset{n}", value))
@@ -268,6 +271,7 @@ class ElementwiseReverse:
         for j in plan.accumulated:
             port = ef.inputs[j]
             grad = ctx.grad_of(port.array)
+            assert grad is not None  # a port with a contribution, which `_plan` gives only inputs with a gradient
             lines.append((f"__gin{j}", plan.contrib[j]))
             if port.indirect:
                 outputs[f"__ga{j}"] = _whole(grad, port, SUM)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import dace
 import sympy
-from gradflow.core.symbolic import reduction_type
 from dace.sdfg import nodes as nd
 
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import element_function
-from gradflow.autodiff.emit import SUM, add_element_tasklet, copy_array, full_index, map_ranges
-from gradflow.autodiff.rules import reverse_rule
+from gradflow.autodiff.emit import add_element_tasklet, copy_array, full_index, map_ranges
+from gradflow.autodiff.protocols import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative
+from gradflow.core.wcr import SUM, reduction_type
 
 _EXTREMA = {dace.dtypes.ReductionType.Max: "max", dace.dtypes.ReductionType.Min: "min"}
 

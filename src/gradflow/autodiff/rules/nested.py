@@ -28,19 +28,22 @@ from __future__ import annotations
 import copy
 
 import dace
-import sympy
 from dace import subsets
 from dace.sdfg import nodes as nd
 
 from gradflow.analysis.activity import is_float
 from gradflow.analysis.writes import overwritten_before_read_in
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import map_ranges, mapped_tasklet, safe_label, subset_elements
-from gradflow.autodiff.rules import reverse_rule
+from gradflow.autodiff.emit import (
+    map_ranges,
+    mapped_tasklet,
+    safe_label,
+    subset_elements,
+)
+from gradflow.autodiff.nesting import IN, PREFIX, inner_region, split_inout
+from gradflow.autodiff.protocols import reverse_rule
+from gradflow.autodiff.spec import OVERFLOW, ADSpec
 from gradflow.core.errors import NotDifferentiableError
-
-PREFIX = "gradflow_d_"
-IN = "gradflow_in_"  # the input side of a split in/out connector
 
 
 def _parts(site: OpSite) -> tuple[nd.NestedSDFG, nd.MapEntry | None]:
@@ -65,45 +68,13 @@ def _edges(site: OpSite, node: nd.NestedSDFG):
     return ins, outs
 
 
-def _split_inout(sdfg: dace.SDFG, regions: dict[str, subsets.Range]) -> None:
-    """Connector `c` of both directions becomes input `gradflow_in_<c>`, whose region `regions[c]` (what the
-    node reads, in the nested SDFG's coordinates) is copied into a private `c` first. Only that region: a
-    map runs one call per iteration over the same full-shaped arrays, and each owns its region only."""
-    if not regions:
-        return
-    first = sdfg.add_state_before(sdfg.start_block, "gradflow_split_inout", is_start_block=True)
-    for c, region in regions.items():
-        desc = copy.deepcopy(sdfg.arrays[c])
-        sdfg.add_datadesc(IN + c, desc)
-        sdfg.arrays[c].transient = True
-        first.add_nedge(first.add_read(IN + c), first.add_write(c), dace.Memlet(data=IN + c, subset=region,
-                                                                              other_subset=copy.deepcopy(region)))
-
-
-def _inner_region(node: nd.NestedSDFG, memlet: dace.Memlet, where: str) -> subsets.Range:
-    """`memlet`'s subset in the nested SDFG's coordinates. DaCe passes nested arguments as base pointers,
-    so coordinates agree and only symbols need renaming (outer symbol -> the inner one mapped to it)."""
-    inverse = {}
-    for inner, outer in node.symbol_mapping.items():
-        expr = dace.symbolic.pystr_to_symbolic(str(outer))
-        if isinstance(expr, sympy.Symbol):
-            inverse[expr] = dace.symbolic.symbol(inner)
-    region = copy.deepcopy(memlet.subset)
-    region.replace(inverse)
-    free = {str(s) for s in region.free_symbols} - set(node.symbol_mapping) - set(node.sdfg.symbols)
-    if free:
-        raise NotDifferentiableError(f"{where}: cannot express {memlet.subset} inside the nested SDFG "
-                                     f"(symbols {', '.join(sorted(free))})")
-    return region
-
-
 def _partial_outputs(node: nd.NestedSDFG, ins: dict, outs: dict, where: str) -> list[str]:
     """Output-only connectors that the nested SDFG may leave partly unwritten (it writes `x1[3]` through a
     memlet over all of `x1`; a checkpointed loop's step writes what its body writes). The elements it leaves
     keep their old value, so the gradient of that value is the cotangent there: such a connector is
     reversed as an in/out one (split, its old value read), never by clearing the whole memlet."""
     return sorted(c for c, e in outs.items() if c not in ins and not overwritten_before_read_in(
-        node.sdfg, c, _inner_region(node, e.data, where)))
+        node.sdfg, c, inner_region(node, e.data, where)))
 
 
 def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None:
@@ -122,23 +93,17 @@ def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None
 
 def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict[str, subsets.Range],
                seeds: dict[str, subsets.Range], ctx: ReverseContext) -> tuple[dace.SDFG, bool]:
-    """The nested SDFG (in/out connectors split) through the same normalization pipeline and engine (same
-    tables, the forwarding policy for a nested inside: a byte budget does not apply), in vjp mode with accumulating gradients; and whether it reports
-    bounded while loops through `gradflow_overflow`."""
-    from gradflow.autodiff.engine import OVERFLOW, ADSpec, build_reverse
-    from gradflow.autodiff.normalize import normalize_pipeline
-    from gradflow.core.graph import Graph
-    from gradflow.core.passes import unwrap_or_raise
-
+    """The nested SDFG (in/out connectors split) differentiated by the engine's `differentiate` (the same
+    normalization and tables; the forwarding policy for a nested inside: a byte budget does not apply), in
+    vjp mode with accumulating gradients; and whether it reports bounded while loops through
+    `gradflow_overflow`."""
     source = copy.deepcopy(node.sdfg)
-    _split_inout(source, regions)
-    graph = unwrap_or_raise(normalize_pipeline(ctx.tables.library)(Graph.adopt(source)))
-    inner = graph.sdfg  # built here from a private copy: no one else holds it
+    split_inout(source, regions)
     base = ctx.overflow_base + len(ctx.inner_bounded)
     spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding.inside_nested(), accumulate=True,
                   outermost=False, overflow_base=base,
                   seed_regions=tuple((c, str(r)) for c, r in sorted(seeds.items())))
-    interface = build_reverse(inner, spec, ctx.tables)
+    inner, interface = ctx.differentiate(source, spec)
     for name in interface.rules_used:
         ctx.note_rule(name)
     ctx.inner_bounded.extend(interface.bounded_loops)
@@ -147,6 +112,14 @@ def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict
             desc.transient = True  # the recomputed forward outputs are scratch
     inner.name = f"{node.sdfg.name}_vjp"
     return inner, OVERFLOW in inner.arrays
+
+
+def _grad_buffer(ctx: ReverseContext, array: str) -> str:
+    """The gradient buffer of the array of an active connector (`active_out` and `active_in` hold only
+    connectors whose array has one)."""
+    buffer = ctx.grad_of(array)
+    assert buffer is not None
+    return buffer
 
 
 @reverse_rule("map", priority=5, applies=_is_map_of_nested, name="NestedReverse[map]")
@@ -163,8 +136,6 @@ class NestedReverse:
         return frozenset(e.data.data for e in ins.values()) | frozenset(outs[c].data.data for c in partial)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:
-        from gradflow.autodiff.engine import OVERFLOW
-
         node, entry = _parts(site)
         where = f"nested SDFG '{node.label}' in state '{site.state.label}'"
         ins, outs = _edges(site, node)
@@ -180,10 +151,10 @@ class NestedReverse:
             for c in active_in:
                 _check_disjoint(entry, read_memlets[c], where)
         inner_in = {c: IN + c if c in shared else c for c in read_memlets}  # inner names of the forward inputs
-        regions = {c: _inner_region(node, read_memlets[c], where) for c in shared}
+        regions = {c: inner_region(node, read_memlets[c], where) for c in shared}
         # the part of each output's cotangent the call can read: what it writes (an in/out connector: what
         # it reads, which covers that, since elements it leaves pass their cotangent through)
-        seeds = {c: regions[c] if c in regions else _inner_region(node, outs[c].data, where) for c in active_out}
+        seeds = {c: regions[c] if c in regions else inner_region(node, outs[c].data, where) for c in active_out}
         inner, overflow = _inner_vjp(node, [inner_in[c] for c in active_in], active_out, regions, seeds, ctx)
         outer = dict(map_ranges(entry)) if entry is not None else {}
 
@@ -206,7 +177,7 @@ class NestedReverse:
             if read_memlets[c].subset.covers(outs[c].data.subset) is not True:
                 raise NotDifferentiableError(f"{where}: connector '{c}' writes {outs[c].data.subset}, outside the "
                                              f"part {read_memlets[c].subset} it reads")
-            memlet, grad = read_memlets[c], ctx.grad_of(read_memlets[c].data)
+            memlet, grad = read_memlets[c], _grad_buffer(ctx, read_memlets[c].data)
             desc = ctx.sdfg.arrays[grad]
             cotangent[c], _ = ctx.sdfg.add_array(f"gradflow_t_cot_{c}", desc.shape, desc.dtype, transient=True,
                                                  find_new_name=True)
@@ -248,10 +219,10 @@ class NestedReverse:
             if c in cotangent:
                 read(cotangent[c], PREFIX + c, read_memlets[c])
             else:
-                read(ctx.grad_of(outs[c].data.data), PREFIX + c, outs[c].data)
+                read(_grad_buffer(ctx, outs[c].data.data), PREFIX + c, outs[c].data)
         for c in active_in:
-            read(ctx.grad_of(read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
-            write(ctx.grad_of(read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
+            read(_grad_buffer(ctx, read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
+            write(_grad_buffer(ctx, read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
         if overflow:
             if OVERFLOW not in ctx.sdfg.arrays:
                 ctx.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
@@ -262,4 +233,4 @@ class NestedReverse:
             if c in cotangent:
                 continue
             memlet = outs[c].data
-            over_subset("clear", memlet, ctx.grad_of(memlet.data), "__o = 0", {})
+            over_subset("clear", memlet, _grad_buffer(ctx, memlet.data), "__o = 0", {})

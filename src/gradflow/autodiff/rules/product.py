@@ -22,17 +22,15 @@ import copy
 
 import dace
 import sympy
-from gradflow.core.symbolic import reduction_type
 from dace.sdfg import nodes as nd
 
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import element_function
-from gradflow.autodiff.emit import SUM, add_element_tasklet, full_index, map_ranges
-from gradflow.autodiff.rules import reverse_rule
+from gradflow.autodiff.emit import add_element_tasklet, full_index, map_ranges
+from gradflow.autodiff.protocols import reverse_rule
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative
-
-PRODUCT = "lambda a, b: a * b"
+from gradflow.core.wcr import PRODUCT, SUM, reduction_type
 
 
 def others(factor: str, nz: str, pnz: str) -> str:

@@ -8,13 +8,22 @@ pure pass `onnx_lower`; its per-op rules are the table
 
 from gradflow.core.errors import IndexOutOfRangeError
 from gradflow.frontend.onnx.errors import (
-    DynamicShapeError, ExternalDataError, InputMismatchError, InvalidNodeError, MalformedModelError, OnnxError,
-    TensorTooLargeError, UnsupportedOpError, UnsupportedOpsetError, UnsupportedTypeError,
+    DynamicShapeError,
+    ExternalDataError,
+    InputMismatchError,
+    InvalidNodeError,
+    MalformedModelError,
+    OnnxError,
+    TensorTooLargeError,
+    UnsupportedOpError,
+    UnsupportedOpsetError,
+    UnsupportedTypeError,
 )
 from gradflow.frontend.onnx.lower import OnnxLower, Signature, lower_model, model_graph
 from gradflow.frontend.onnx.model import OnnxModel, read_model
 from gradflow.frontend.onnx.program import OnnxProgram, load
-from gradflow.frontend.onnx.table import Node, default_table, onnx_rule
+from gradflow.frontend.onnx.rules import default_table
+from gradflow.frontend.onnx.table import Node, onnx_rule
 
 __all__ = [
     "load", "OnnxProgram", "OnnxModel", "read_model", "OnnxLower", "Signature", "lower_model", "model_graph",

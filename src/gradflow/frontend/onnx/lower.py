@@ -26,17 +26,29 @@ from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.core.rule_table import RuleTable
 from gradflow.frontend.onnx import fold, limits
 from gradflow.frontend.onnx.builder import (
-    Dim, InvalidNode, Lowering, NeedsValue, RuleUnsupported, Tensor, params, storage_dtype,
+    Dim,
+    InvalidNode,
+    Lowering,
+    NeedsValue,
+    RuleUnsupported,
+    Tensor,
+    params,
+    storage_dtype,
 )
 from gradflow.frontend.onnx.dtypes import check_dtype, input_dtype
 from gradflow.frontend.onnx.errors import (
-    DynamicShapeError, InvalidNodeError, MalformedModelError, UnsupportedOpError, UnsupportedOpsetError,
+    DynamicShapeError,
+    InvalidNodeError,
+    MalformedModelError,
+    UnsupportedOpError,
+    UnsupportedOpsetError,
     UnsupportedTypeError,
 )
 from gradflow.frontend.onnx.model import OnnxModel
 from gradflow.frontend.onnx.naming import Namer
+from gradflow.frontend.onnx.rules import default_table
 from gradflow.frontend.onnx.spec import check_attributes
-from gradflow.frontend.onnx.table import Node, default_table, opset_range, select_rule
+from gradflow.frontend.onnx.table import Node, opset_range, select_rule
 
 
 @attrs.frozen(eq=False)

@@ -1,13 +1,14 @@
-"""The ONNX lowering rule table: one rule per op type.
+"""The ONNX lowering rule table's vocabulary: `Node`, the verb `onnx_rule`, rule selection by opset.
 
 A rule is `fn(lw: Lowering, node: Node) -> None`: it reads its inputs from `lw`, builds the op's dataflow
 into new states of the SDFG under construction and records its outputs. `applies(node)` may check the
 opset or attributes; the highest-priority applicable rule wins (see `gradflow.core.rule_table`).
+The rule modules import this one; the built-in table itself is collected where they are listed
+(`gradflow.frontend.onnx.rules.default_table`).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -15,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gradflow.core.rule_table import Rule, RuleTable, collect, rule_verb
+from gradflow.core.rule_table import Rule, RuleTable, rule_verb
 
 #: The name of the ONNX lowering table.
 TABLE = "onnx_lowering"
@@ -82,9 +83,10 @@ def onnx_rule(*op_types: str, priority: int = 0, applies: Callable[[Node], bool]
 
     `opsets = (first, last)`: the model opsets the rule implements the op's semantics for (inclusive); a
     node of a model outside every rule's range is an `UnsupportedOpsetError`. Marking registers nothing:
-    the built-in table is collected from the rule modules listed in `gradflow.frontend.onnx.rules.MODULES`;
-    a user's own rules go into a table value (`default_table() + RuleTable(...)`) handed to
-    `OnnxLower(table=...)` or `load(..., table=...)`. Rule names are `<function>[<op>]`.
+    the built-in table (`gradflow.frontend.onnx.rules.default_table()`) is collected from the rule modules
+    listed in `gradflow.frontend.onnx.rules.MODULES`; a user's own rules go into a table value
+    (`default_table() + RuleTable(...)`) handed to `OnnxLower(table=...)` or `load(..., table=...)`. Rule
+    names are `<function>[<op>]`.
     """
     first, last = opsets
     if not 1 <= first <= last:
@@ -113,14 +115,6 @@ def select_rule(table: RuleTable, node: Node) -> tuple[Rule | None, list[Rule]]:
         if first <= node.opset <= last and rule.applies(node):
             return rule, candidates
     return None, candidates
-
-
-@functools.cache
-def default_table() -> RuleTable:
-    """The built-in lowering rules, collected from the rule modules (one value per process)."""
-    from gradflow.frontend.onnx.rules import MODULES
-
-    return collect(TABLE, MODULES)
 
 
 def as_int_list(value: Any) -> list[int]:

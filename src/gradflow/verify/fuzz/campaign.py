@@ -210,7 +210,7 @@ def report(records: Sequence[dict], command: str = "") -> str:
     if command:
         lines += [f"Command: `{command}`", ""]
     lines += [f"Programs: {total}", "", "| verdict | programs | share |", "|---|---:|---:|"]
-    for kind in ("ok", "WRONG", "refused", "crash", "dace", "invalid"):
+    for kind in ("ok", "WRONG", "unstable", "refused", "crash", "dace", "invalid"):
         share = 100.0 * kinds.get(kind, 0) / total if total else 0.0
         lines.append(f"| {kind} | {kinds.get(kind, 0)} | {share:.2f}% |")
     if seconds:
@@ -221,7 +221,7 @@ def report(records: Sequence[dict], command: str = "") -> str:
     for r in records:
         runs.setdefault(r.get("run", "(not recorded)"), []).append(r)
     if len(runs) > 1:
-        kinds_ = ("ok", "WRONG", "refused", "crash", "dace", "invalid")
+        kinds_ = ("ok", "WRONG", "unstable", "refused", "crash", "dace", "invalid")
         lines += ["", "| run | programs | " + " | ".join(kinds_) + " |", "|---|---:|" + "---:|" * len(kinds_)]
         for run, rs in runs.items():
             counts = Counter(r["verdict"]["kind"] for r in rs)
@@ -236,7 +236,7 @@ def report(records: Sequence[dict], command: str = "") -> str:
         lines += ["", "## Refusals by class", "", "| class | programs |", "|---|---:|"]
         for cls, count in classes.most_common():
             lines.append(f"| {cls.replace('|', '/')} | {count} |")
-    for kind in ("WRONG", "crash"):
+    for kind in ("WRONG", "crash", "unstable"):
         failing = [r for r in records if r["verdict"]["kind"] == kind]
         if failing:
             lines += ["", f"## {kind}", ""]

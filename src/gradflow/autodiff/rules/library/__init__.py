@@ -11,7 +11,7 @@ Covered and uncovered nodes: `docs/library_nodes.md`.
 from __future__ import annotations
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.rules import library_rule_for, reverse_rule
+from gradflow.autodiff.protocols import library_rule_for, reverse_rule
 from gradflow.core.errors import NoRuleError
 
 
@@ -23,7 +23,9 @@ def _rule(site: OpSite, ctx: ReverseContext):
             "library", f"{type(node).__name__} '{node}'", f"state '{site.state.label}'",
             "run expand_library_nodes with the same library table first (it expands nodes without a rule)",
         )
-    ctx.note_rule(ctx.tables.library.lookup(type(node).__name__, node).name)
+    entry = ctx.tables.library.lookup(type(node).__name__, node)
+    assert entry is not None  # the same lookup found `rule` just above
+    ctx.note_rule(entry.name)
     return rule
 
 

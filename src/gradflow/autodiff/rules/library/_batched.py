@@ -14,8 +14,14 @@ from __future__ import annotations
 import dace
 
 from gradflow.autodiff.context import ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules.library._common import Operand, element, ranges_over, transient
+from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.rules.library._common import (
+    Operand,
+    element,
+    ranges_over,
+    transient,
+)
+from gradflow.core.wcr import SUM
 
 
 def batched_reverse(ctx: ReverseContext, label: str, a: Operand, b: Operand, c: Operand, values: dict,

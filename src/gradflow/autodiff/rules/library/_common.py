@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Sequence, overload
 
 import attrs
 import dace
@@ -94,7 +94,7 @@ def accumulates(out: Operand, site: OpSite) -> bool:
     """True when the node adds into its output (write-conflict sum) rather than overwriting it."""
     if out.wcr is None:
         return False
-    from gradflow.core.symbolic import reduction_type
+    from gradflow.core.wcr import reduction_type
 
     if reduction_type(out.wcr) == dace.dtypes.ReductionType.Sum:
         return True
@@ -110,14 +110,25 @@ def element(op: Operand, params: Sequence[str | None]) -> str:
     return ", ".join(index)
 
 
-def ranges_over(op: Operand, prefix: str, dims: Sequence[int] | None = None) -> tuple[dict[str, str], list]:
-    """Map ranges over `op.subset` (the given dims, default all) and the per-dimension parameter list."""
+@overload
+def ranges_over(op: Operand, prefix: str, dims: None = None) -> tuple[dict[str, str], list[str]]: ...
+
+
+@overload
+def ranges_over(op: Operand, prefix: str, dims: Sequence[int]) -> tuple[dict[str, str], list[str | None]]: ...
+
+
+def ranges_over(op: Operand, prefix: str,
+                dims: Sequence[int] | None = None) -> tuple[dict[str, str], list[str] | list[str | None]]:
+    """Map ranges over `op.subset` (the given dims, default all) and the per-dimension parameter list
+    (None for a dimension not in `dims`)."""
     dims = range(op.dims) if dims is None else dims
     params: list[str | None] = [None] * op.dims
-    ranges = {}
+    ranges: dict[str, str] = {}
     for d in dims:
-        params[d] = f"{prefix}{d}"
-        ranges[params[d]] = f"0:{op.sizes()[d]}"
+        param = f"{prefix}{d}"
+        params[d] = param
+        ranges[param] = f"0:{op.sizes()[d]}"
     return ranges, params
 
 

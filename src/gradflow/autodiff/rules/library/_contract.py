@@ -21,8 +21,14 @@ import sympy
 from dace.libraries.blas import Gemm, Gemv
 
 from gradflow.autodiff.context import ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules.library._factors import VIRTUAL, Factor, matrix_dims, squeezed_dims
+from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.rules.library._factors import (
+    VIRTUAL,
+    Factor,
+    matrix_dims,
+    squeezed_dims,
+)
+from gradflow.core.wcr import SUM
 
 
 @attrs.frozen
@@ -78,7 +84,7 @@ def _as_gemm(ctx, label, out: Term, x: Term, y: Term, s: str, alpha) -> bool:
     gemm = Gemm(f"rev_{label}", transA=left.letters != out.letters[0] + s, transB=right.letters != s + out.letters[1],
                 alpha=alpha, beta=1, cin=False)
     state.add_node(gemm)
-    reads = {}
+    reads: dict[str, dace.nodes.AccessNode] = {}
     for conn, term in (("_a", left), ("_b", right)):
         node = reads.setdefault(term.array, state.add_read(term.array))
         state.add_edge(node, None, gemm, conn, term.memlet())
@@ -101,7 +107,7 @@ def _as_gemv(ctx, label, out: Term, x: Term, y: Term, s: str, alpha) -> bool:
     gemv = Gemv(f"rev_{label}", transA=matrix.letters != out.letters + s, alpha=alpha, beta=0)
     gemv.beta = 1
     state.add_node(gemv)
-    reads = {}
+    reads: dict[str, dace.nodes.AccessNode] = {}
     for conn, term in (("_A", matrix), ("_x", vector)):
         node = reads.setdefault(term.array, state.add_read(term.array))
         state.add_edge(node, None, gemv, conn, term.memlet())

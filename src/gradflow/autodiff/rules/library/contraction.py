@@ -25,11 +25,11 @@ import dace
 from dace import subsets
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import library_rule
-from gradflow.core.symbolic import reduction_type
+from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.protocols import library_rule
 from gradflow.autodiff.rules.library._common import Operand, element, node_of, where
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.wcr import SUM, reduction_type
 
 
 @attrs.frozen
@@ -93,10 +93,10 @@ def _tensordot(site: OpSite) -> Contraction:
                                          "which DaCe's TensorDot expansions assume", "copy the slice into an array")
     letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     lw = [next(letters) for _ in range(left.dims)]
-    rw = [None] * right.dims
+    shared: list[str | None] = [None] * right.dims  # the letters of the contracted axes of `right`
     for la, ra in zip(node.left_axes, node.right_axes):
-        rw[ra] = lw[la]
-    rw = [w or next(letters) for w in rw]
+        shared[ra] = lw[la]
+    rw = [w or next(letters) for w in shared]
     result = [w for d, w in enumerate(lw) if d not in node.left_axes]
     result += [w for d, w in enumerate(rw) if d not in node.right_axes]
     if node.permutation:

@@ -11,10 +11,21 @@ expansion.
 from __future__ import annotations
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.rules import library_rule
-from gradflow.autodiff.rules.library._common import Operand, bilinear_needs, clear, node_of, operands, where
+from gradflow.autodiff.protocols import library_rule
+from gradflow.autodiff.rules.library._common import (
+    Operand,
+    bilinear_needs,
+    clear,
+    node_of,
+    operands,
+    where,
+)
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.library.convolution import ConvolutionGradInput, ConvolutionGradWeights, wire
+from gradflow.library.convolution import (
+    ConvolutionGradInput,
+    ConvolutionGradWeights,
+    wire,
+)
 
 
 def _operands(site: OpSite) -> tuple[Operand, Operand, Operand]:

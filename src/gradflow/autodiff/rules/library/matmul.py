@@ -17,15 +17,30 @@ import dace
 from dace.libraries.blas import Dot, Gemv
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import library_rule
+from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.protocols import library_rule
 from gradflow.autodiff.rules.library._batched import batched_reverse
 from gradflow.autodiff.rules.library._common import (
-    Operand, accumulates, bilinear_needs, clear, disjoint, element, node_of, operands, ranges_over, where,
+    Operand,
+    accumulates,
+    bilinear_needs,
+    clear,
+    disjoint,
+    element,
+    node_of,
+    operands,
+    ranges_over,
+    where,
 )
 from gradflow.autodiff.rules.library._contract import Term, contract
-from gradflow.autodiff.rules.library._factors import Factor, Product, layout_issue, product_of
+from gradflow.autodiff.rules.library._factors import (
+    Factor,
+    Product,
+    layout_issue,
+    product_of,
+)
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.wcr import SUM
 
 #: Input connectors (first, second) and the output connector of each node class.
 _CONNECTORS = {Dot: ("_x", "_y", "_result"), Gemv: ("_A", "_x", "_y")}

@@ -24,15 +24,22 @@ import re
 
 import dace
 import sympy
-from gradflow.core.symbolic import reduction_type
 from dace.libraries.standard import Reduce
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet, fill
-from gradflow.autodiff.rules import library_rule
-from gradflow.autodiff.rules.library._common import Operand, clear, element, node_of, operands, where
+from gradflow.autodiff.emit import add_element_tasklet, fill
+from gradflow.autodiff.protocols import library_rule
+from gradflow.autodiff.rules.library._common import (
+    Operand,
+    clear,
+    element,
+    node_of,
+    operands,
+    where,
+)
 from gradflow.autodiff.rules.product import product_reverse
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.wcr import SUM, reduction_type
 
 _KINDS = {dace.dtypes.ReductionType.Sum: "sum", dace.dtypes.ReductionType.Max: "max",
           dace.dtypes.ReductionType.Min: "min"}

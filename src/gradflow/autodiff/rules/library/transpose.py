@@ -9,10 +9,19 @@ from __future__ import annotations
 import dace
 
 from gradflow.autodiff.context import OpSite, ReverseContext
-from gradflow.autodiff.emit import SUM, add_element_tasklet
-from gradflow.autodiff.rules import library_rule
-from gradflow.autodiff.rules.library._common import accumulates, clear, element, node_of, operands, ranges_over, where
+from gradflow.autodiff.emit import add_element_tasklet
+from gradflow.autodiff.protocols import library_rule
+from gradflow.autodiff.rules.library._common import (
+    accumulates,
+    clear,
+    element,
+    node_of,
+    operands,
+    ranges_over,
+    where,
+)
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.wcr import SUM
 
 
 def _applies(node) -> bool:

@@ -13,6 +13,7 @@ import numpy as np
 import sympy
 from dace.libraries.blas import Gemm
 
+from gradflow.core.wcr import SUM
 from gradflow.frontend.onnx.builder import (
     Checked, Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, exact_div, literal_float, norm_axis, norm_dim,
     params, prod, row_major_index, same_extent, storage_dtype, sub,
@@ -22,7 +23,6 @@ from gradflow.frontend.onnx.rules.reduce import kept_shape, reduce_into
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 from gradflow.library.convolution import Convolution, wire
 
-SUM = "lambda a, b: a + b"
 
 
 def _floor_div(a: Dim, b: int) -> Dim:

@@ -12,13 +12,13 @@ import numpy as np
 
 from dace.libraries.blas import Gemm
 
+from gradflow.core.wcr import SUM
 from gradflow.frontend.onnx.builder import (
     InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, norm_dim, same_extent,
 )
 from gradflow.frontend.onnx.rules.linalg import library_product, on_blas
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
 
-SUM = "lambda a, b: a + b"
 
 #: The gate activations this lowering implements (ONNX's defaults): f, g, h of the specification.
 _DEFAULT_ACTIVATIONS = ("Sigmoid", "Tanh", "Tanh")

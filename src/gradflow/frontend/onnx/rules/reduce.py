@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from gradflow.core.wcr import MAX, MIN, PRODUCT, SUM
 from gradflow.frontend.onnx.builder import Dim, Lowering, Tensor, dstr, norm_axes, norm_axis, params, prod
 from gradflow.frontend.onnx.rules.tensor import axes_of
 from gradflow.frontend.onnx.table import Node, onnx_rule
 
-WCR = {"sum": "lambda a, b: a + b", "prod": "lambda a, b: a * b", "max": "lambda a, b: max(a, b)",
-       "min": "lambda a, b: min(a, b)"}
+WCR = {"sum": SUM, "prod": PRODUCT, "max": MAX, "min": MIN}
 
 
 def kept_shape(x: Tensor, axes: list[int]) -> tuple[Dim, ...]:

@@ -17,10 +17,9 @@ from typing import Callable
 
 import numpy as np
 
+from gradflow.core.wcr import SUM
 from gradflow.frontend.onnx.builder import Lowering, RuleUnsupported, Tensor, norm_axes, params, sub
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, as_int_list, onnx_rule
-
-SUM = "lambda a, b: a + b"
 
 #: Kernel weights of one output element: (ratio in (0, 1], scale) -> one weight per neighbour.
 Coeffs = Callable[[float, float], np.ndarray]

@@ -9,11 +9,11 @@ import numpy as np
 from dace.libraries.blas import MatMul
 
 import gradflow
-from gradflow.autodiff.views import RemoveViews
+from gradflow.transforms.views import RemoveViews
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline
 from gradflow.optimize import optimized
-from gradflow.optimize.product_scales import FoldProductScales, _candidates
+from gradflow.transforms.product_scales import FoldProductScales, _candidates
 from gradflow.runtime.compile import compile_sdfg
 
 N, M = 6, 4

@@ -11,7 +11,7 @@ from dace.sdfg import nodes as nd
 
 import gradflow
 from gradflow import NotDifferentiableError
-from gradflow.autodiff.indirection import LowerIndirection, indexed_connectors
+from gradflow.transforms.indirection import LowerIndirection, indexed_connectors
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 

@@ -1,4 +1,4 @@
-"""`raise_convolutions` (`autodiff/idioms.py`): NPBench's loop-nest convolutions become `Convolution` nodes
+"""`raise_convolutions` (`transforms/idioms.py`): NPBench's loop-nest convolutions become `Convolution` nodes
 that compute the same values; near misses stay loops. The gradients of the raised NPBench networks are
 checked against torch in `tests/corpus/test_npbench_grad.py` (conv2d_bias, lenet, resnet)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from dace.sdfg.state import LoopRegion
 
-from gradflow.autodiff.idioms import RaiseConvolutions, matches
+from gradflow.transforms.idioms import RaiseConvolutions, find_matches
 from gradflow.core.graph import Graph
 from gradflow.library.convolution import Convolution
 from gradflow.runtime.compile import compile_sdfg
@@ -94,5 +94,5 @@ def loop_variable_read_after(x: f64[N, H, W, C], w: f64[3, 3, C, M], out: f64[N,
 def test_near_misses_stay_loops(program) -> None:
     graph = Graph.of(program.to_sdfg(simplify=True))
     assert _loops(graph) >= 2
-    assert not matches(graph.sdfg)
+    assert not find_matches(graph.sdfg)
     assert RaiseConvolutions()(graph).unwrap() is graph

@@ -23,17 +23,16 @@ import dace
 from dace.properties import CodeBlock
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
-from returns.result import Success
 
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 from gradflow.core.symbolic import read_tasklet, unassigned
 
 
 def _scope_chain(state: SDFGState, node: nd.Node) -> list[nd.EntryNode]:
     """The map entries around `node`, outermost first."""
-    chain = []
+    chain: list[nd.EntryNode] = []
     entry = state.entry_node(node)
     while entry is not None:
         chain.insert(0, entry)
@@ -90,16 +89,13 @@ def _sites(sdfg: dace.SDFG) -> list:
 
 @register_pass
 @attrs.frozen
-class CompleteConditionalWrites(Pass):
+class CompleteConditionalWrites(RewritePass):
     """Outputs a tasklet assigns on some paths only read the element's old value explicitly (module doc)."""
 
     name: ClassVar[str] = "complete_conditional_writes"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not any(_sites(sub) for sub in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            for state, tasklet, edge in _sites(sub):
-                _complete(state, tasklet, edge)
-        return Success(Graph.adopt(sdfg, graph.meta))
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _sites(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _complete(*match)

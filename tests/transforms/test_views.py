@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gradflow
-from gradflow.autodiff.views import RemoveViews
+from gradflow.transforms.views import RemoveViews
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.runtime.compile import compile_sdfg
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 import attrs
 import dace
@@ -44,6 +44,7 @@ from returns.result import Success
 from gradflow.analysis.dependence import body_accesses, loop_independence
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.wcr import SUM
 
 
 def _accumulation(state: dace.SDFGState, tasklet: nd.Tasklet) -> tuple | None:
@@ -96,7 +97,7 @@ def _sums_in_loops(sdfg: dace.SDFG) -> int:
                 if state.degree(source) == 0:
                     state.remove_node(source)
                 tasklet.code = dace.properties.CodeBlock(f"{write.src_conn} = {ast.unparse(added)}")
-                write.data.wcr = "lambda a, b: a + b"
+                write.data.wcr = SUM
                 rewritten += 1
     return rewritten
 
@@ -194,7 +195,7 @@ def _rereads_overwritten(state: dace.SDFGState) -> str | None:
     not one reverse mode differentiates (the map's reverse would read elements other iterations
     overwrote): it stays a loop, reversed as a loop."""
     accesses = body_accesses(state)
-    written_at = {}
+    written_at: dict[str, set[str]] = {}
     for access in accesses:
         if access.kind == "write":
             written_at.setdefault(access.array, set()).add(access.subset)
@@ -211,6 +212,7 @@ def _to_map(sdfg: dace.SDFG, loop: LoopRegion) -> bool:
     verdict = loop_independence(loop)
     if not verdict.independent or _rereads_overwritten(loop.nodes()[0]) is not None:
         return False
+    assert verdict.counted is not None  # `loop_independence` finds iterations independent only in a counted loop
     if verdict.counted.step < 0:
         # DaCe's LoopToMap gives `range(M - 1, 1, -2)` a map over one value too few when the span is even
         # (`gradflow fuzz --seed 203`, program 596): a descending loop is not rewritten
@@ -283,6 +285,10 @@ def _convert(program: dace.SDFG, skip: set[str] | frozenset[str]) -> tuple[dace.
     return sdfg, converted, None
 
 
+def _labels(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
 @register_pass
 @attrs.frozen
 class LoopsToMaps(Pass):
@@ -290,7 +296,7 @@ class LoopsToMaps(Pass):
     docstring). Loops labelled in `keep` stay loops: a forwarding policy that checkpoints a loop names it
     by its label (`ad_pipeline` passes those labels)."""
 
-    keep: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    keep: frozenset[str] = attrs.field(default=frozenset(), converter=_labels)
     name: ClassVar[str] = "loops_to_maps"
 
     def run(self, graph: Graph) -> PassResult:

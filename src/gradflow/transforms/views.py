@@ -50,10 +50,12 @@ def _view_edge(state: SDFGState, view: nd.AccessNode):
     """The edge joining the view to the array it views, and that array's access node."""
     sdfg = state.sdfg
     for e in state.in_edges(view):
-        if isinstance(e.src, nd.AccessNode) and e.data.data == e.src.data and not isinstance(sdfg.arrays[e.src.data], dace.data.View):
+        if (isinstance(e.src, nd.AccessNode) and e.data.data == e.src.data
+                and not isinstance(sdfg.arrays[e.src.data], dace.data.View)):
             return e, e.src
     for e in state.out_edges(view):
-        if isinstance(e.dst, nd.AccessNode) and e.data.data == e.dst.data and not isinstance(sdfg.arrays[e.dst.data], dace.data.View):
+        if (isinstance(e.dst, nd.AccessNode) and e.data.data == e.dst.data
+                and not isinstance(sdfg.arrays[e.dst.data], dace.data.View)):
             return e, e.dst
     return None, None
 

@@ -29,12 +29,13 @@ import dace
 import networkx as nx
 from dace import subsets
 from dace.sdfg import nodes as nd
+from dace.sdfg.graph import Edge
 from dace.sdfg.state import ConditionalBlock, LoopRegion, SDFGState
 from returns.result import Success
 
-from gradflow.autodiff.views import simplify
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.transforms.views import simplify
 
 
 def indexed_connectors(tasklet: nd.Tasklet) -> set[str]:
@@ -90,7 +91,7 @@ def _widen(sdfg: dace.SDFG, dry: bool = False) -> bool:
 @attrs.frozen
 class _Candidate:
     symbol: str
-    edge: object  # the interstate edge assigning it
+    edge: Edge[dace.InterstateEdge]  # the interstate edge assigning it
     code: str  # its value as tasklet code, reading the element `reads[k]` as `__i<k>`
     reads: tuple[tuple[str, str], ...]  # (array, subset) of each element the value reads
 
@@ -154,9 +155,12 @@ def _candidates(sdfg: dace.SDFG) -> list[_Candidate]:
         except SyntaxError:
             continue
         reads = _array_reads(expr, sdfg.arrays)
-        if not reads or any(r.value.id in written or _array_reads(r.slice, sdfg.arrays) for r in reads):
+        # the `.value` of each read is an ast.Name (`_array_reads` keeps only those); mypy cannot see that
+        if not reads or any(r.value.id in written  # type: ignore[attr-defined]
+                            or _array_reads(r.slice, sdfg.arrays) for r in reads):
             continue
-        names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} - {r.value.id for r in reads}
+        names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+        names -= {r.value.id for r in reads}  # type: ignore[attr-defined]  # an ast.Name, as above
         changing = (set(assigned) | loop_vars) - _enclosing_loop_variables(edge.src.parent_graph)
         if names & changing:
             continue
@@ -289,7 +293,9 @@ class _Rewriter:
         state.remove_edge(edge)
         if self._uses_symbol(src_sub):  # a gather from edge.src
             array = edge.src.data
-            tasklet, whole = self._indirection(state, label, array, self._element(src_sub), read=True)
+            index = self._element(src_sub)
+            assert index is not None  # `check` accepted this edge: its subset is one element
+            tasklet, whole = self._indirection(state, label, array, index, read=True)
             state.add_edge(edge.src, None, tasklet, "__arr", whole)
             if isinstance(edge.dst, nd.AccessNode):
                 state.add_edge(tasklet, "__out", edge.dst, None, dace.Memlet(data=edge.dst.data, subset=dst_sub))
@@ -300,8 +306,9 @@ class _Rewriter:
                 state.add_edge(node, None, edge.dst, edge.dst_conn, dace.Memlet(f"{tmp}[0]"))
         else:  # a scatter into edge.dst
             array = edge.dst.data
-            tasklet, whole = self._indirection(state, label, array, self._element(dst_sub), read=False,
-                                               wcr=memlet.wcr)
+            index = self._element(dst_sub)
+            assert index is not None  # `check` accepted this edge: its subset is one element
+            tasklet, whole = self._indirection(state, label, array, index, read=False, wcr=memlet.wcr)
             state.add_edge(tasklet, "__arr", edge.dst, None, whole)
             if isinstance(edge.src, nd.AccessNode):
                 state.add_edge(edge.src, None, tasklet, "__inp", dace.Memlet(data=edge.src.data, subset=src_sub))

@@ -28,10 +28,11 @@ import dace
 import sympy
 from dace.libraries.blas import Gemm, Gemv, MatMul
 from dace.sdfg import nodes as nd
+from dace.sdfg.graph import MultiConnectorEdge
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
-from gradflow.optimize.first_writes import named_by_control
+from gradflow.analysis.access import named_by_control
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 
 #: the operand connectors of each product node that `alpha` multiplies
 _OPERANDS = {MatMul: ("_a", "_b"), Gemm: ("_a", "_b"), Gemv: ("_A", "_x")}
@@ -42,7 +43,7 @@ class ScaledOperand:
     """A product `node` reading transient `scaled` (= `factor` * `source`) written by the map `entry`."""
 
     node: nd.LibraryNode
-    edge: object  # the product's in-edge from the temporary
+    edge: MultiConnectorEdge[dace.Memlet]  # the product's in-edge from the temporary
     entry: nd.MapEntry
     source: nd.AccessNode
     scaled: nd.AccessNode
@@ -184,10 +185,16 @@ def _fold(state: dace.SDFGState, match: ScaledOperand) -> None:
 
 @register_pass
 @attrs.frozen
-class FoldProductScales(Pass):
+class FoldProductScales(RewritePass):
     """A product reading `c * s` through a temporary reads `s`, with `alpha` times `c` (module doc)."""
 
     name: ClassVar[str] = "fold_product_scales"
 
-    def run(self, graph: Graph) -> PassResult:
-        return rewrite_one_at_a_time(graph, _candidates, lambda sdfg, found: _fold(*found))
+    strategy: ClassVar[str] = ONE_AT_A_TIME  # a fold changes the operands of the next
+    resets_cfg: ClassVar[bool] = True
+
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _fold(*match)

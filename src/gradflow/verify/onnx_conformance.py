@@ -2,7 +2,9 @@
 
 Cases come from `onnx.backend.test.case.node.collect_testcases` (generated in memory; expected outputs
 computed by ONNX's reference implementation). A case passes when every data set matches with the case's
-own tolerances. Shared by the CI test (a curated subset) and benchmarks/onnx_conformance.py (all cases).
+own tolerances. Shared by the ONNX table's checks (`verify/onnx_ops.py`), the CI test (a curated subset)
+and benchmarks/onnx_conformance.py (all cases). A check of the frontend against references, so it lives
+with the other checks (`verify/compare.py` decides agreement), above the frontend it runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from typing import Any
 
 import attrs
 import numpy as np
+
+from gradflow.frontend.onnx.backend import GradflowBackend
+from gradflow.frontend.onnx.errors import UnsupportedOpError, UnsupportedTypeError
+from gradflow.verify.compare import CheckFailure, agree
 
 #: The ops in scope of issue 5 (the frontend lowers more; these are the ones measured).
 OPS_IN_SCOPE = (
@@ -75,8 +81,6 @@ class Outcome:
 
 
 def _category(exc: BaseException) -> str:
-    from gradflow.frontend.onnx.errors import UnsupportedOpError, UnsupportedTypeError
-
     if isinstance(exc, UnsupportedTypeError):
         return "non-tensor" if exc.type_name in ("sequence", "optional", "map", "sparse_tensor", "untyped") else "element-type"
     if isinstance(exc, UnsupportedOpError):
@@ -88,9 +92,6 @@ def measure_case(case: Any) -> float:
     """Load the case's model with gradflow, run every data set and compare with the reference outputs at
     the case's own tolerances: the worst relative error, or `CheckFailure` naming the output at fault.
     Lowering and compile errors propagate (typed `GradflowError`s)."""
-    from gradflow.frontend.onnx.backend import GradflowBackend
-    from gradflow.verify.compare import CheckFailure, agree
-
     rep = GradflowBackend.prepare(case.model, "CPU")
     worst = 0.0
     for n, (inputs, expected) in enumerate(case.data_sets):
@@ -109,8 +110,6 @@ def measure_case(case: Any) -> float:
 
 def run_case(case: Any) -> Outcome:
     """`measure_case`, with every failure classified (`CATEGORIES`) instead of raised."""
-    from gradflow.verify.compare import CheckFailure
-
     op = case_op(case)
     try:
         measure_case(case)

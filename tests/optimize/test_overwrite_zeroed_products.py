@@ -10,7 +10,7 @@ from dace.libraries.blas.nodes.gemm import Gemm
 
 import gradflow
 from gradflow.core.passes import Pipeline
-from gradflow.optimize.first_writes import OverwriteZeroedProducts, _candidates
+from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts, _candidates
 from gradflow.runtime.compile import compile_sdfg
 
 N, K = 6, 5
@@ -107,7 +107,7 @@ def test_a_buffer_that_another_contribution_reaches_first_keeps_its_zeros() -> N
 def test_a_loop_whose_condition_reads_the_buffer_touches_it() -> None:
     from dace.sdfg.state import LoopRegion
 
-    from gradflow.optimize.first_writes import touches
+    from gradflow.analysis.access import touches
 
     loop = LoopRegion("scan", "i < 4 and buf[0] < 3.0", "i", "i = 0", "i = i + 1")
     loop.add_state("body", is_start_block=True)

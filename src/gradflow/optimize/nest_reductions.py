@@ -33,11 +33,9 @@ from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
 from dace.sdfg.propagation import propagate_memlet
 from dace.transformation.dataflow import MapExpansion
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
-
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 
 #: write-conflict reductions this pass reorders; only sums go through registers. A max or min DaCe makes
 #: an OpenMP critical section per update on floating types (a MaxPool's window: 22% of LeNet's time at two
@@ -312,17 +310,15 @@ def accumulate_in_register(sdfg: dace.SDFG, state: dace.SDFGState, edge, loop: n
 
 @register_pass
 @attrs.frozen
-class NestReductions(Pass):
+class NestReductions(RewritePass):
     """Maps summing into elements some of their parameters own: parallel over those, sequential over
     the rest (see the module docstring)."""
 
     name: ClassVar[str] = "nest_reductions"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not any(_candidates(s) for s in graph.sdfg.all_sdfgs_recursive()):
-            return Success(graph)
-        sdfg = graph.editable()
-        for sub in sdfg.all_sdfgs_recursive():
-            for state, entry, owned in _candidates(sub):
-                _nest(sub, state, entry, owned)
-        return Success(Graph.adopt(sdfg, graph.meta))
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        state, entry, owned = match
+        _nest(sdfg, state, entry, owned)

@@ -11,7 +11,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
 
 from gradflow.api import grad_graph
-from gradflow.autodiff.parallel_loops import LoopsToMaps
+from gradflow.transforms.parallel_loops import LoopsToMaps
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 

@@ -11,8 +11,8 @@ from dace.libraries.standard import Reduce
 from dace.sdfg.state import LoopRegion
 
 import gradflow
-from gradflow.autodiff.loop_reductions import RaiseLoopReductions, _candidates
-from gradflow.autodiff.views import RemoveViews
+from gradflow.transforms.loop_reductions import RaiseLoopReductions, _candidates
+from gradflow.transforms.views import RemoveViews
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 

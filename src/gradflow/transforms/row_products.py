@@ -37,8 +37,8 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
 
 from gradflow.analysis.loops import assigned_symbols, counted_loop
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 
 
 @attrs.frozen
@@ -162,11 +162,17 @@ def _hoist(sdfg: dace.SDFG, r: RowProduct) -> None:
 
 @register_pass
 @attrs.frozen
-class HoistRowProducts(Pass):
+class HoistRowProducts(RewritePass):
     """A loop of vector-matrix products over the columns of a matrix reads rows of one matrix product
     computed before it (see the module doc)."""
 
     name: ClassVar[str] = "hoist_row_products"
 
-    def run(self, graph: Graph) -> PassResult:
-        return rewrite_one_at_a_time(graph, _candidates, _hoist)
+    strategy: ClassVar[str] = ONE_AT_A_TIME  # a hoist replaces the loop the next match is in
+    resets_cfg: ClassVar[bool] = True
+
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _hoist(sdfg, match)

@@ -12,7 +12,7 @@ import numpy as np
 from dace.sdfg import nodes as nd
 
 from gradflow.core.graph import Graph
-from gradflow.optimize.owned_sums import NestReductions, owners
+from gradflow.optimize.nest_reductions import NestReductions, owners
 from gradflow.runtime.compile import compile_sdfg
 
 N, K = dace.symbol("N"), dace.symbol("K")

@@ -11,8 +11,8 @@ import numpy as np
 from dace.libraries.blas import Gemm, MatMul
 
 import gradflow
-from gradflow.autodiff.row_products import HoistRowProducts, _candidates
-from gradflow.autodiff.views import RemoveViews
+from gradflow.transforms.row_products import HoistRowProducts, _candidates
+from gradflow.transforms.views import RemoveViews
 from gradflow.core.graph import Graph
 from gradflow.runtime.compile import compile_sdfg
 

@@ -35,12 +35,11 @@ from dace import symbolic
 from dace.libraries.standard import Reduce
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
-from returns.result import Success
 
 from gradflow.analysis.loops import counted_loop
-from gradflow.core.graph import Graph
-from gradflow.core.symbolic import reduction_type
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
+from gradflow.core.wcr import reduction_type
 from gradflow.library.convolution import Convolution, wire
 
 
@@ -142,8 +141,9 @@ def _uses(sdfg: dace.SDFG, name: str) -> int:
     return sum(1 for s in sdfg.states() for n in s.data_nodes() if n.data == name)
 
 
-def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> ConvolutionLoops | None:
-    """The convolution `loop` computes (module docstring), or None."""
+def _pixel_loops(loop: LoopRegion) -> tuple | None:
+    """(OH, the inner loop, OW, the state inside) when `loop` is `for i in range(OH): for j in range(OW):`
+    around a single state, else None."""
     oh = _from_zero(loop)
     if oh is None or len(loop.nodes()) != 1 or not isinstance(loop.nodes()[0], LoopRegion):
         return None
@@ -151,7 +151,34 @@ def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> Convo
     ow = _from_zero(inner)
     if ow is None or len(inner.nodes()) != 1 or not isinstance(inner.nodes()[0], dace.SDFGState):
         return None
-    state = inner.nodes()[0]
+    return oh, inner, ow, inner.nodes()[0]
+
+
+def _writes_pixel(dst, i, j, n_ext, m_ext) -> bool:
+    """The copy out writes out[0:N, i, j, 0:M]: one output pixel of every image and channel."""
+    (b0, e0, _), (b1, e1, _), (b2, e2, _), (b3, e3, _) = dst
+    return bool(_same(b0, 0) and _same(e0 + 1, n_ext) and _same(b1, i) and _same(e1, i) and _same(b2, j)
+                and _same(e2, j) and _same(b3, 0) and _same(e3 + 1, m_ext))
+
+
+def _shapes_agree(x_desc, w_desc, out_desc, o_desc, out_shape: tuple, kernel: tuple) -> bool:
+    """x is [N, ., ., C], w is [KH, KW, C, M], out is [N, OH, OW, M] and the per-pixel sum o is [N, M]."""
+    n_ext, oh, ow, m_ext = out_shape
+    kh, kw, c = kernel
+    return bool(
+        _same(out_desc.shape[0], n_ext) and _same(out_desc.shape[1], oh) and _same(out_desc.shape[2], ow)
+        and _same(out_desc.shape[3], m_ext) and _same(x_desc.shape[0], n_ext) and _same(x_desc.shape[3], c)
+        and _same(w_desc.shape[0], kh) and _same(w_desc.shape[1], kw)
+        and _same(w_desc.shape[2], c) and _same(w_desc.shape[3], m_ext)
+        and _same(o_desc.shape[0], n_ext) and _same(o_desc.shape[1], m_ext))
+
+
+def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> ConvolutionLoops | None:
+    """The convolution `loop` computes (module docstring), or None."""
+    nest = _pixel_loops(loop)
+    if nest is None:
+        return None
+    oh, inner, ow, state = nest
     i, j = symbolic.symbol(loop.loop_variable), symbolic.symbol(inner.loop_variable)
     entries = [n for n in state.nodes() if isinstance(n, nd.MapEntry)]
     reduces = [n for n in state.nodes() if isinstance(n, Reduce)]
@@ -174,8 +201,9 @@ def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> Convo
     if len(reads) != 2 or len(writes) != 1:
         return None
     # the read whose index involves the loop variables is x
-    idx = {c: _elements(e.data) for c, e in reads.items()}
-    if any(v is None for v in idx.values()):
+    read_elements = {c: _elements(e.data) for c, e in reads.items()}
+    idx = {c: v for c, v in read_elements.items() if v is not None}
+    if len(idx) != len(read_elements):
         return None
     xs = [c for c, v in idx.items() if any({i, j} & sympy.sympify(d).free_symbols for d in v)]
     if len(xs) != 1:
@@ -231,18 +259,11 @@ def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> Convo
     if dst is None or src is None or len(out_desc.shape) != 4 or not _full(src, o_desc.shape):
         return None
     n_ext, m_ext = extents[pn], extents[pm]
-    (b0, e0, _), (b1, e1, _), (b2, e2, _), (b3, e3, _) = dst
-    if not (_same(b0, 0) and _same(e0 + 1, n_ext) and _same(b1, i) and _same(e1, i) and _same(b2, j) and _same(e2, j)
-            and _same(b3, 0) and _same(e3 + 1, m_ext)):
+    if not _writes_pixel(dst, i, j, n_ext, m_ext):
         return None
-    x_desc, w_desc = sdfg.arrays[x_name], sdfg.arrays[w_name]
-    shapes_agree = (
-        _same(out_desc.shape[0], n_ext) and _same(out_desc.shape[1], oh) and _same(out_desc.shape[2], ow)
-        and _same(out_desc.shape[3], m_ext) and _same(x_desc.shape[0], n_ext) and _same(x_desc.shape[3], extents[pc])
-        and _same(w_desc.shape[0], extents[pkh]) and _same(w_desc.shape[1], extents[pkw])
-        and _same(w_desc.shape[2], extents[pc]) and _same(w_desc.shape[3], m_ext)
-        and _same(o_desc.shape[0], n_ext) and _same(o_desc.shape[1], m_ext))
-    if not shapes_agree or len({x_name, w_name, out_node.data}) != 3:
+    kernel = (extents[pkh], extents[pkw], extents[pc])
+    if (not _shapes_agree(sdfg.arrays[x_name], sdfg.arrays[w_name], out_desc, o_desc, (n_ext, oh, ow, m_ext), kernel)
+            or len({x_name, w_name, out_node.data}) != 3):
         return None
     if _uses(sdfg, t_name) != 1 or _uses(sdfg, o_node.data) != 1:
         return None
@@ -252,7 +273,7 @@ def match(sdfg: dace.SDFG, region: ControlFlowRegion, loop: LoopRegion) -> Convo
                             (t_name, o_node.data))
 
 
-def matches(sdfg: dace.SDFG) -> list[ConvolutionLoops]:
+def find_matches(sdfg: dace.SDFG) -> list[ConvolutionLoops]:
     found = []
     for sub in sdfg.all_sdfgs_recursive():
         for region in sub.all_control_flow_regions():
@@ -285,16 +306,15 @@ def _replace(m: ConvolutionLoops) -> None:
 
 @register_pass
 @attrs.frozen
-class RaiseConvolutions(Pass):
+class RaiseConvolutions(RewritePass):
     """Loop nests computing a 2-D convolution become `Convolution` nodes (module docstring)."""
 
     name: ClassVar[str] = "raise_convolutions"
+    nested: ClassVar[bool] = False  # `find_matches` walks the nested SDFGs itself
+    resets_cfg: ClassVar[bool] = True
 
-    def run(self, graph: Graph) -> PassResult:
-        if not matches(graph.sdfg):
-            return Success(graph)
-        sdfg = graph.editable()
-        for m in matches(sdfg):
-            _replace(m)
-        sdfg.reset_cfg_list()
-        return Success(Graph.adopt(sdfg, graph.meta))
+    def matches(self, sdfg: dace.SDFG) -> list[ConvolutionLoops]:
+        return find_matches(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match: ConvolutionLoops) -> None:
+        _replace(match)

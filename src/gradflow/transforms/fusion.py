@@ -19,8 +19,8 @@ from typing import ClassVar
 import attrs
 import dace
 from dace.sdfg import nodes as nd
-from dace.transformation.passes import pattern_matching
 from dace.transformation.dataflow import MapFusionVertical
+from dace.transformation.passes import pattern_matching
 from dace.transformation.passes.analysis import FindSingleUseData
 from returns.result import Success
 

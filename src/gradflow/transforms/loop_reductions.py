@@ -35,11 +35,12 @@ from dace.libraries.standard import Reduce
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
 
+from gradflow.analysis.access import named_by_control
 from gradflow.analysis.loops import assigned_symbols, counted_loop
-from gradflow.autodiff.idioms import read_elsewhere
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass, rewrite_one_at_a_time
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.core.symbolic import read_tasklet
+from gradflow.transforms.idioms import read_elsewhere
 
 _KINDS = {sympy.Max: "max", sympy.Min: "min"}
 
@@ -111,8 +112,6 @@ def _values(state: dace.SDFGState):
 
 
 def _named_outside(sdfg: dace.SDFG, name: str, state: dace.SDFGState) -> bool:
-    from gradflow.optimize.first_writes import named_by_control  # `gradflow.optimize` imports this module
-
     return (any(isinstance(n, nd.AccessNode) and n.data == name and s is not state
                 for n, s in sdfg.all_nodes_recursive())
             or named_by_control(sdfg, name))
@@ -216,10 +215,16 @@ def _raise(sdfg: dace.SDFG, r: LoopReduction) -> None:
 
 @register_pass
 @attrs.frozen
-class RaiseLoopReductions(Pass):
+class RaiseLoopReductions(RewritePass):
     """A loop taking the max or min of a row element by element becomes a `Reduce` (see the module doc)."""
 
     name: ClassVar[str] = "raise_loop_reductions"
 
-    def run(self, graph: Graph) -> PassResult:
-        return rewrite_one_at_a_time(graph, _candidates, _raise)
+    strategy: ClassVar[str] = ONE_AT_A_TIME  # a raise changes the loops around the next
+    resets_cfg: ClassVar[bool] = True
+
+    def matches(self, sdfg: dace.SDFG) -> list:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        _raise(sdfg, match)

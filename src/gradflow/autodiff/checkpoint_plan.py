@@ -1,0 +1,87 @@
+"""Checkpoint planning, a step before reversal: which loops a whole program checkpoints, and with how
+many snapshots, when the user gave a byte budget; then those loops are outlined into steps
+(`checkpoint.outline`), so that the engine finds them as single operations under `CheckpointedLoop`."""
+
+from __future__ import annotations
+
+import copy
+
+import attrs
+import dace
+
+from gradflow.autodiff import budget, checkpoint
+from gradflow.autodiff.engine import survey
+from gradflow.autodiff.forwarding import Forwarding
+from gradflow.autodiff.spec import ADSpec, ADTables, Differentiate
+from gradflow.core.errors import NotDifferentiableError
+
+
+def plan_checkpoints(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Differentiate) -> ADSpec:
+    """`spec` with the policy a budget becomes (`checkpoint_under_budget`), and the loops its policy
+    checkpoints outlined in `sdfg` (in place: the caller owns it). Only for a whole program: a nested
+    SDFG's policy never checkpoints."""
+    policy = spec.forwarding
+    if not spec.outermost:
+        return spec
+    if policy.max_bytes is not None and policy.snapshots is None and policy.budget_checkpoints:
+        spec = attrs.evolve(spec, forwarding=checkpoint_under_budget(sdfg, spec, tables, differentiate))
+    if spec.forwarding.snapshots is not None:
+        checkpoint.outline(sdfg, spec.forwarding.checkpoint_loops)
+    return spec
+
+
+def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
+                            differentiate: Differentiate) -> Forwarding:
+    """The policy a byte budget becomes: itself when a store/recompute plan fits, else the budget with the
+    outermost counted loops checkpointed (`Forwarding.checkpoint`) with as many snapshots as the bytes left
+    by the rest of the plan allow (more snapshots, fewer reruns); a budget neither fits is a `BudgetError`
+    stating the lesser least.
+
+    Checkpointing only when nothing else fits: priced against the store/recompute plan by rerun work alone,
+    it was chosen where that plan fitted and ran slower (lp_lu at half of STORE_ALL's bytes, 1.8x
+    RECOMPUTE_ALL's time: the snapshot copies, a whole matrix per takeshot and restore, went unpriced)."""
+    policy = spec.forwarding
+    sizes = dict(policy.sizes)
+    labels = tuple(sorted(loop.label for loop in checkpoint.chosen_loops(sdfg, None)))
+    if not labels:
+        return policy
+    max_bytes = policy.max_bytes
+    assert max_bytes is not None  # `plan_checkpoints` calls this only for a policy with a byte budget
+    plain_minimum = None
+    try:
+        survey(copy.deepcopy(sdfg), spec, tables, differentiate).choose(max_bytes)
+        return policy  # a store/recompute plan fits
+    except budget.BudgetError as err:
+        plain_minimum = err.minimum
+    except NotDifferentiableError:  # e.g. a while loop without a bound, which the plain plan cannot price
+        pass
+
+    outlined = copy.deepcopy(sdfg)
+    trial = attrs.evolve(spec, forwarding=attrs.evolve(policy, snapshots=1, checkpoint_loops=labels))
+    try:
+        checkpoint.outline(outlined, labels)
+        front = survey(outlined, trial, tables, differentiate)
+        items = [item for item in front.regions if checkpoint.is_outlined(item)]
+        per_slot = sum(checkpoint.slot_bytes(item, front.rev, sizes) for item in items)
+    except NotDifferentiableError as err:
+        if plain_minimum is None:
+            raise
+        # the loops cannot be checkpointed (their bodies, outlined, are not differentiable as steps): the
+        # store/recompute plan's least is the least of any plan
+        reason = err.message.splitlines()[0]
+        raise budget.BudgetError(f"no store/recompute plan keeps at most {max_bytes} bytes for the "
+                                 f"backward sweep, and loop(s) {', '.join(labels)} cannot be checkpointed "
+                                 f"({reason}); the least any plan needs is {plain_minimum} bytes",
+                                 f"raise the budget to at least {plain_minimum}", plain_minimum) from None
+    try:
+        rest = front.choose(max_bytes - 2 * per_slot)  # one snapshot, one for the last step's start
+    except budget.BudgetError as err:
+        least = err.minimum + 2 * per_slot
+        least = least if plain_minimum is None else min(least, plain_minimum)
+        raise budget.BudgetError(f"no plan keeps at most {max_bytes} bytes for the backward sweep, with "
+                                 f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "
+                                 f"{least} bytes", f"raise the budget to at least {least}", least) from None
+    # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`); more than the trips are of no use
+    most = max((checkpoint.trip_count(item, sizes) for item in items), default=1)
+    snapshots = max(1, min(most, (max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
+    return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)

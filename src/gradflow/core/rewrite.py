@@ -1,0 +1,65 @@
+"""The rewrite driver: a pass stated as a pattern and its rewrite (the role of xDSL's pattern-rewrite walker).
+
+A `RewritePass` says where it applies in one SDFG (`matches`) and how to apply one match (`rewrite`); the
+driver walks the SDFGs of the graph, copies the graph only when something matches, and hands the matches
+to the rewrite. The guarantees every such pass gets from here once: no match means the same graph (not
+a copy), the caller's graph is never touched, and the rewrite sees matches found in the copy it edits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Iterable, Sequence
+
+import dace
+from returns.result import Success
+
+from gradflow.core.graph import Graph
+from gradflow.core.passes import Pass, PassResult
+
+#: all matches of an SDFG are found once and rewritten in turn (a rewrite leaves the others valid)
+EACH = "each"
+#: after each rewrite the pattern is matched again (a rewrite may create, remove or change matches)
+ONE_AT_A_TIME = "one_at_a_time"
+
+
+class RewritePass(Pass):
+    """A pass made of `matches` and `rewrite` (subclasses are attrs-frozen like every pass)."""
+
+    #: `EACH` or `ONE_AT_A_TIME`
+    strategy: ClassVar[str] = EACH
+    #: walk the nested SDFGs too (else the top-level SDFG only, or `matches` walks them itself)
+    nested: ClassVar[bool] = True
+    #: renumber the control-flow graphs afterwards (for rewrites that add or remove regions)
+    resets_cfg: ClassVar[bool] = False
+
+    def matches(self, sdfg: dace.SDFG) -> Sequence[Any]:
+        """The places in `sdfg` (not in its nested SDFGs) where the rewrite applies."""
+        raise NotImplementedError
+
+    def rewrite(self, sdfg: dace.SDFG, match: Any) -> None:
+        """Apply one match, in place."""
+        raise NotImplementedError
+
+    def run(self, graph: Graph) -> PassResult:
+        return drive(graph, self)
+
+
+def _sdfgs(sdfg: dace.SDFG, nested: bool) -> Iterable[dace.SDFG]:
+    return sdfg.all_sdfgs_recursive() if nested else (sdfg,)
+
+
+def drive(graph: Graph, rewriter: RewritePass) -> PassResult:
+    """Run `rewriter` over `graph` (see the module doc)."""
+    if not any(rewriter.matches(sub) for sub in _sdfgs(graph.sdfg, rewriter.nested)):
+        return Success(graph)
+    sdfg = graph.editable()
+    for sub in _sdfgs(sdfg, rewriter.nested):
+        if rewriter.strategy == ONE_AT_A_TIME:
+            while found := rewriter.matches(sub):
+                rewriter.rewrite(sub, found[0])
+        else:
+            for match in rewriter.matches(sub):
+                rewriter.rewrite(sub, match)
+    if rewriter.resets_cfg:
+        sdfg.reset_cfg_list()
+    return Success(Graph.adopt(sdfg, graph.meta))

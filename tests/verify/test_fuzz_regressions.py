@@ -141,6 +141,23 @@ def program(x0: dace.float64[M], x1: dace.float64[N, M], w0: dace.float64[M], S:
         x0[i1] += x1[N - 1, i1 - 1]
     S[0] += np.sum(x0 * w0)
 """, {"N": 5, "M": 6}, ("x0", "x1"), {}, ("grad", "store_all", False)),
+    # `--seed 26602` at a01edc7, program 138 (also at 927b5d2): DaCe's state fusion left the read of
+    # x0[N-1, M-1] (for line 2) and its overwrite (line 3) unconnected in one state; split_operations ordered
+    # them by label and line 2 read -0.75: a wrong forward value in the default configuration.
+    "overwrite_beside_an_unconnected_read": ("""@dace.program
+def program(x0: dace.float64[N, M], x1: dace.float64[N, M], w0: dace.float64[N, M], w1: dace.float64[N, M], S: dace.float64[1]):
+    x0[1, M - 3] *= 0.5
+    x0[N - 1, M - 2] = x0[N - 1, M - 1]
+    x0[N - 1, M - 1] = (-0.75)
+    x0[0, M - 1] = x0[N - 1, M - 1]
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
+""", {"N": 5, "M": 6}, ("x0", "x1"), {}, ("grad", "budget", False)),
+    # `--seed 26602` at a01edc7, program 149: S is never written, so no reverse needs a forward value and
+    # the budget's model had no variable; scipy's milp refused it (a crash of the reverse pass).
+    "budget_with_nothing_to_store": ("""@dace.program
+def program(x0: dace.float64[M], w0: dace.float64[M], S: dace.float64[1]):
+    x0[:] = 0.5
+""", {"N": 5, "M": 6}, ("x0",), {}, ("vjp", "budget", False)),
 }
 
 

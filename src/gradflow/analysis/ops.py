@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import attrs
 import networkx as nx
+from dace import subsets
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
+from dace.sdfg.utils import dfs_topological_sort
 
 from gradflow.core.errors import NotDifferentiableError
 
@@ -92,8 +94,63 @@ def decompose(state: SDFGState) -> list[Op]:
                     if (w != r and state.node(w).data == state.node(r).data
                             and nx.has_path(state.nx, state.node(r), state.node(w))):
                         order.add_edge(j, i)
+    _order_conflicts(state, ops, order)
     try:
         sequence = list(nx.lexicographical_topological_sort(order, key=lambda i: ops[i].label))
     except nx.NetworkXUnfeasible:
         raise NotDifferentiableError(f"state '{state.label}': operations form a cycle") from None
     return [ops[i] for i in sequence]
+
+
+def _touched(state: SDFGState, op: Op) -> list[tuple[str, subsets.Range | None, bool]]:
+    """(array, subset or None for all of it, written?) for each boundary access of `op`."""
+    out = []
+    for r in op.reads:
+        node = state.node(r)
+        for e in state.out_edges(node):
+            if (op.kind == "copy" and state.node_id(e.dst) in op.writes) or state.node_id(e.dst) in op.nodes:
+                out.append((node.data, None if e.data.is_empty() else e.data.get_src_subset(e, state), False))
+    for w in op.writes:
+        node = state.node(w)
+        for e in state.in_edges(node):
+            if (op.kind == "copy" and state.node_id(e.src) in op.reads) or state.node_id(e.src) in op.nodes:
+                out.append((node.data, None if e.data.is_empty() else e.data.get_dst_subset(e, state), True))
+    return out
+
+
+def _may_overlap(a: subsets.Range | None, b: subsets.Range | None) -> bool:
+    if a is None or b is None:
+        return True
+    try:
+        return subsets.intersects(a, b) is not False
+    except (TypeError, ValueError):  # a subset DaCe cannot compare: assume they meet
+        return True
+
+
+def _conflict(touched_a: list, touched_b: list) -> bool:
+    """Do two operations (their `_touched`) touch an element of one array, at least one of them writing it?"""
+    return any(data == other and (written or written_b) and _may_overlap(sub, sub_b)
+               for data, sub, written in touched_a for other, sub_b, written_b in touched_b)
+
+
+def _order_conflicts(state: SDFGState, ops: list[Op], order: nx.DiGraph) -> None:
+    """Operations that touch the same elements of an array, one writing, with no dataflow path between
+    them (DaCe's state fusion makes such states: `x0[3] = x0[4]` then `x0[4] = -0.75` as two unconnected
+    subgraphs) run in the order DaCe's code generator runs them (a depth-first topological order from the
+    source nodes, by node id): their order is the program's meaning, and one chosen by label read the
+    overwritten value (a wrong forward value). Operations without such a conflict keep their freedom."""
+    sources = [n for n in state.nodes() if state.in_degree(n) == 0]
+    position = {n: k for k, n in enumerate(dfs_topological_sort(state, sources))}
+
+    def runs_at(op: Op) -> int:
+        if op.nodes:
+            return min(position[state.node(i)] for i in op.nodes)
+        return position[state.node(op.writes[0])]  # a copy is emitted at its destination
+
+    touched = [_touched(state, op) for op in ops]
+    ranked = sorted(range(len(ops)), key=lambda i: runs_at(ops[i]))
+    for x, i in enumerate(ranked):
+        for j in ranked[x + 1:]:
+            if (_conflict(touched[i], touched[j]) and not nx.has_path(order, i, j)
+                    and not nx.has_path(order, j, i)):
+                order.add_edge(i, j)

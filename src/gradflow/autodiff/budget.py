@@ -167,14 +167,17 @@ def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
     constant = evaluate(rev.control_tape_bytes(), sizes, "the control-flow tape")
     structure = [LinearConstraint(matrix, lo, hi)] if len(model.rows) else []
     integral = np.ones(len(model.index))
-
-    least = milp(byte_row, constraints=structure, integrality=integral, bounds=Bounds(0, upper))
-    if not least.success:
-        raise NotDifferentiableError(f"the store/recompute model has no solution ({least.message})")
-    minimum = int(round(least.fun)) + constant
+    minimum = constant  # no reverse needs a forward value: nothing to choose (and milp refuses no variables)
+    if model.index:
+        least = milp(byte_row, constraints=structure, integrality=integral, bounds=Bounds(0, upper))
+        if not least.success:
+            raise NotDifferentiableError(f"the store/recompute model has no solution ({least.message})")
+        minimum += int(round(least.fun))
     if max_bytes < minimum:
         raise BudgetError(f"no plan keeps at most {max_bytes} bytes for the backward sweep; the least any plan "
                           f"needs is {minimum} bytes", f"raise the budget to at least {minimum}", minimum)
+    if not model.index:
+        return Choice(frozenset(), constant, 0, constant)
     scale = max(1.0, float(weights.sum()))
     objective = weights + byte_row * (1e-6 / max(1.0, float(byte_row.sum()))) * scale
     budget_row = LinearConstraint(byte_row.reshape(1, -1), -np.inf, max_bytes - constant)

@@ -49,9 +49,8 @@ from gradflow.autodiff import revolve
 from gradflow.autodiff.context import ReverseContext
 from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.forwarding import STORE_ALL
-from gradflow.autodiff.nesting import IN, PREFIX, inner_region, split_inout
+from gradflow.autodiff.nesting import IN, inner_region, nested_vjp
 from gradflow.autodiff.protocols import control_rule
-from gradflow.autodiff.spec import ADSpec
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
 
 STEP = "gradflow_step_"
@@ -276,20 +275,16 @@ def backward_reads_state(node: nd.NestedSDFG, state, rev) -> bool:
     """Whether the step's vjp (built as the nested rule builds it, storing everything) reads any forward
     value other than arrays the step only reads. When it does not (a linear stencil such as jacobi's),
     nothing needs to be stored and every step is reversed without rerunning any."""
-    import copy
-
     ins = {e.dst_conn: e for e in state.in_edges(node) if e.dst_conn and not e.data.is_empty()}
     outs = {e.src_conn for e in state.out_edges(node) if e.src_conn and not e.data.is_empty()}
     shared = sorted(set(ins) & outs)
     where = f"checkpointed step '{node.label}'"
-    source = copy.deepcopy(node.sdfg)
-    split_inout(source, {c: inner_region(node, ins[c].data, where) for c in shared})
     wrt = tuple(IN + c if c in shared else c for c in sorted(ins) if is_float(node.sdfg.arrays[c]))
     of = tuple(c for c in sorted(outs) if is_float(node.sdfg.arrays[c]))
     policy = STORE_ALL.with_loop_bounds(**dict(rev.spec.forwarding.loop_bounds))
-    inner, interface = rev.differentiate(source, ADSpec(wrt, of, "vjp", PREFIX, policy, accumulate=True,
-                                                        outermost=False))
-    region = next(b for b in inner.nodes() if b.label == interface.backward_label)
+    inner, interface = nested_vjp(node, {c: inner_region(node, ins[c].data, where) for c in shared}, wrt, of,
+                                  policy, rev.differentiate)
+    region = interface.backward_region(inner)
     forward = [b for b in inner.nodes() if b is not region]
     grads = set(interface.buffers.values()) | set(interface.cotangents.values())
     read = (arrays_used([region]) & arrays_used(forward)) - grads

@@ -101,6 +101,9 @@ class Reversal:
     sites: list[OpSite]
     loops: dict[int, LoopItem]  # id(LoopRegion) -> its item
     tape: Tape
+    tables: ADTables  # the tables of the build
+    #: reverse mode of a sub-program (a checkpointed step asks whether its vjp reads forward state)
+    differentiate: Differentiate
     pops: dict[int, list[tuple[str, Stack, subsets.Range]]] = attrs.field(factory=dict)  # site -> restores
     needs: list = attrs.field(factory=list)  # site index -> the arrays its reverse reads (`record_overwrites`)
     used_symbols: frozenset[str] = frozenset()  # symbols the backward sweep reads (see `backward_symbols`)
@@ -110,9 +113,6 @@ class Reversal:
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
     bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
     recorded: dict[int, object] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
-    tables: ADTables | None = None  # the tables of the build
-    #: reverse mode of a sub-program (a checkpointed step asks whether its vjp reads forward state)
-    differentiate: Differentiate | None = None
     active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     tape_free: frozenset[int] = frozenset()  # operations inside loops whose control rule records their state
     _names: dict[str, int] = attrs.field(factory=dict)
@@ -359,7 +359,6 @@ class Reversal:
         for item in (seq or self.tree).items:
             if item.kind == OPERATION:
                 continue
-            assert self.tables is not None  # `survey`, which builds every Reversal, gives it the tables
             total += _control_rule_for(self.tables, item).fn.tape_bytes(item, self, loops)
             for child in item.children:
                 total += self.control_tape_bytes(child, loops + item.encloses)

@@ -11,6 +11,8 @@ import sympy
 from dace import subsets
 from dace.sdfg import nodes as nd
 
+from gradflow.autodiff.forwarding import Forwarding
+from gradflow.autodiff.spec import ADInterface, ADSpec, Differentiate
 from gradflow.core.errors import NotDifferentiableError
 
 PREFIX = "gradflow_d_"
@@ -47,3 +49,13 @@ def inner_region(node: nd.NestedSDFG, memlet: dace.Memlet, where: str) -> subset
         raise NotDifferentiableError(f"{where}: cannot express {memlet.subset} inside the nested SDFG "
                                      f"(symbols {', '.join(sorted(free))})")
     return region
+
+
+def nested_vjp(node: nd.NestedSDFG, regions: dict[str, subsets.Range], wrt: tuple[str, ...], of: tuple[str, ...],
+               policy: Forwarding, differentiate: Differentiate, **spec) -> tuple[dace.SDFG, ADInterface]:
+    """The vjp of `node`'s SDFG, as the nested rule and checkpointed steps build it: a private copy with the
+    in/out connectors of `regions` split, differentiated in vjp mode with accumulating gradients named
+    `PREFIX + ...`, not as the outermost program (`spec`: further `ADSpec` fields)."""
+    source = copy.deepcopy(node.sdfg)
+    split_inout(source, regions)
+    return differentiate(source, ADSpec(wrt, of, "vjp", PREFIX, policy, accumulate=True, outermost=False, **spec))

@@ -113,10 +113,6 @@ class Reverse(Pass):
         return Success(Graph.adopt(sdfg, {**graph.meta, "ad": interface}))
 
 
-def _backward_region(sdfg: dace.SDFG, interface: ADInterface):
-    return next(b for b in sdfg.nodes() if b.label == interface.backward_label)
-
-
 def _scalar_to_array(sdfg: dace.SDFG, name: str) -> None:
     """A forwarded transient scalar becomes a one-element array: scalars are passed by value, so the
     forward could not hand it out. Control flow that reads it by name (an interstate assignment or
@@ -140,7 +136,7 @@ def forwarded_arrays(sdfg: dace.SDFG, interface: ADInterface) -> tuple[str, ...]
     """Arrays the backward sweep reads from the forward sweep: arguments it reads, and the forward's
     transients (temporaries, the tape) it reads; backward-local ones (working copies, recomputed values,
     gradient buffers) are not forwarded."""
-    region = _backward_region(sdfg, interface)
+    region = interface.backward_region(sdfg)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
     used_backward = arrays_used([region]) & set(sdfg.arrays)
     used_forward = arrays_used([b for b in sdfg.nodes() if b is not region]) & set(sdfg.arrays)
@@ -167,7 +163,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
 
     if interface.heaps:
         return _split_rerunning(sdfg, interface)
-    region = _backward_region(sdfg, interface)
+    region = interface.backward_region(sdfg)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
     used_backward = arrays_used([region]) & set(sdfg.arrays)
     forwarded = forwarded_arrays(sdfg, interface)
@@ -180,7 +176,7 @@ def split_vjp(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
         _scalar_to_array(fwd, a)
 
     bwd = copy.deepcopy(sdfg)
-    bregion = _backward_region(bwd, interface)
+    bregion = interface.backward_region(bwd)
     for block in list(bwd.nodes()):
         if block is not bregion and block.label != END_LABEL:
             bwd.remove_node(block)
@@ -210,7 +206,7 @@ def _split_rerunning(sdfg: dace.SDFG, interface: ADInterface) -> VJPResult:
     from gradflow.autodiff.emit import copy_array
     from gradflow.autodiff.tape import release
 
-    region = _backward_region(sdfg, interface)
+    region = interface.backward_region(sdfg)
     gradient_arrays = set(interface.buffers.values()) | set(interface.cotangents.values())
     forward_blocks = [b for b in sdfg.nodes() if b is not region and b.label != END_LABEL]
     written = sorted(a for a in _written_in(forward_blocks)

@@ -134,6 +134,10 @@ class ADInterface:
     #: heap records of the growable stacks (tape.py): their buffers live within one call of the SDFG
     heaps: tuple[str, ...] = ()
 
+    def backward_region(self, sdfg: dace.SDFG):
+        """The region of `sdfg` (the differentiated one) that holds the backward sweep."""
+        return next(b for b in sdfg.nodes() if b.label == self.backward_label)
+
 
 #: Reverse mode of a sub-program: a private, not yet normalized SDFG and what to build from it -> the
 #: normalized SDFG, now forward + backward, and its interface. Rules get it from the engine (the nested

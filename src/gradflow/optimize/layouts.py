@@ -26,12 +26,11 @@ import attrs
 import dace
 from dace import symbolic
 from dace.sdfg import nodes as nd
-from returns.result import Success
 
 from gradflow.analysis.access import named_by_control
 from gradflow.analysis.loops import loop_depth
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 
 
 def _row_major(desc: dace.data.Array) -> bool:
@@ -134,20 +133,20 @@ def _candidates(sdfg: dace.SDFG) -> dict[str, tuple[int, ...]]:
 
 @register_pass
 @attrs.frozen
-class TransientLayouts(Pass):
+class TransientLayouts(RewritePass):
     """Transient arrays are laid out along the walks of the hot loops (module doc)."""
 
     name: ClassVar[str] = "transient_layouts"
 
-    def run(self, graph: Graph) -> PassResult:
-        found = _candidates(graph.sdfg)  # by name: the editable copy has the same arrays
-        if not found:
-            return Success(graph)
-        sdfg = graph.editable()
-        for name, order in found.items():
-            desc = sdfg.arrays[name]
-            strides, step = [None] * len(order), 1
-            for d in reversed(order):
-                strides[d], step = step, step * desc.shape[d]
-            desc.strides = tuple(strides)
-        return Success(Graph.adopt(sdfg, graph.meta))
+    nested: ClassVar[bool] = False  # the top-level SDFG's transients
+
+    def matches(self, sdfg: dace.SDFG) -> list[tuple[str, tuple[int, ...]]]:
+        return list(_candidates(sdfg).items())
+
+    def rewrite(self, sdfg: dace.SDFG, match: tuple[str, tuple[int, ...]]) -> None:
+        name, order = match
+        desc = sdfg.arrays[name]
+        strides, step = [None] * len(order), 1
+        for d in reversed(order):
+            strides[d], step = step, step * desc.shape[d]
+        desc.strides = tuple(strides)

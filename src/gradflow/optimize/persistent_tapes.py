@@ -34,10 +34,9 @@ from typing import ClassVar
 
 import attrs
 import dace
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 
 PREFIX = "gradflow_tape_"
 
@@ -61,15 +60,15 @@ def has_stacks(sdfg: dace.SDFG) -> bool:
 
 @register_pass
 @attrs.frozen
-class PersistentTapes(Pass):
+class PersistentTapes(RewritePass):
     """Fixed-capacity tape stacks of the top-level SDFG get `Persistent` lifetime (module doc)."""
 
     name: ClassVar[str] = "persistent_tapes"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not _candidates(graph.sdfg):
-            return Success(graph)
-        sdfg = graph.editable()
-        for name in _candidates(sdfg):
-            sdfg.arrays[name].lifetime = dace.AllocationLifetime.Persistent
-        return Success(Graph.adopt(sdfg, graph.meta))
+    nested: ClassVar[bool] = False  # the top-level SDFG's tapes
+
+    def matches(self, sdfg: dace.SDFG) -> list[str]:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match: str) -> None:
+        sdfg.arrays[match].lifetime = dace.AllocationLifetime.Persistent

@@ -22,10 +22,9 @@ from typing import ClassVar
 import attrs
 import dace
 from dace.libraries.standard.nodes.reduce import Reduce
-from returns.result import Success
 
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 from gradflow.library import vector_reduce
 
 _DEFAULT = (None, "pure")
@@ -38,17 +37,18 @@ def _candidates(sdfg: dace.SDFG) -> list[tuple[Reduce, dace.SDFGState]]:
 
 @register_pass
 @attrs.frozen
-class LocalReductions(Pass):
+class LocalReductions(RewritePass):
     """Reductions with an identity expand to per-output accumulation, vectorized where it can be (see the
     module docstring)."""
 
     name: ClassVar[str] = "local_reductions"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not _candidates(graph.sdfg):
-            return Success(graph)
-        sdfg = graph.editable()
-        for node, state in _candidates(sdfg):
-            node.implementation = (vector_reduce.IMPLEMENTATION if vector_reduce.supports(node, state, state.sdfg)
-                                   else "pure-seq")
-        return Success(Graph.adopt(sdfg, graph.meta))
+    nested: ClassVar[bool] = False  # `_candidates` walks the nested SDFGs itself
+
+    def matches(self, sdfg: dace.SDFG) -> list[tuple[Reduce, dace.SDFGState]]:
+        return _candidates(sdfg)
+
+    def rewrite(self, sdfg: dace.SDFG, match: tuple[Reduce, dace.SDFGState]) -> None:
+        node, state = match
+        node.implementation = (vector_reduce.IMPLEMENTATION if vector_reduce.supports(node, state, state.sdfg)
+                               else "pure-seq")

@@ -19,11 +19,10 @@ import attrs
 import dace
 from dace import symbolic
 from dace.sdfg.state import LoopRegion
-from returns.result import Success
 
 from gradflow.analysis.loops import counted_loop, upper_bound
-from gradflow.core.graph import Graph
-from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
 
 
 def _loop_intervals(sdfg: dace.SDFG) -> dict[str, tuple]:
@@ -71,17 +70,18 @@ def loop_sized(sdfg: dace.SDFG) -> dict[str, tuple]:
 
 @register_pass
 @attrs.frozen
-class BoundTransientShapes(Pass):
+class BoundTransientShapes(RewritePass):
     """Give transients sized by loop variables their upper-bound size (see the module docstring)."""
 
     name: ClassVar[str] = "bound_transient_shapes"
 
-    def run(self, graph: Graph) -> PassResult:
-        if not loop_sized(graph.sdfg):
-            return Success(graph)
-        sdfg = graph.editable()
-        for name, shape in loop_sized(sdfg).items():
-            desc = sdfg.arrays[name]
-            sdfg.arrays[name] = dace.data.Array(desc.dtype, shape, transient=True, storage=desc.storage,
-                                                lifetime=dace.AllocationLifetime.SDFG)
-        return Success(Graph.adopt(sdfg, graph.meta))
+    nested: ClassVar[bool] = False  # the top-level SDFG's transients
+
+    def matches(self, sdfg: dace.SDFG) -> list[tuple[str, tuple]]:
+        return list(loop_sized(sdfg).items())
+
+    def rewrite(self, sdfg: dace.SDFG, match: tuple[str, tuple]) -> None:
+        name, shape = match
+        desc = sdfg.arrays[name]
+        sdfg.arrays[name] = dace.data.Array(desc.dtype, shape, transient=True, storage=desc.storage,
+                                            lifetime=dace.AllocationLifetime.SDFG)

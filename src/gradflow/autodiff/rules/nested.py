@@ -40,9 +40,9 @@ from gradflow.autodiff.emit import (
     safe_label,
     subset_elements,
 )
-from gradflow.autodiff.nesting import IN, PREFIX, inner_region, split_inout
+from gradflow.autodiff.nesting import IN, PREFIX, inner_region, nested_vjp
 from gradflow.autodiff.protocols import reverse_rule
-from gradflow.autodiff.spec import OVERFLOW, ADSpec
+from gradflow.autodiff.spec import OVERFLOW
 from gradflow.core.errors import NotDifferentiableError
 
 
@@ -97,13 +97,9 @@ def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict
     normalization and tables; the forwarding policy for a nested inside: a byte budget does not apply), in
     vjp mode with accumulating gradients; and whether it reports bounded while loops through
     `gradflow_overflow`."""
-    source = copy.deepcopy(node.sdfg)
-    split_inout(source, regions)
-    base = ctx.overflow_base + len(ctx.inner_bounded)
-    spec = ADSpec(tuple(wrt), tuple(of), "vjp", PREFIX, ctx.spec.forwarding.inside_nested(), accumulate=True,
-                  outermost=False, overflow_base=base,
-                  seed_regions=tuple((c, str(r)) for c, r in sorted(seeds.items())))
-    inner, interface = ctx.differentiate(source, spec)
+    inner, interface = nested_vjp(node, regions, tuple(wrt), tuple(of), ctx.spec.forwarding.inside_nested(),
+                                  ctx.differentiate, overflow_base=ctx.overflow_base + len(ctx.inner_bounded),
+                                  seed_regions=tuple((c, str(r)) for c, r in sorted(seeds.items())))
     for name in interface.rules_used:
         ctx.note_rule(name)
     ctx.inner_bounded.extend(interface.bounded_loops)

@@ -7,7 +7,7 @@ raises a typed `GradflowError` at this edge if anything failed. The argument is 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import attrs
 import dace
@@ -16,7 +16,7 @@ from gradflow.analysis.activity import is_float
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
-from gradflow.autodiff.spec import OVERFLOW
+from gradflow.autodiff.spec import OVERFLOW, ADInterface
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
 from gradflow.core.errors import (
     ORIGINS,
@@ -29,6 +29,10 @@ from gradflow.core.errors import (
 from gradflow.core.graph import Graph
 from gradflow.core.names import check_identifiers, identifier_problem
 from gradflow.core.passes import Pipeline, unwrap_or_raise
+
+if TYPE_CHECKING:  # the runtime (and torch) load at the first call, not with `import gradflow`
+    from gradflow.at_call import AtCall
+    from gradflow.runtime.invoke import Invoker
 
 
 def _names(value: Any, what: str) -> tuple[str, ...]:
@@ -256,24 +260,57 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     the caller omits are allocated. `grads` is one array when `wrt` is a name, else a dict by name. numpy
     arrays in, numpy out; torch tensors in, torch tensors out. Compiles once per graph (fingerprint cache).
     """
-    from gradflow.runtime.invoke import Invoker
+    from gradflow.at_call import AtCall, plans_at_call
 
-    result = grad_graph(program, wrt, of, "grad_", None, forwarding, optimize)
-    interface = result.meta["ad"]  # the names grad_graph checked (and inferred) and the gradients' arrays
-    (of_name,) = interface.spec.of
-    invoker = Invoker(Graph.adopt(result.to_sdfg()))
+    _check_options("grad_", forwarding)
+    forwarding = forwarding if forwarding is not None else STORE_ALL
+    if not plans_at_call(forwarding):
+        return _ValueAndGrad(wrt, built=_Built.of(grad_graph(program, wrt, of, "grad_", None, forwarding, optimize)))
+    graph, _, _ = _prepare(program, wrt, of, "grad_", forwarding, scalar_of=True)  # errors before any call
+    return _ValueAndGrad(wrt, at_call=AtCall(
+        graph, forwarding, lambda policy: _Built.of(grad_graph(graph, wrt, of, "grad_", None, policy, optimize))))
 
-    def call(*args: Any, **kwargs: Any):
-        arrays, as_torch = invoker(*args, **kwargs)
+
+@attrs.frozen
+class _Built:
+    """A differentiated program ready to call: what it computes, its caller, its index checks."""
+
+    interface: ADInterface
+    invoker: Invoker
+    sites: tuple
+
+    @staticmethod
+    def of(result: Graph) -> "_Built":
+        from gradflow.runtime.invoke import Invoker
+
+        return _Built(result.meta["ad"], Invoker(Graph.adopt(result.to_sdfg())), tuple(result.meta.get(SITES, ())))
+
+
+class _ValueAndGrad:
+    """The function `value_and_grad` returns: one build, or (a policy planned at the call) one per set of
+    call values (`gradflow.at_call.AtCall`)."""
+
+    def __init__(self, wrt: str | Sequence[str], built: _Built | None = None, at_call: AtCall | None = None) -> None:
+        self._wrt, self._built, self._at_call = wrt, built, at_call
+
+    @property
+    def plans(self) -> dict:
+        """The forwarding plans built so far by the call values they were made for (planned at the call)."""
+        builds = self._at_call.builds if self._at_call is not None else {}
+        return {k: b.interface.forwarding_plan for k, b in builds.items()}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
+        built = self._built if self._at_call is None else self._at_call(args, kwargs)
+        assert built is not None  # one of the two is given
+        interface = built.interface  # the names grad_graph checked (and inferred) and the gradients' arrays
+        (of_name,) = interface.spec.of
+        arrays, as_torch = built.invoker(*args, **kwargs)
         check_loop_bounds(arrays, interface)
-        raise_for_flag(arrays.get(ERROR_FLAG), result.meta.get(SITES, ()))
+        raise_for_flag(arrays.get(ERROR_FLAG), built.sites)
         value = arrays[of_name].reshape(-1)[0].item()
         grads = {x: arrays[g] for x, g in interface.grads.items()}
         if as_torch:
             import torch
 
             grads = {k: torch.as_tensor(v) for k, v in grads.items()}  # zero-copy; tensors as they are
-        return value, (grads[wrt] if isinstance(wrt, str) else grads)
-
-    return call
-
+        return value, (grads[self._wrt] if isinstance(self._wrt, str) else grads)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 import dace
+import numpy as np
 import pytest
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import BreakBlock
@@ -18,6 +19,7 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import registered_passes
 from gradflow.core.rule_table import RuleTable
 from gradflow.optimize.dead_stores import _dead_writes
+from gradflow.transforms.count_arguments import count_arguments
 from gradflow.verify.corpus import dataflow, loops, unstructured
 
 
@@ -269,8 +271,25 @@ def _normalized(program) -> Graph:
     return NORMALIZE(Graph.of(program.to_sdfg())).unwrap()
 
 
+N = dace.symbol("N")
+
+
+@dace.program
+def _steps_as_argument(A: dace.float64[N], S: dace.float64[1], steps: dace.int64, unused: dace.int64):
+    for _ in range(steps):
+        A[:] = np.sin(A)
+    S[0] = np.sum(A)
+
+
+def _count_arguments(g: Graph) -> list[str]:
+    """Integer scalar arguments read only by control flow (`unused`, read by nothing, is not one)."""
+    return count_arguments(g.sdfg)
+
+
 #: pass name -> (input builder, the pass to run, property of a graph, expected (before, after)).
 CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], object], tuple]] = {
+    "count_arguments_to_symbols": (lambda: Graph.of(_steps_as_argument.to_sdfg()), None, _count_arguments,
+                                   (["steps"], [])),
     "lift_control_flow": (lambda: Graph.of(unstructured.lp_api_loop_branch()), None, _branching, ("> 0", 0)),
     "lower_breaks": (lambda: Graph.of(loops.lp_break_search.to_sdfg()), None, _breaks, ("> 0", 0)),
     "raise_convolutions": (_npbench_conv, None, _loops, (2, 0)),

@@ -31,7 +31,7 @@ import numpy as np
 from gradflow.analysis.cost import STORE_WORK, evaluate, op_work
 from gradflow.autodiff.recompute import Recomputability
 from gradflow.autodiff.spec import Choice
-from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
+from gradflow.core.errors import GradflowError, InvalidArgumentError, NotDifferentiableError
 
 TOP_SLOT = 8  # one int64 per stack in gradflow_tape_top
 
@@ -41,6 +41,34 @@ class BudgetError(InvalidArgumentError):
     """The byte budget is below the least any plan of this program needs; `minimum` says how many."""
 
     minimum: int = 0
+
+
+@attrs.frozen(eq=False)
+class OverBudgetError(GradflowError):
+    """A plan built under a byte budget keeps more for the backward sweep than the budget at its sizes: a
+    defect of gradflow (its model of the program and the program it built disagree), reported instead of
+    returning a plan that breaks the promise."""
+
+
+def check_within(plan, policy, heaps: tuple[str, ...] = ()) -> None:
+    """Raise `OverBudgetError` unless `plan` (a `ForwardingPlan` as built) keeps at most the budget of
+    `policy` at its sizes."""
+    if policy.max_bytes is None:
+        return
+    sizes = dict(policy.sizes)
+    if heaps:
+        raise OverBudgetError(f"the plan for {policy.name} keeps stacks that grow while the program runs "
+                              f"({', '.join(heaps)}): no byte count bounds them", "please report this program")
+    try:
+        kept = plan.total_bytes(sizes)
+    except InvalidArgumentError as err:
+        raise OverBudgetError(f"the plan for {policy.name} keeps arrays whose size the budget's sizes do not fix "
+                              f"({err.message})", "please report this program") from None
+    if kept > policy.max_bytes:
+        raise OverBudgetError(f"the plan for {policy.name} keeps {kept} bytes for the backward sweep (predicted "
+                              f"{plan.predicted.predicted_bytes if plan.predicted else '?'})",
+                              "please report this program; Forwarding.budget(..., checkpoint=False) or "
+                              "RECOMPUTE_ALL may serve meanwhile")
 
 
 class _Model:
@@ -82,27 +110,29 @@ class _Model:
 
 
 def _needs(model: _Model, sites: list, needs: list[frozenset[str]], accesses: list,
-           facts: Recomputability) -> dict[tuple[str, int], object]:
-    """The `need` rows: what each operation's reverse needs, and (transitively) the inputs of the
+           facts: Recomputability, results: list[frozenset[str]]) -> dict[tuple[str, int], object]:
+    """The `need` rows: what each operation's reverse needs (the values it read, and the results it reads
+    back: rerun, those come from rerunning the operation itself), and (transitively) the inputs of the
     definitions rerun for it. Returns where each (array, operation) need can be rerun."""
     rerun_at: dict[tuple[str, int], object] = {}
     for p in sites:
-        frontier = [(b, p) for b in sorted(needs[p.index])]
+        own = results[p.index] if p.index < len(results) else frozenset()
+        frontier = [(b, p, b in own and b not in needs[p.index]) for b in sorted(needs[p.index] | own)]
         seen: set[str] = set()
-        for b in needs[p.index]:
+        for b in needs[p.index] | own:
             model.row({("need", b, p.index): 1}, 1, 1)
         while frontier:
-            b, reader = frontier.pop()
+            b, reader, its_result = frontier.pop()
             if b in seen:
                 continue
             seen.add(b)
-            q = facts.rerunnable(b, reader, p)
+            q = facts.rerunnable(b, reader, p, its_result)
             if q is None:
                 continue
             rerun_at[(b, p.index)] = q
             for c in sorted(accesses[q.index].reads):
                 model.row({("need", c, p.index): 1, ("need", b, p.index): -1, ("x", b): -1}, -1, np.inf)
-                frontier.append((c, q))
+                frontier.append((c, q, False))
         for b in seen:
             model.var(("need", b, p.index))
     return rerun_at
@@ -154,13 +184,14 @@ def _stacks(model: _Model, rev, accesses: list, sizes: Mapping[str, int]) -> Non
 
 
 def choose(rev, needs: list[frozenset[str]], accesses: list, max_bytes: int,
-           sizes: Mapping[str, int]) -> Choice:
+           sizes: Mapping[str, int], results: list[frozenset[str]] | None = None) -> Choice:
     """The cheapest recompute set within `max_bytes` (see the module docstring); `BudgetError` when no
-    plan fits, naming the least bytes any plan needs."""
+    plan fits, naming the least bytes any plan needs. `results`: per operation, what its reverse reads of
+    what it wrote (`ReverseContext.results_read`)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     model = _Model()
-    rerun_at = _needs(model, rev.sites, needs, accesses, Recomputability(rev.sites, accesses))
+    rerun_at = _needs(model, rev.sites, needs, accesses, Recomputability(rev.sites, accesses), results or [])
     _store_or_rerun(model, rev, rerun_at, sizes)
     _stacks(model, rev, accesses, sizes)
     weights, byte_row, upper, matrix, lo, hi = model.arrays()

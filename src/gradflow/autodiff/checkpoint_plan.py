@@ -9,6 +9,7 @@ import copy
 import attrs
 import dace
 
+from gradflow.analysis.loops import describe_loop
 from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.engine import survey
 from gradflow.autodiff.forwarding import Forwarding
@@ -42,9 +43,11 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
     RECOMPUTE_ALL's time: the snapshot copies, a whole matrix per takeshot and restore, went unpriced)."""
     policy = spec.forwarding
     sizes = dict(policy.sizes)
-    labels = tuple(sorted(loop.label for loop in checkpoint.chosen_loops(sdfg, None)))
+    loops = sorted(checkpoint.chosen_loops(sdfg, None), key=lambda loop: loop.label)
+    labels = tuple(loop.label for loop in loops)
     if not labels:
         return policy
+    named = ", ".join(describe_loop(loop) for loop in loops)  # in the author's terms, for the errors
     max_bytes = policy.max_bytes
     assert max_bytes is not None  # `plan_checkpoints` calls this only for a policy with a byte budget
     plain_minimum = None
@@ -70,7 +73,7 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
         # store/recompute plan's least is the least of any plan
         reason = err.message.splitlines()[0]
         raise budget.BudgetError(f"no store/recompute plan keeps at most {max_bytes} bytes for the "
-                                 f"backward sweep, and loop(s) {', '.join(labels)} cannot be checkpointed "
+                                 f"backward sweep, and {named} cannot be checkpointed "
                                  f"({reason}); the least any plan needs is {plain_minimum} bytes",
                                  f"raise the budget to at least {plain_minimum}", plain_minimum) from None
     try:
@@ -79,8 +82,8 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
         least = err.minimum + 2 * per_slot
         least = least if plain_minimum is None else min(least, plain_minimum)
         raise budget.BudgetError(f"no plan keeps at most {max_bytes} bytes for the backward sweep, with "
-                                 f"loop(s) {', '.join(labels)} checkpointed or not; the least any plan needs is "
-                                 f"{least} bytes", f"raise the budget to at least {least}", least) from None
+                                 f"{named} checkpointed or not; the least any plan needs is {least} bytes",
+                                 f"raise the budget to at least {least}", least) from None
     # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`); more than the trips are of no use
     most = max((checkpoint.trip_count(item, sizes) for item in items), default=1)
     snapshots = max(1, min(most, (max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1

@@ -42,6 +42,10 @@ class ReverseContext:
     #: (site, array) -> whether the backward's value of the array holds what the site wrote, when the site is
     #: reversed (`Reversal.keeps_result`; set by the engine once the tape is planned, never before `needs`)
     keeps_result: Callable[[OpSite, str], bool] | None = None
+    #: (id of the state, array) of every result a rule's `needs` said its reverse reads back (`note_result_read`:
+    #: exp's value, a max): kept as much as the values it read; the engine collects them after `needs`
+    #: (`results_read`) for the budget model and recomputation
+    finals_read: set[tuple[int, str]] = attrs.field(factory=set)
     _last: dict[int, ControlFlowBlock] = attrs.field(factory=dict)  # region id -> its last block
     _memo: dict = attrs.field(factory=dict)
 
@@ -70,6 +74,15 @@ class ReverseContext:
         writers = [(n, s) for n, s in self.sdfg.all_nodes_recursive()
                    if isinstance(n, nd.AccessNode) and n.data == array and isinstance(s, SDFGState) and s.in_degree(n)]
         return array if writers and all(s is state for _, s in writers) and len(writers) == 1 else None
+
+    def note_result_read(self, state: SDFGState, array: str) -> None:
+        """A rule's `needs` says that its reverse reads `array` as the operation in `state` wrote it (a
+        `final_value`): kept for the backward as much as what the operation read, or rebuilt by rerunning it."""
+        self.finals_read.add((id(state), array))
+
+    def results_read(self, state: SDFGState) -> frozenset[str]:
+        """The results of the operation in `state` that its rule said it reads back (`note_result_read`)."""
+        return frozenset(a for sid, a in self.finals_read if sid == id(state))
 
     def value_of(self, op_index: int, array: str) -> str:
         """The array holding `array`'s value as operation `op_index` read it, at the point where the

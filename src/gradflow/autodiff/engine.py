@@ -432,13 +432,16 @@ class Survey:
     ctx: ReverseContext
     needs: list
     rev: Reversal
+    #: per operation, the arrays it wrote that its reverse reads back (`ReverseContext.results_read`)
+    results: list = attrs.field(factory=list)
 
     def choose(self, max_bytes: int) -> Choice:
         """The budget planner's choice for this program (`BudgetError` when nothing fits)."""
         # The budget prices the control tape before the plan exists: every symbol of every operation is
         # taken as read by the backward sweep (a superset of what it reads, so the price is an upper bound).
         self.rev.used_symbols = backward_symbols(self.sites, {s.index for s in self.sites}, {}, None, self.regions)
-        return budget.choose(self.rev, self.needs, self.accesses, max_bytes, dict(self.rev.spec.forwarding.sizes))
+        return budget.choose(self.rev, self.needs, self.accesses, max_bytes, dict(self.rev.spec.forwarding.sizes),
+                             self.results)
 
 
 def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Differentiate) -> ADInterface:
@@ -467,7 +470,7 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate
         choice = attrs.evolve(choice, predicted_bytes=choice.predicted_bytes + snapshots,
                               minimum_bytes=choice.minimum_bytes + snapshots)
     recompute = plan_recomputation(sdfg, sites, needs, accesses, spec.forwarding,
-                                   choice.recompute if choice is not None else None)
+                                   choice.recompute if choice is not None else None, front.results)
     rev.record_overwrites(needs, accesses, recompute.arrays)
     ctx.keeps_result = functools.partial(rev.keeps_result, recomputed=frozenset(recompute.arrays))
     rev.used_symbols = backward_symbols(sites, active, rev.pops, recompute, regions)
@@ -577,7 +580,9 @@ def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Diffe
     rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
     rev.tape_free = frozenset(s.index for s in sites if any(
         _control_rule_for(tables, loops[id(loop)]).fn.tape_free for loop in s.loops))
-    return Survey(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev)
+    results = [ctx.results_read(site.state) if site.index in active else frozenset() for site in sites]
+    return Survey(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev,
+                  results)
 
 
 def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,

@@ -16,8 +16,10 @@ the operation that reads it is reversed). The policies:
 - `Forwarding(recompute={"a", "b"})`: recompute exactly those arrays (an error names any of them for
   which recomputation is not valid);
 - `Forwarding.budget(max_bytes, sizes={...})`: the least rerun work that keeps at most `max_bytes` for
-  the backward sweep, chosen exactly by a mixed-integer program (`budget.py`) at the given sizes; a budget
-  below what any plan needs is a `BudgetError` stating that minimum. The inside of a nested SDFG, whose
+  the backward sweep, chosen exactly by a mixed-integer program (`budget.py`) at the given sizes (the
+  functions `value_and_grad` and `gradflow.torch.function` return plan at the call, for the call's sizes:
+  no `sizes=` needed, `gradflow/at_call.py`); a budget below what any plan needs is a `BudgetError`
+  stating that minimum, and a plan over it is never returned (`budget.check_within`). The inside of a nested SDFG, whose
   tape lives in the backward sweep only, is stored (`Forwarding.inside_nested`).
 
 - `Forwarding.checkpoint(snapshots=s, loops=..., sizes={...})`: the named counted loops (default: every

@@ -7,6 +7,8 @@ from typing import Mapping
 import attrs
 import dace
 
+from gradflow.autodiff.spec import ForwardingPlan
+
 
 @attrs.frozen
 class VJPResult:
@@ -35,6 +37,8 @@ class VJPResult:
     saved_sizes: Mapping[str, object] = attrs.field(factory=dict)  # saved array -> size in bytes (symbolic)
     #: the index checks the forward reports in `gradflow.core.checks.ERROR_FLAG` (when it has that array)
     index_sites: tuple = ()
+    #: how values reach the backward (`gradflow.autodiff.spec.ForwardingPlan`), as the reverse pass built it
+    forwarding_plan: ForwardingPlan | None = None
 
     def saved_bytes(self, symbols: Mapping[str, int] | None = None) -> int:
         """Bytes the forward keeps for the backward beyond the program's own arguments (its transients

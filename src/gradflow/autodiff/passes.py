@@ -16,6 +16,7 @@ from returns.result import Failure, Success
 from gradflow.analysis.activity import is_float
 from gradflow.analysis.usage import arrays_used
 from gradflow.analysis.writes import written
+from gradflow.autodiff import budget
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.normalize import NORMALIZE, normalize_pipeline  # noqa: F401 - NORMALIZE re-exported
@@ -107,6 +108,8 @@ class Reverse(Pass):
         plan = attrs.evolve(interface.forwarding_plan, kept=tuple(sorted(kept_bytes(sdfg, interface).items())),
                             pushed=pushed)
         interface = attrs.evolve(interface, forwarding_plan=plan)
+        if spec.outermost:  # a budget is a promise: a plan over it is never returned
+            budget.check_within(plan, spec.forwarding, interface.heaps)
         error = check_graph(sdfg, self.name, thorough=True)
         if error is not None:
             return Failure(error)
@@ -259,7 +262,8 @@ def _result(sdfg: dace.SDFG, interface: ADInterface, fwd: dace.SDFG, bwd: dace.S
     nbytes = sum(int(v) for v in saved_sizes.values() if not getattr(v, "free_symbols", None))
     return VJPResult(forward=fwd, backward=bwd, wrt=interface.spec.wrt, of=interface.spec.of,
                      grads=dict(interface.grads), cotangents=dict(interface.cotangents), forwarded=forwarded,
-                     saved=tuple(saved), forwarded_bytes=nbytes, saved_sizes=saved_sizes)
+                     saved=tuple(saved), forwarded_bytes=nbytes, saved_sizes=saved_sizes,
+                     forwarding_plan=interface.forwarding_plan)
 
 
 def _written_in(blocks) -> set[str]:
@@ -304,6 +308,14 @@ class SplitVJP(Pass):
 
 
 def ad_pipeline(reverse: Reverse | None = None) -> Pipeline:
-    """The default AD pipeline: `NORMALIZE` (with `reverse`'s library table), then `reverse`."""
+    """The default AD pipeline: in grad mode `count_arguments_to_symbols` (trip counts given as arguments
+    become symbols: priced by budgets, sizing fixed stacks; for a whole program only, so not in
+    `NORMALIZE`, which nested SDFGs share; not in vjp mode, whose forward and backward SDFGs keep the
+    program's arguments for the torch dispatchers, which pass symbols only as extents), `NORMALIZE` (with
+    `reverse`'s library table), then `reverse`."""
+    from gradflow.transforms.count_arguments import CountArgumentsToSymbols
+
     reverse = reverse if reverse is not None else Reverse()
-    return normalize_pipeline(reverse.library_rules, reverse.forwarding.checkpoint_loops or ()) + reverse
+    normalize = normalize_pipeline(reverse.library_rules, reverse.forwarding.checkpoint_loops or ())
+    first = (CountArgumentsToSymbols(),) if reverse.mode == "grad" else ()
+    return Pipeline(first + normalize.steps, normalize.hook, normalize.assumes) + reverse

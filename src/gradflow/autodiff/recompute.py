@@ -113,6 +113,7 @@ class RecomputePlan:
             state = copy.deepcopy(q.state)
             state.label = f"recompute_{array}_{q.state.label}"
             renames = {n.data: ctx.values.get(n.data, n.data) for n in state.data_nodes()}
+            renames.update(self._locals(state, array, ctx))
             renames[array] = self.buffers[array]
             state.sdfg = ctx.sdfg
             ctx.add_block(state)
@@ -122,6 +123,20 @@ class RecomputePlan:
                     node.sdfg.parent, node.sdfg.parent_sdfg, node.sdfg.parent_nsdfg_node = state, ctx.sdfg, node
             ctx.values[array] = self.buffers[array]
         return previous
+
+    @staticmethod
+    def _locals(state: SDFGState, array: str, ctx: ReverseContext) -> dict[str, str]:
+        """Temporaries the operation writes inside itself (a fused map's intermediate scalar) get names of
+        the backward's own in the rerun: it writes them before reading them, and sharing the forward's would
+        make them values the forward hands the backward (forwarded bytes no plan priced)."""
+        renames = {}
+        for node in state.data_nodes():
+            desc = ctx.sdfg.arrays[node.data]
+            if (node.data != array and node.data not in ctx.values and desc.transient and state.in_degree(node)
+                    and node.data not in renames):
+                renames[node.data] = ctx.sdfg.add_datadesc(f"gradflow_re_{node.data}", copy.deepcopy(desc),
+                                                           find_new_name=True)
+        return renames
 
     @staticmethod
     def restore(ctx: ReverseContext, previous: dict[str, str | None]) -> None:
@@ -164,12 +179,17 @@ class Recomputability:
                 return q
         return None
 
-    def rerunnable(self, array: str, reader: OpSite, target: OpSite) -> OpSite | None:
+    def rerunnable(self, array: str, reader: OpSite, target: OpSite, own: bool = False) -> OpSite | None:
         """The definition of `array` as `reader` read it when rerunning it at the reverse of `target`
-        rebuilds that value (chains aside), else None."""
-        if array in self.accesses[reader.index].writes:
+        rebuilds that value (chains aside), else None. `own`: `reader`'s reverse reads what `reader` itself
+        wrote into `array` (exp's value, a max; `ReverseContext.results_read`), so its definition is
+        `reader`."""
+        if own:
+            q: OpSite | None = reader if array not in self.accesses[reader.index].reads else None
+        elif array in self.accesses[reader.index].writes:
             return None  # an update in place (a max into y): its reverse may read its own result, not q's
-        q = self.definition(array, reader)
+        else:
+            q = self.definition(array, reader)
         if q is None or q.op.kind not in ("map", "tasklet", "library", "copy"):
             return None
         if q.loops != target.loops or q.state.parent_graph is not target.state.parent_graph:
@@ -186,10 +206,11 @@ class Recomputability:
         return q
 
     def chain(self, array: str, reader: OpSite, target: OpSite, wanted: set, strict: bool,
-              depth: int = 0) -> list[tuple[str, OpSite]] | None:
-        """The reruns (prerequisites first) that rebuild `array` as `reader` read it, at the reverse of
-        `target`, recomputing the inputs in `wanted` too (strict: all of them, or None)."""
-        q = self.rerunnable(array, reader, target) if depth <= MAX_CHAIN else None
+              depth: int = 0, own: bool = False) -> list[tuple[str, OpSite]] | None:
+        """The reruns (prerequisites first) that rebuild `array` as `reader` read it (`own`: as `reader`
+        wrote it), at the reverse of `target`, recomputing the inputs in `wanted` too (strict: all of them,
+        or None)."""
+        q = self.rerunnable(array, reader, target, own) if depth <= MAX_CHAIN else None
         if q is None:
             return None
         reruns: list[tuple[str, OpSite]] = []
@@ -284,10 +305,14 @@ def rebuilt_for_free(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset
 
 def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
                        accesses: list[OpAccess], policy: Forwarding,
-                       chosen_set: frozenset[str] | None = None) -> RecomputePlan:
+                       chosen_set: frozenset[str] | None = None,
+                       results: list[frozenset[str]] | None = None) -> RecomputePlan:
     """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place.
-    `chosen_set`, when given, replaces the policy's set (the budget planner's choice)."""
-    needed = set().union(*needs) if needs else set()
+    `chosen_set`, when given, replaces the policy's set (the budget planner's choice). `results`: per
+    operation, the arrays it wrote that its reverse reads back (`ReverseContext.results_read`); one of
+    them recomputed is rebuilt by rerunning that operation itself before its reverse."""
+    results = results if results is not None else [frozenset() for _ in sites]
+    needed = set().union(*needs, *results) if needs else set()
     free: set[str] = set()  # rerun without weighing what the rerun keeps: it keeps nothing more
     if chosen_set is None and policy.rebuild_copies and (not policy.recompute or policy.recompute == ALL):
         free = rebuilt_for_free(sdfg, sites, needs, accesses)
@@ -317,8 +342,10 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
             continue
         if not strict and _kept_for_free(sdfg, array, accesses):
             continue
-        readers = [p for p in sites if array in needs[p.index]]
-        plans = [facts.chain(array, p, p, wanted, strict) for p in readers]
+        uses = ([(p, False) for p in sites if array in needs[p.index]]
+                + [(p, True) for p in sites if array in results[p.index]])  # (reader, reads its own result)
+        readers = [p for p, _ in uses]
+        plans = [facts.chain(array, p, p, wanted, strict, own=own) for p, own in uses]
         if (not strict and array not in free and all(plan is not None for plan in plans)
                 and _keeps_more(sdfg, array, plans, accesses)):
             declined.add(array)

@@ -102,7 +102,15 @@ def _plain_tasklet_writes(state: dace.SDFGState, edge) -> bool:
     leaves = tree.leaves()
     plain = edge.data.wcr is None and all(t.edge.data.wcr is None for t in tree.traverse_children(True))
     return (plain and len(leaves) == 1 and isinstance(leaves[0].src, nd.Tasklet)
-            and leaves[0].src.language == dace.dtypes.Language.Python)
+            and leaves[0].src.language == dace.dtypes.Language.Python and _alone_in_scope(state, leaves[0].src))
+
+
+def _alone_in_scope(state: dace.SDFGState, tasklet: nd.Tasklet) -> bool:
+    """The tasklet is the only node of its map (or at the top level): removing it removes the whole
+    computation. (A map whose tasklets feed each other through scalars would keep the others, then without
+    a path to its exit, which leaves the state malformed.)"""
+    entry = state.entry_node(tasklet)
+    return entry is None or state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes() == [tasklet]
 
 
 def _cut(state: dace.SDFGState, edge) -> None:

@@ -63,8 +63,9 @@ class Invoker:
     def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, int], bool]:
         """(arrays and scalars by name, symbols given by name, whether torch tensors were given)."""
         plan = self.runner.plan
-        # positional order: the program's declared arguments (an SDFG without `arg_names` takes names only)
-        order = [n for n in self.graph.sdfg.arg_names if n in plan.names and plan.arg(n).kind != SYMBOL]
+        # positional order: the program's declared arguments, a trip count declared as one and made a symbol
+        # (`count_arguments_to_symbols`) included (an SDFG without `arg_names` takes names only)
+        order = [n for n in self.graph.sdfg.arg_names if n in plan.names]
         if len(args) > len(order):
             raise ArgumentError(f"{len(args)} positional arguments given; the program takes {order} by position",
                                 "pass the others by name")

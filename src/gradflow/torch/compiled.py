@@ -22,6 +22,7 @@ import onnx
 import torch
 import torch.utils._pytree as pytree
 
+from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
 from gradflow.torch.export import BatchStats, Exported, ExportError, adopt_model, export_module
@@ -49,6 +50,12 @@ class CompileOptions:
     onnx_model: Any = attrs.field(default=None, validator=_option(
         lambda v: "" if v is None or isinstance(v, (str, bytes, onnx.ModelProto)) or hasattr(v, "__fspath__")
         else "must be a path, the serialized bytes or an onnx.ModelProto"))
+
+    #: how values reach the backward (`gradflow.Forwarding`; a byte budget is planned for the example's
+    #: sizes, which every call has)
+    forwarding: Forwarding = attrs.field(default=STORE_ALL, validator=_option(
+        lambda v: "" if isinstance(v, Forwarding) else "must be a gradflow.Forwarding, e.g. "
+        "gradflow.Forwarding.budget(1 << 20)"))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> CompileOptions:
@@ -144,7 +151,8 @@ class _Program:
             from gradflow.api import vjp
             from gradflow.torch.function import function
 
-            pair = vjp(lowered.graph, wrt=wrt, of=differentiable, optimize=options.optimize)
+            pair = vjp(lowered.graph, wrt=wrt, of=differentiable, optimize=options.optimize,
+                       forwarding=options.forwarding)
             self.function = function(pair, inputs=self.in_arrays, outputs=[p.array for p in out_ports],
                                      dispatcher=options.dispatcher)
         else:
@@ -328,11 +336,13 @@ def compile(module: torch.nn.Module, example_inputs: Any, **options: Any) -> Com
 
     `example_inputs`: a tensor or tuple of tensors `module` is called with (the shapes every call must have).
     Options: `dispatcher` ('ctypes' or 'cpp', see `gradflow.torch.function`), `optimize` (as for
-    `gradflow.vjp`), `onnx_model` (a path, bytes or `onnx.ModelProto` exported from this module, used
-    instead of exporting; it serves the modes the module is in now, and must hold the module's tensors as
-    initializers: `LostParameterError` otherwise). The module is exported with `torch.onnx.export(dynamo=False)` (a trace: Python control
-    flow is fixed by the example inputs) once per combination of train/eval modes and dtype, lazily; see
-    docs/torch.md for what is shared, updated and rejected.
+    `gradflow.vjp`), `forwarding` (a `gradflow.Forwarding`: what the backward keeps, e.g. a byte budget,
+    planned for the example's sizes), `onnx_model` (a path, bytes or `onnx.ModelProto` exported from this
+    module, used instead of exporting; it serves the modes the module is in now, and must hold the module's
+    tensors as initializers: `LostParameterError` otherwise). The module is exported with
+    `torch.onnx.export(dynamo=False)` (a trace: Python control flow is fixed by the example inputs) once per
+    combination of train/eval modes and dtype, lazily; see docs/torch.md for what is shared, updated and
+    rejected.
     """
     if not isinstance(module, torch.nn.Module):
         raise InvalidArgumentError(f"module must be a torch.nn.Module, got {describe(module)}")

@@ -9,6 +9,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from gradflow import api
+from gradflow.at_call import AtCall, plans_at_call
+from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.core.checks import ERROR_FLAG, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
@@ -60,7 +62,7 @@ def _check_options(dispatcher: Any, convert: Any, symbols: Any) -> dict[str, int
 
 
 def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] | None,
-            wrt: Sequence[str] | None) -> tuple[VJPResult, list[str], list[str]]:
+            wrt: Sequence[str] | None, forwarding: Forwarding = STORE_ALL) -> tuple[VJPResult, list[str], list[str]]:
     if isinstance(program, VJPResult):
         check_identifiers(program.forward)
         check_identifiers(program.backward)
@@ -75,7 +77,7 @@ def _vjp_of(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] |
         raise InvalidArgumentError(f"program '{sdfg.name}' returns nothing; name its outputs",
                                    "gradflow.torch.function(program, inputs=[...], outputs=[...])")
     chosen = list(wrt) if wrt is not None else differentiable_inputs(sdfg, ins)
-    return api.vjp(program, wrt=chosen, of=outs), ins, outs
+    return api.vjp(program, wrt=chosen, of=outs, forwarding=forwarding), ins, outs
 
 
 def bind_inputs(owner: str, names: Sequence[str], args: tuple, kwargs: Mapping[str, Any]) -> tuple:
@@ -178,7 +180,8 @@ def function(
     dispatcher: str = DEFAULT_DISPATCHER,
     convert: bool = False,
     symbols: Mapping[str, int] | None = None,
-) -> Function:
+    forwarding: Forwarding | None = None,
+) -> Function | PlannedFunction:
     """A torch callable (backed by a `torch.autograd.Function`) for a program.
 
     `program` is a `VJPResult`, a `dace.SDFG` or a `@dace.program` (then `gradflow.vjp` differentiates it
@@ -188,14 +191,62 @@ def function(
     `symbols` fixes those that cannot be. `dispatcher`: `"ctypes"` (Python fast path) or `"cpp"` (generated
     C++ torch extension). `convert=True` (ctypes only) casts inputs of another floating dtype and copies
     non-contiguous ones instead of raising `ArgumentError`; gradients come back in the input's dtype.
+    `forwarding` (a program, not a `VJPResult`) is the policy `gradflow.vjp` differentiates it with; a byte
+    budget or a checkpoint policy is planned at the call, for the call's sizes (a `PlannedFunction`).
     """
     inputs = _optional_names(inputs, "inputs")
     outputs = _optional_names(outputs, "outputs")
     wrt = _optional_names(wrt, "wrt")
     fixed = _check_options(dispatcher, convert, symbols)
-    vjp, ins, outs = _vjp_of(program, inputs, outputs, wrt)
+    if forwarding is not None and not isinstance(forwarding, Forwarding):
+        raise InvalidArgumentError(f"forwarding must be a gradflow.Forwarding, got {describe(forwarding)}",
+                                   "e.g. gradflow.Forwarding.budget(1 << 20)")
+    if forwarding is not None and isinstance(program, VJPResult):
+        raise InvalidArgumentError("forwarding= is for a program gradflow differentiates; this VJPResult already "
+                                   "has its forwarding plan",
+                                   "pass the program instead, or build the VJPResult with "
+                                   "gradflow.vjp(..., forwarding=)")
+    if forwarding is not None and plans_at_call(forwarding):
+        ins = list(inputs) if inputs is not None else default_inputs_outputs(as_sdfg(program), outputs)[0]
+
+        def build(policy: Forwarding) -> Function:
+            return _function(program, inputs, outputs, wrt, dispatcher, convert, fixed, policy)
+
+        return PlannedFunction(AtCall(Graph.of(program), forwarding, build, order=ins, fixed=fixed), ins)
+    return _function(program, inputs, outputs, wrt, dispatcher, convert, fixed, forwarding or STORE_ALL)
+
+
+def _function(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str] | None,
+              wrt: Sequence[str] | None, dispatcher: str, convert: bool, fixed: dict[str, int] | None,
+              forwarding: Forwarding) -> Function:
+    vjp, ins, outs = _vjp_of(program, inputs, outputs, wrt, forwarding)
     flag = ERROR_FLAG in vjp.forward.arrays and ERROR_FLAG not in outs and (inputs is None or ERROR_FLAG not in ins)
     if flag:  # the program checks indices read from data: its error flag is an extra output, checked per call
         ins, outs = [n for n in ins if n != ERROR_FLAG], [*outs, ERROR_FLAG]
     plan = build_plan(vjp, ins, outs, fixed)
     return Function(vjp, plan, dispatcher, convert, flag)
+
+
+class PlannedFunction:
+    """`gradflow.torch.function` under a policy planned at the call (a byte budget, checkpointing): one
+    `Function` per set of call values (sizes, fixed symbols), built at the first call that has them."""
+
+    def __init__(self, builds: AtCall, inputs: Sequence[str]) -> None:
+        self._builds = builds
+        self._inputs = tuple(inputs)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self._inputs
+
+    @property
+    def plans(self) -> dict:
+        """The forwarding plans built so far, by the call values they were made for."""
+        return {k: f.vjp.forwarding_plan for k, f in self._builds.builds.items()}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._builds(args, kwargs)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"gradflow.torch.PlannedFunction(({', '.join(self._inputs)}), "
+                f"{self._builds.forwarding.name}, {len(self._builds.builds)} plan(s))")

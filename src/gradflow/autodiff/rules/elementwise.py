@@ -202,6 +202,8 @@ class ElementwiseReverse:
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
         ef, plan, _ = self._plan(site, ctx)
+        for i in plan.results:  # read back where the backward finds them (`_read_results`): the engine is told
+            ctx.note_result_read(site.state, ef.outputs[i].array)
         return frozenset(p.array for p in ef.inputs if p.symbol in plan.used)
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:

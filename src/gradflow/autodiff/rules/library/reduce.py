@@ -106,6 +106,8 @@ class ReduceReverse:
         x, y = _io(site)
         if _kind(node_of(site)) == "sum" or not ctx.grad_of(y.array) or not ctx.grad_of(x.array):
             return frozenset()
+        if y.wcr is None and ctx.final_value(site.state, y.array) is not None:
+            ctx.note_result_read(site.state, y.array)  # `_extremum` reads the result where it finds it
         return frozenset({x.array})
 
     def reverse(self, site: OpSite, ctx: ReverseContext) -> None:

@@ -1,0 +1,262 @@
+"""Peak memory of one forward+backward call under falling byte budgets, measured, next to the peers' ways of
+saving memory: does a smaller `Forwarding.budget` give a smaller peak, and how does it compare?
+
+Kernels (float64, N elements, T steps, a scalar loss):
+- `whole_array_update` (the loop corpus's `lp_whole_array_update`): A = tanh(A) * W + 0.1 * A, T times;
+  each step's reverse needs its own A, so storing keeps T states;
+- `jacobi_1d` (`lp_jacobi_1d`): a linear 3-point stencil between A and B (the loss A*A*B is not linear).
+
+Configurations:
+- gradflow: `value_and_grad` with `STORE_ALL`, then `Forwarding.budget` at 50/25/10% of STORE_ALL's
+  forwarded bytes (planned at the call: no `sizes=`), and `Forwarding.checkpoint(snapshots=S)`;
+- torch eager autograd (stores all) and `torch.utils.checkpoint.checkpoint_sequential` in S segments;
+- JAX `jit(grad)` of a `lax.scan` (stores all), the scan in S blocks each under `jax.checkpoint`, and the
+  step under `jax.checkpoint` with the `nothing_saveable` policy.
+
+Measure: every configuration runs in a fresh process with `MALLOC_MMAP_THRESHOLD_` fixed at 64 KiB (large
+blocks are fresh mappings, returned to the system when freed, so freed memory does not hide later
+allocations). The process builds what it runs and warms up: torch and JAX call once (compiling, first-use
+allocations); gradflow builds the same function twice and calls the first (the compiled library, OpenBLAS
+and OpenMP warmed up), since DaCe allocates a program's transients when its state is initialised, at the
+first call. Then Linux's high-water mark is reset (`/proc/self/clear_refs`) and one call is made (for
+gradflow, the second function's first: its state's initialisation and its call). *Peak* is `VmHWM` after
+the call minus `VmRSS` before it: the bytes the call made resident beyond its inputs, whatever allocated
+them. gradflow's rows also give what its plan forwards (`ForwardingPlan.total_bytes`) and the budget.
+
+    OMP_NUM_THREADS=1 python benchmarks/memory_peak.py [--n 20000] [--t 200] [--snapshots 10]
+        [--kernels whole_array_update jacobi_1d] [--out benchmarks/results/memory_peak.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+import numpy as np  # noqa: E402
+
+from benchmarks.memorybench.allocation import MMAP_THRESHOLD, _status, reset_peak  # noqa: E402
+
+FRACTIONS = (1.0, 0.5, 0.25, 0.10)
+CASE = {"jacobi_1d": "lp_jacobi_1d", "whole_array_update": "lp_whole_array_update"}
+
+
+def inputs_for(kernel: str, n: int) -> dict:
+    rng = np.random.default_rng(0)
+    inputs = {"A": rng.uniform(-1, 1, n), "S": np.zeros(1)}
+    inputs.update({"B": rng.uniform(-1, 1, n)} if kernel == "jacobi_1d" else {"W": rng.uniform(0.5, 1.5, n)})
+    return inputs
+
+
+# ---- gradflow --------------------------------------------------------------------------------------------
+
+
+def _policy(spec: dict):
+    import gradflow
+
+    if spec["policy"] == "store_all":
+        return gradflow.STORE_ALL
+    if spec["policy"] == "checkpoint":
+        return gradflow.Forwarding.checkpoint(snapshots=spec["snapshots"])
+    return gradflow.Forwarding.budget(spec["bytes"])
+
+
+def _gradflow_function(kernel: str, policy):
+    import gradflow
+    from gradflow.verify.corpus import loops
+
+    case = loops.CASES_BY_NAME[CASE[kernel]]
+    return gradflow.value_and_grad(case.program.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=policy)
+
+
+def store_all_bytes(kernel: str, n: int, t: int) -> int:
+    """What STORE_ALL forwards at these sizes (the budgets are fractions of it)."""
+    from gradflow.api import grad_graph
+    from gradflow.verify.corpus import loops
+
+    case = loops.CASES_BY_NAME[CASE[kernel]]
+    graph = grad_graph(case.program.to_sdfg(), list(case.wrt), case.of)
+    return graph.meta["ad"].forwarding_plan.total_bytes({"N": n, "T": t})
+
+
+def gradflow_child(spec: dict) -> dict:
+    n, t = spec["n"], spec["t"]
+    inputs = inputs_for(spec["kernel"], n)
+    warm, measured = (_gradflow_function(spec["kernel"], _policy(spec)) for _ in range(2))
+    warm(**{k: v.copy() for k, v in inputs.items()}, T=t)
+    args = {k: v.copy() for k, v in inputs.items()}
+    peak = _peak(lambda: measured(**args, T=t))
+    _, grads = measured(**{k: v.copy() for k, v in inputs.items()}, T=t)
+    ((_, plan),) = measured.plans.items() if measured.plans else ((None, None),)
+    kept = plan.total_bytes({"N": n, "T": t}) if plan is not None else store_all_bytes(spec["kernel"], n, t)
+    return {"peak": peak, "kept": kept, "policy": plan.policy if plan is not None else "store_all",
+            "grad": _norm(grads)}
+
+
+# ---- peers -----------------------------------------------------------------------------------------------
+
+
+def peer_calls(kernel: str, n: int, t: int, snapshots: int) -> list[tuple[str, object]]:
+    """(label, call) of every peer configuration (built lazily in the child that runs it)."""
+    from benchmarks.checkpoint import jax_runs, torch_runs
+
+    inputs = inputs_for(kernel, n)
+    calls = [(label, call) for label, call, _, _ in torch_runs(kernel, n, t, snapshots, inputs)]
+    calls += [(label, call) for label, call, _, _ in jax_runs(kernel, n, t, snapshots, inputs)]
+    calls.append(_jax_policy_run(kernel, n, t, inputs))
+    return calls
+
+
+def _jax_policy_run(kernel: str, n: int, t: int, inputs: dict):
+    """JAX's remat policy on the step: `jax.checkpoint(step, policy=nothing_saveable)` inside the scan."""
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    policy = jax.checkpoint_policies.nothing_saveable
+    if kernel == "jacobi_1d":
+        def step(x, _):
+            a, b = x
+            b = b.at[1:-1].set(0.33333 * (a[:-2] + a[1:-1] + a[2:]))
+            a = a.at[1:-1].set(0.33333 * (b[:-2] + b[1:-1] + b[2:]))
+            return (a, b), None
+
+        def loss(x, _):
+            out, _ = jax.lax.scan(jax.checkpoint(step, policy=policy), x, None, length=t)
+            return (out[0] * out[0] * out[1]).sum()
+
+        x0, params = (jnp.asarray(inputs["A"]), jnp.asarray(inputs["B"])), ()
+    else:
+        weights = jnp.arange(1, n + 1, dtype=jnp.float64)
+
+        def loss(x, w):
+            out, _ = jax.lax.scan(jax.checkpoint(lambda a, _: (jnp.tanh(a) * w + 0.1 * a, None), policy=policy),
+                                  x, None, length=t)
+            return (out * weights).sum()
+
+        x0, params = jnp.asarray(inputs["A"]), jnp.asarray(inputs["W"])
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    return "jax scan, step under jax.checkpoint(nothing_saveable)", lambda: jax.block_until_ready(grad(x0, params))
+
+
+def peer_child(spec: dict) -> dict:
+    """One peer configuration measured (`index`), or (`index` None) the labels of all of them."""
+    calls = peer_calls(spec["kernel"], spec["n"], spec["t"], spec["snapshots"])
+    if spec.get("index") is None:
+        return {"labels": [label for label, _ in calls]}
+    label, call = calls[spec["index"]]
+    call()
+    return {"peak": _peak(call), "label": label}
+
+
+# ---- measuring -------------------------------------------------------------------------------------------
+
+
+def _peak(call) -> int:
+    """Bytes made resident by `call()` above the resident set before it (see the module docstring)."""
+    reset_peak()
+    before = _status()["VmRSS"]
+    call()
+    return _status()["VmHWM"] - before
+
+
+def _norm(grads) -> float:
+    values = grads.values() if isinstance(grads, dict) else [grads]
+    return float(sum(np.sum(np.asarray(v, dtype=np.float64) ** 2) for v in values))
+
+
+def run_child(spec: dict) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "OMP_NUM_THREADS": "1",
+           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True,
+                          text=True, timeout=1800, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": " | ".join(proc.stderr.strip().splitlines()[-2:])[:300]}
+    return json.loads(lines[-1])
+
+
+def mib(b: int | None) -> str:
+    return "-" if b is None else f"{b / 2**20:.2f}"
+
+
+def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str], list[str]]:
+    """(table lines, problems found) for one kernel."""
+    full = store_all_bytes(kernel, n, t)
+    lines = [f"\n### {kernel} (N = {n}, T = {t}; one state = {mib(8 * n)} MiB)\n",
+             "| configuration | budget MiB | forwarded MiB | peak MiB |", "|---|---:|---:|---:|"]
+    problems, peaks, norms = [], [], []
+    for fraction in FRACTIONS:
+        spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow",
+                "policy": "store_all" if fraction == 1.0 else "budget", "bytes": int(full * fraction)}
+        row = run_child(spec)
+        name = "gradflow STORE_ALL" if fraction == 1.0 else f"gradflow budget {fraction:.0%}"
+        if "error" in row:
+            lines.append(f"| {name} | {mib(spec['bytes'])} | error: {row['error']} | |")
+            continue
+        shown = row["policy"] if fraction < 1.0 else "store_all"
+        lines.append(f"| {name} (`{shown}`) | {mib(spec['bytes']) if fraction < 1 else '-'} | {mib(row['kept'])} "
+                     f"| {mib(row['peak'])} |")
+        peaks.append((name, row["peak"]))
+        norms.append(row["grad"])
+    spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow", "policy": "checkpoint", "snapshots": snapshots}
+    row = run_child(spec)
+    lines.append(f"| gradflow checkpoint({snapshots}) | - | {mib(row.get('kept'))} | "
+                 f"{mib(row.get('peak')) if 'peak' in row else 'error: ' + row['error']} |")
+    norms += [row["grad"]] if "grad" in row else []
+    peer = {"kernel": kernel, "n": n, "t": t, "side": "peer", "snapshots": snapshots}
+    for k, label in enumerate(run_child({**peer, "index": None}).get("labels", [])):
+        row = run_child({**peer, "index": k})
+        lines.append(f"| {label} | - | - | {mib(row.get('peak')) if 'peak' in row else 'error: ' + row['error']} |")
+    for (a, pa), (b, pb) in zip(peaks, peaks[1:]):
+        if pb > pa + 2**20:  # a MiB of slack: first-use allocations of the runtime vary by that much
+            problems.append(f"{kernel}: {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB")
+    if norms and max(norms) - min(norms) > 1e-9 * max(norms):
+        problems.append(f"{kernel}: gradflow's configurations disagree on the gradient (squared norms {norms})")
+    return lines, problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--t", type=int, default=200)
+    parser.add_argument("--snapshots", type=int, default=10)
+    parser.add_argument("--kernels", nargs="*", default=["whole_array_update", "jacobi_1d"])
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(gradflow_child(spec) if spec["side"] == "gradflow" else peer_child(spec)), flush=True)
+        return
+    from benchmarks.checkpoint import versions
+
+    out = ["# Peak memory of one forward+backward call under falling budgets", "",
+           f"`OMP_NUM_THREADS=1 python benchmarks/memory_peak.py --n {args.n} --t {args.t} --snapshots "
+           f"{args.snapshots}`; {versions()}. Method: the module docstring of `benchmarks/memory_peak.py` "
+           "(one fresh process per row; peak = resident bytes the call added above its inputs)."]
+    problems: list[str] = []
+    for kernel in args.kernels:
+        lines, found = kernel_report(kernel, args.n, args.t, args.snapshots)
+        out += lines
+        problems += found
+        print("\n".join(lines), flush=True)
+    out += ["", "Falling budgets and the measured peak: " + ("; ".join(problems) if problems else
+            "a smaller budget never gave a higher peak (beyond 1 MiB), and gradflow's configurations gave equal "
+            "gradients.")]
+    text = "\n".join(out) + "\n"
+    print(out[-1])
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -145,9 +145,9 @@ class Reversal:
         for loop, bound in zip(loops, bounds):
             if bound is None:
                 if loop.loop_variable:  # a user bound caps while loops only: a `for` cannot be stopped early
-                    hint = ("give its count as a size: a symbol (T = dace.symbol('T'), `for i in range(T)`) whose "
-                            "value goes in Forwarding.budget(..., sizes={'T': ...}); or forward with STORE_ALL or "
-                            "RECOMPUTE_ALL, whose stacks grow as the loop runs")
+                    hint = ("pass its count as an argument (`T: dace.int64`, `for i in range(T)`: value_and_grad "
+                            "prices it at the call; grad takes Forwarding.budget(..., sizes={'T': ...})), or forward "
+                            "with STORE_ALL or RECOMPUTE_ALL, whose stacks grow as the loop runs")
                 else:
                     hint = (f"give a bound: gradflow.Forwarding.budget(..., loop_bounds={{'{loop.label}': "
                             "<max iterations>}) (a run past it is reported, not silently wrong)")

@@ -176,7 +176,14 @@ def scalar_value(spec: ArgSpec, value: Any) -> Any:
 
 
 def symbol_value(name: str, value: Any) -> int:
-    """A symbol's value given by the caller: an integer (Python or numpy), else `ArgumentError`."""
+    """A symbol's value given by the caller: an integer (Python or numpy, or a one-element integer array or
+    CPU tensor, as a trip count given as an argument was taken before it became a symbol), else
+    `ArgumentError`."""
+    if isinstance(value, np.ndarray) and value.size == 1 and np.issubdtype(value.dtype, np.integer):
+        value = value.item()
+    elif (isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type == "cpu"
+          and not value.is_floating_point() and value.dtype != torch.bool):
+        value = value.item()
     if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return int(value)
     raise ArgumentError(f"symbol '{name}' must be an int, got {describe(value)}")

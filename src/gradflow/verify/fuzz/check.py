@@ -323,7 +323,10 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
         from gradflow.verify.routes import gradient
 
         try:
-            forwarding = _forwarding(policy, module.program, wrt, spec["symbols"])
+            # trip counts passed as arguments are sizes to a budget (`count_arguments_to_symbols`), as at a call
+            trips = {name: int(np.asarray(data[name]).reshape(-1)[0]) for name, _, role, _ in spec["arguments"]
+                     if role == "trips" and name in data}
+            forwarding = _forwarding(policy, module.program, wrt, {**spec["symbols"], **trips})
             try:
                 after, grads = gradient(module.program, tuple(wrt), "S", data, spec["symbols"], route=route,
                                         forwarding=forwarding, optimize=optimize)

@@ -16,9 +16,12 @@ Configurations:
 Measure: every configuration runs in a fresh process with `MALLOC_MMAP_THRESHOLD_` fixed at 64 KiB (large
 blocks are fresh mappings, returned to the system when freed, so freed memory does not hide later
 allocations). The process builds what it runs and warms up: torch and JAX call once (compiling, first-use
-allocations); gradflow builds the same function twice and calls the first (the compiled library, OpenBLAS
-and OpenMP warmed up), since DaCe allocates a program's transients when its state is initialised, at the
-first call. Then Linux's high-water mark is reset (`/proc/self/clear_refs`) and one call is made (for
+allocations; JAX's are compiled ahead of time and measured on their first run, with XLA's own count of
+its temporaries beside it: its runtime may reuse a finished run's buffers, so a second run measured
+nothing or everything by chance); gradflow builds the same function twice and calls the first (the
+compiled library, OpenBLAS and OpenMP warmed up), since DaCe allocates a program's transients when its
+state is initialised, at the first call; the second function's program (planned for the call's sizes) and library are built before the
+measured call too. Then Linux's high-water mark is reset (`/proc/self/clear_refs`) and one call is made (for
 gradflow, the second function's first: its state's initialisation and its call). *Peak* is `VmHWM` after
 the call minus `VmRSS` before it: the bytes the call made resident beyond its inputs, whatever allocated
 them. gradflow's rows also give what its plan forwards (`ForwardingPlan.total_bytes`) and the budget.
@@ -92,6 +95,10 @@ def gradflow_child(spec: dict) -> dict:
     warm, measured = (_gradflow_function(spec["kernel"], _policy(spec)) for _ in range(2))
     warm(**{k: v.copy() for k, v in inputs.items()}, T=t)
     args = {k: v.copy() for k, v in inputs.items()}
+    # what is built once per function (the differentiated program, planned at the call or not, and its
+    # loaded library) is built before the measured call, which then initialises its state and runs
+    built = measured._built if measured._at_call is None else measured._at_call((), {**args, "T": t})  # noqa: SLF001
+    _ = built.invoker.runner  # compiles (from the cache) and loads the library
     peak = _peak(lambda: measured(**args, T=t))
     _, grads = measured(**{k: v.copy() for k, v in inputs.items()}, T=t)
     ((_, plan),) = measured.plans.items() if measured.plans else ((None, None),)
@@ -103,57 +110,81 @@ def gradflow_child(spec: dict) -> dict:
 # ---- peers -----------------------------------------------------------------------------------------------
 
 
-def peer_calls(kernel: str, n: int, t: int, snapshots: int) -> list[tuple[str, object]]:
-    """(label, call) of every peer configuration (built lazily in the child that runs it)."""
-    from benchmarks.checkpoint import jax_runs, torch_runs
+def peer_calls(kernel: str, n: int, t: int, snapshots: int) -> list[tuple[str, object, object]]:
+    """(label, call, XLA's temporary bytes or None) of every peer configuration, built in the child that
+    runs it. torch's calls are called once before the measured one; JAX's are ahead-of-time compiled
+    executables measured on their first run (XLA's runtime reuses a finished call's buffers, so a second
+    run measured nothing or everything by chance), the runtime warmed up by another small program."""
+    from benchmarks.checkpoint import torch_runs
 
     inputs = inputs_for(kernel, n)
-    calls = [(label, call) for label, call, _, _ in torch_runs(kernel, n, t, snapshots, inputs)]
-    calls += [(label, call) for label, call, _, _ in jax_runs(kernel, n, t, snapshots, inputs)]
-    calls.append(_jax_policy_run(kernel, n, t, inputs))
-    return calls
+    calls = [(label, call, None) for label, call, _, _ in torch_runs(kernel, n, t, snapshots, inputs)]
+    return calls + _jax_runs(kernel, n, t, snapshots, inputs)
 
 
-def _jax_policy_run(kernel: str, n: int, t: int, inputs: dict):
-    """JAX's remat policy on the step: `jax.checkpoint(step, policy=nothing_saveable)` inside the scan."""
+def _jax_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict) -> list[tuple[str, object, object]]:
+    """JAX: the scan storing all, the scan in blocks under `jax.checkpoint`, and the step under
+    `jax.checkpoint(policy=nothing_saveable)`."""
     import jax
     import jax.numpy as jnp
 
     jax.config.update("jax_enable_x64", True)
-    policy = jax.checkpoint_policies.nothing_saveable
     if kernel == "jacobi_1d":
-        def step(x, _):
-            a, b = x
-            b = b.at[1:-1].set(0.33333 * (a[:-2] + a[1:-1] + a[2:]))
-            a = a.at[1:-1].set(0.33333 * (b[:-2] + b[1:-1] + b[2:]))
-            return (a, b), None
+        def make_step(_):
+            def step(x, _):
+                a, b = x
+                b = b.at[1:-1].set(0.33333 * (a[:-2] + a[1:-1] + a[2:]))
+                a = a.at[1:-1].set(0.33333 * (b[:-2] + b[1:-1] + b[2:]))
+                return (a, b), None
+            return step
 
-        def loss(x, _):
-            out, _ = jax.lax.scan(jax.checkpoint(step, policy=policy), x, None, length=t)
-            return (out[0] * out[0] * out[1]).sum()
+        def loss(x):
+            return (x[0] * x[0] * x[1]).sum()
 
         x0, params = (jnp.asarray(inputs["A"]), jnp.asarray(inputs["B"])), ()
     else:
         weights = jnp.arange(1, n + 1, dtype=jnp.float64)
 
-        def loss(x, w):
-            out, _ = jax.lax.scan(jax.checkpoint(lambda a, _: (jnp.tanh(a) * w + 0.1 * a, None), policy=policy),
-                                  x, None, length=t)
-            return (out * weights).sum()
+        def make_step(w):
+            return lambda a, _: (jnp.tanh(a) * w + 0.1 * a, None)
+
+        def loss(a):
+            return (a * weights).sum()
 
         x0, params = jnp.asarray(inputs["A"]), jnp.asarray(inputs["W"])
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    return "jax scan, step under jax.checkpoint(nothing_saveable)", lambda: jax.block_until_ready(grad(x0, params))
+    block = t // snapshots
+
+    def plain(x, w):
+        return loss(jax.lax.scan(make_step(w), x, None, length=t)[0])
+
+    def blocked(x, w):
+        run_block = jax.checkpoint(lambda y: jax.lax.scan(make_step(w), y, None, length=block)[0])
+        out = jax.lax.scan(lambda y, _: (run_block(y), None), x, None, length=snapshots)[0]
+        return loss(jax.lax.scan(make_step(w), out, None, length=t - block * snapshots)[0])
+
+    def remat(x, w):
+        step = jax.checkpoint(make_step(w), policy=jax.checkpoint_policies.nothing_saveable)
+        return loss(jax.lax.scan(step, x, None, length=t)[0])
+
+    jax.block_until_ready(jax.jit(lambda v: jnp.sum(jnp.tanh(v)))(jnp.ones(8)))  # the runtime's first use
+    runs = []
+    for label, fn in [("jax scan (stores all)", plain), (f"jax checkpoint ({snapshots} blocks)", blocked),
+                      ("jax scan, step under jax.checkpoint(nothing_saveable)", remat)]:
+        exe = jax.jit(jax.grad(fn, argnums=(0, 1))).lower(x0, params).compile()
+        runs.append((label, lambda exe=exe: jax.block_until_ready(exe(x0, params)),
+                     exe.memory_analysis().temp_size_in_bytes))
+    return runs
 
 
 def peer_child(spec: dict) -> dict:
     """One peer configuration measured (`index`), or (`index` None) the labels of all of them."""
     calls = peer_calls(spec["kernel"], spec["n"], spec["t"], spec["snapshots"])
     if spec.get("index") is None:
-        return {"labels": [label for label, _ in calls]}
-    label, call = calls[spec["index"]]
-    call()
-    return {"peak": _peak(call), "label": label}
+        return {"labels": [label for label, _, _ in calls]}
+    label, call, temp = calls[spec["index"]]
+    if temp is None:
+        call()
+    return {"peak": _peak(call), "label": label, "xla_temp": temp}
 
 
 # ---- measuring -------------------------------------------------------------------------------------------
@@ -191,7 +222,8 @@ def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str
     """(table lines, problems found) for one kernel."""
     full = store_all_bytes(kernel, n, t)
     lines = [f"\n### {kernel} (N = {n}, T = {t}; one state = {mib(8 * n)} MiB)\n",
-             "| configuration | budget MiB | forwarded MiB | peak MiB |", "|---|---:|---:|---:|"]
+             "| configuration | budget MiB | forwarded MiB (gradflow) or XLA temporaries MiB (JAX) | peak MiB |",
+             "|---|---:|---:|---:|"]
     problems, peaks, norms = [], [], []
     for fraction in FRACTIONS:
         spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow",
@@ -214,7 +246,8 @@ def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str
     peer = {"kernel": kernel, "n": n, "t": t, "side": "peer", "snapshots": snapshots}
     for k, label in enumerate(run_child({**peer, "index": None}).get("labels", [])):
         row = run_child({**peer, "index": k})
-        lines.append(f"| {label} | - | - | {mib(row.get('peak')) if 'peak' in row else 'error: ' + row['error']} |")
+        lines.append(f"| {label} | - | {mib(row.get('xla_temp'))} | "
+                     f"{mib(row.get('peak')) if 'peak' in row else 'error: ' + row['error']} |")
     for (a, pa), (b, pb) in zip(peaks, peaks[1:]):
         if pb > pa + 2**20:  # a MiB of slack: first-use allocations of the runtime vary by that much
             problems.append(f"{kernel}: {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB")

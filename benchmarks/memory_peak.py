@@ -15,14 +15,15 @@ Configurations:
 
 Measure: every configuration runs in a fresh process with `MALLOC_MMAP_THRESHOLD_` fixed at 64 KiB (large
 blocks are fresh mappings, returned to the system when freed, so freed memory does not hide later
-allocations). The process builds what it runs and warms up: torch and JAX call once (compiling, first-use
-allocations; JAX's are compiled ahead of time and measured on their first run, with XLA's own count of
-its temporaries beside it: its runtime may reuse a finished run's buffers, so a second run measured
-nothing or everything by chance); gradflow builds the same function twice and calls the first (the
-compiled library, OpenBLAS and OpenMP warmed up), since DaCe allocates a program's transients when its
-state is initialised, at the first call; the second function's program (planned for the call's sizes) and library are built before the
-measured call too. Then Linux's high-water mark is reset (`/proc/self/clear_refs`) and one call is made (for
-gradflow, the second function's first: its state's initialisation and its call). *Peak* is `VmHWM` after
+allocations). The process builds what it runs and warms up. torch calls once (first-use allocations).
+JAX's runs are compiled ahead of time and measured on their first run, after another small program warmed
+the runtime up (XLA may reuse a finished run's buffers, so a second run measured nothing or everything by
+chance); XLA's own count of its temporaries is given beside them. gradflow builds the same function twice
+and calls the first (the compiled library, OpenBLAS and OpenMP warmed up), since DaCe allocates a program's
+transients when its state is initialised, at the first call; the second function's program (planned for
+the call's sizes) and library are built before the measured call too. Then Linux's high-water mark is
+reset (`/proc/self/clear_refs`) and one call is made (for gradflow, the second function's first: its
+state's initialisation and its call). *Peak* is `VmHWM` after
 the call minus `VmRSS` before it: the bytes the call made resident beyond its inputs, whatever allocated
 them. gradflow's rows also give what its plan forwards (`ForwardingPlan.total_bytes`) and the budget.
 

@@ -58,6 +58,11 @@ def _check_options(prefix: Any, forwarding: Any) -> None:
     """The keyword options every entry point shares: typed errors naming the option."""
     if not isinstance(prefix, str):
         raise InvalidArgumentError(f"prefix must be a string, got {describe(prefix)}", "e.g. prefix='grad_'")
+    check_forwarding(forwarding)
+
+
+def check_forwarding(forwarding: Any) -> None:
+    """`forwarding=` of any entry point: None or a `gradflow.Forwarding`, else an error naming the option."""
     if forwarding is not None and not isinstance(forwarding, Forwarding):
         raise InvalidArgumentError(
             f"forwarding must be a gradflow.Forwarding, got {describe(forwarding)}",

@@ -23,7 +23,7 @@ from gradflow.autodiff.forwarding import Forwarding
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import unwrap_or_raise
-from gradflow.runtime.plan import plan_for
+from gradflow.runtime.plan import plan_for, positional_names
 from gradflow.runtime.validate import infer_symbols, symbol_value
 from gradflow.transforms.count_arguments import CountArgumentsToSymbols
 
@@ -49,7 +49,7 @@ class AtCall:
         source = unwrap_or_raise(CountArgumentsToSymbols()(graph)).sdfg
         self.forwarding = forwarding
         self.plan = plan_for(source)
-        self.order = list(order) if order is not None else [n for n in source.arg_names if n in self.plan.names]
+        self.order = list(order) if order is not None else positional_names(source, self.plan)
         self.fixed = dict(fixed or {})
         self._build = build
         #: call values (sorted (symbol, value) pairs) -> the build for them

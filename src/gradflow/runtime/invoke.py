@@ -22,7 +22,7 @@ from gradflow.analysis.writes import may_read_before_write
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
 from gradflow.runtime.calling import Runner
-from gradflow.runtime.plan import ARRAY, SYMBOL
+from gradflow.runtime.plan import ARRAY, positional_names
 from gradflow.runtime.validate import check_symbol_range, symbol_value, torch_dtype
 
 
@@ -63,9 +63,7 @@ class Invoker:
     def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, int], bool]:
         """(arrays and scalars by name, symbols given by name, whether torch tensors were given)."""
         plan = self.runner.plan
-        # positional order: the program's declared arguments, a trip count declared as one and made a symbol
-        # (`count_arguments_to_symbols`) included (an SDFG without `arg_names` takes names only)
-        order = [n for n in self.graph.sdfg.arg_names if n in plan.names]
+        order = positional_names(self.graph.sdfg, plan)
         if len(args) > len(order):
             raise ArgumentError(f"{len(args)} positional arguments given; the program takes {order} by position",
                                 "pass the others by name")

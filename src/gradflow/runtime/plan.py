@@ -176,6 +176,13 @@ def _dtype_name(desc: dt.Data, where: str) -> tuple[str, str]:
     return name, _SUPPORTED[name]
 
 
+def positional_names(sdfg: dace.SDFG, plan: CallPlan) -> list[str]:
+    """The names positional arguments bind to: the program's declared arguments, a trip count declared as
+    one and made a symbol (`count_arguments_to_symbols`) included (an SDFG without `arg_names` takes names
+    only)."""
+    return [n for n in sdfg.arg_names if n in plan.names]
+
+
 def plan_for(sdfg: dace.SDFG) -> CallPlan:
     """The call plan of an SDFG, in the argument order of the library DaCe generates for it."""
     arglist = sdfg.arglist()

@@ -198,9 +198,7 @@ def function(
     outputs = _optional_names(outputs, "outputs")
     wrt = _optional_names(wrt, "wrt")
     fixed = _check_options(dispatcher, convert, symbols)
-    if forwarding is not None and not isinstance(forwarding, Forwarding):
-        raise InvalidArgumentError(f"forwarding must be a gradflow.Forwarding, got {describe(forwarding)}",
-                                   "e.g. gradflow.Forwarding.budget(1 << 20)")
+    api.check_forwarding(forwarding)
     if forwarding is not None and isinstance(program, VJPResult):
         raise InvalidArgumentError("forwarding= is for a program gradflow differentiates; this VJPResult already "
                                    "has its forwarding plan",

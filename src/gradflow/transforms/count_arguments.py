@@ -22,25 +22,10 @@ from typing import ClassVar
 import attrs
 import dace
 from dace.sdfg import nodes as nd
-from dace.sdfg.state import ConditionalBlock, LoopRegion
 
+from gradflow.analysis.access import named_by_control
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
-
-
-def control_names(sdfg: dace.SDFG) -> set[str]:
-    """The names the control flow of `sdfg` reads: interstate edges, loop headers, branch conditions."""
-    names: set[str] = set()
-    for edge in sdfg.all_interstate_edges():
-        names |= {str(s) for s in edge.data.free_symbols}
-    for region in sdfg.all_control_flow_regions():
-        if isinstance(region, LoopRegion):
-            for code in (region.loop_condition, region.init_statement, region.update_statement):
-                names |= set(code.get_free_symbols()) if code is not None else set()
-        elif isinstance(region, ConditionalBlock):
-            for condition, _ in region.branches:
-                names |= set(condition.get_free_symbols()) if condition is not None else set()
-    return names
 
 
 def count_arguments(sdfg: dace.SDFG) -> list[str]:
@@ -48,10 +33,10 @@ def count_arguments(sdfg: dace.SDFG) -> list[str]:
     and that are not already symbols. (One nothing reads stays an argument: as a symbol, unused, it would
     leave the program's signature.)"""
     accessed = {n.data for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nd.AccessNode)}
-    read = control_names(sdfg)
     return sorted(name for name, desc in sdfg.arrays.items()
-                  if isinstance(desc, dace.data.Scalar) and not desc.transient and name in read
-                  and desc.dtype in dace.dtypes.INTEGER_TYPES and name not in accessed and name not in sdfg.symbols)
+                  if isinstance(desc, dace.data.Scalar) and not desc.transient
+                  and desc.dtype in dace.dtypes.INTEGER_TYPES and name not in accessed and name not in sdfg.symbols
+                  and named_by_control(sdfg, name))
 
 
 @register_pass

@@ -85,6 +85,31 @@ def row_softmax(x: dace.float64[N, M], S: dace.float64[1]):
     S[0] = np.sum(y * y)
 
 
+@dace.program
+def count_from_array(x: dace.float64[N], cnt: dace.int64[2], S: dace.float64[1]):
+    for t in range(cnt[0], cnt[1], 2):
+        x[:] = np.sin(x * (t * 0.1)) + 0.1 * t
+    S[0] = np.sum(x * x)
+
+
+@dace.program
+def computed_count(x: dace.float64[N], S: dace.float64[1]):
+    k = 0
+    for i in range(N):
+        if x[i] > 0.5:
+            k += 1
+    for t in range(k, 2 * k + 1):
+        x[:] = np.sin(x * (t * 0.1)) + 0.1 * t
+    k = 100  # assigned again after the loop: its reverse must use the start the loop ran with
+    S[0] = np.sum(x * x) + k
+
+
+#: styles whose trip count the program reads or computes: STORE_ALL's stacks grow as the loop runs, so its
+#: bytes are priced here as what it stores, the loop's state (N float64) once per trip
+GROWING = {"count_from_array": lambda args: 8 * 12 * len(range(3, 14, 2)),
+           "computed_count": lambda args: 8 * 12 * (int(np.sum(args["x"] > 0.5)) + 1)}
+
+
 def _arguments(name: str, rng: np.random.Generator) -> tuple[object, str, dict]:
     """(program, wrt, arguments of one call) per style."""
     cases = {
@@ -94,6 +119,8 @@ def _arguments(name: str, rng: np.random.Generator) -> tuple[object, str, dict]:
         "symbolic_steps": (symbolic_steps, "x", dict(x=rng.random(12), T=20)),
         "branch_in_loop": (branch_in_loop, "x", dict(x=rng.random(12))),
         "row_softmax": (row_softmax, "x", dict(x=rng.random((3, 11)))),
+        "count_from_array": (count_from_array, "x", dict(x=rng.random(12), cnt=np.array([3, 14]))),
+        "computed_count": (computed_count, "x", dict(x=rng.random(12))),
     }
     return cases[name]
 
@@ -114,7 +141,8 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.max(np.abs(a - b)) <= 1e-12 * max(1.0, float(np.max(np.abs(b)))))
 
 
-STYLES = ["jacobi_steps", "seidel_steps", "heat_steps", "symbolic_steps", "branch_in_loop", "row_softmax"]
+STYLES = ["jacobi_steps", "seidel_steps", "heat_steps", "symbolic_steps", "branch_in_loop", "row_softmax",
+          "count_from_array", "computed_count"]
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -123,8 +151,11 @@ def test_budgets_without_sizes(style):
     _, expected = gradflow.value_and_grad(program, wrt=wrt, of="S")(**_copies(arguments))
     # STORE_ALL's bytes at the call's sizes (the sizes a budget planned at the call reports)
     _, _, sizes = _run(program, wrt, Forwarding.budget(10**15), arguments)
-    store_all = grad_graph(program, wrt, "S", forwarding=Forwarding(sizes=sizes)).meta["ad"].forwarding_plan
-    full = store_all.total_bytes(sizes)
+    if style in GROWING:
+        full = GROWING[style](arguments)
+    else:
+        store_all = grad_graph(program, wrt, "S", forwarding=Forwarding(sizes=sizes)).meta["ad"].forwarding_plan
+        full = store_all.total_bytes(sizes)
     assert full > 0, "a style whose backward sweep needs nothing tests no budget"
     for fraction in (0.10, 0.25, 0.50, 0.75):
         budget = int(full * fraction)
@@ -145,6 +176,17 @@ def test_a_checkpoint_policy_needs_no_sizes():
     gradient, plan, sizes = _run(program, wrt, Forwarding.checkpoint(snapshots=3), arguments)
     assert sizes == {"N": 12, "T": 20} and plan.policy.startswith("checkpoint(3")
     assert _close(gradient, expected)
+
+
+@pytest.mark.parametrize("style", ["count_from_array", "computed_count"])
+def test_a_count_known_once_the_loop_ran_is_checkpointed_online(style):
+    """The loop variable of each step (start 3 or k, step 2 or 1) is the forward's, with 1 to 3 snapshots."""
+    program, wrt, arguments = _arguments(style, np.random.default_rng(11))
+    _, expected = gradflow.value_and_grad(program, wrt=wrt, of="S")(**_copies(arguments))
+    for snapshots in (1, 3):
+        gradient, plan, _ = _run(program, wrt, Forwarding.checkpoint(snapshots=snapshots), arguments)
+        assert any(a.startswith("gradflow_online_") for a, _ in plan.kept), plan.kept
+        assert _close(gradient, expected), snapshots
 
 
 def test_a_plan_per_set_of_call_values():

@@ -1,6 +1,7 @@
 """Programs written the way users write them that once got silently wrong gradients (an accumulator reading
 its own target in a loop made a map; a float-to-integer conversion differentiated as the identity) or were
-refused after being differentiated before (strided in-place loops, a triangular recurrence). Each is checked
+refused after being differentiated before (strided in-place loops, a triangular recurrence), and one the
+fuzzer found (two in-place updates of one element per iteration under RECOMPUTE_ALL). Each is checked
 against `torch.autograd` in float64 on every route a user takes: `grad` and the split `vjp`, STORE_ALL and
 RECOMPUTE_ALL, optimized and not. One build per route (content cache); hypothesis varies the data.
 """
@@ -124,6 +125,21 @@ def t_triangular_recurrence(A, B, S):
     return sum(v * v for v in a)
 
 
+@dace.program
+def chained_update(x: dace.float64[N], S: dace.float64[1]):
+    for i in range(0, N - 1):
+        S[0] = S[0] * x[N - 3]
+        S[0] = S[0] * x[N - 3]
+
+
+def t_chained_update(x, S):
+    s = S[0]
+    for _ in range(x.shape[0] - 1):
+        s = s * x[-3]
+        s = s * x[-3]
+    return s
+
+
 def _normal(rng, shape, scale=1.0):
     return rng.normal(size=shape) * scale
 
@@ -144,6 +160,10 @@ CASES = {
                               lambda r: {"A": _normal(r, 9), "B": _normal(r, 9)}, {}),
     "strided_step3": (strided_step3, _t_strided(1, 10, 3), ("A", "B"),
                       lambda r: {"A": _normal(r, 11), "B": _normal(r, 11)}, {}),
+    # (fuzz seed 5755, program 88: RECOMPUTE_ALL rebuilt the second update's input from a value the tape
+    # no longer restored, the first update's read of S, recomputed for the first update's own reverse)
+    "chained_update": (chained_update, t_chained_update, ("x", "S"),
+                       lambda r: {"x": r.uniform(0.5, 1.2, 6), "S": _normal(r, 1)}, {"N": 6}),
     "triangular_recurrence": (triangular_recurrence, t_triangular_recurrence, ("A", "B"),
                               lambda r: {"A": _normal(r, 6), "B": _normal(r, (6, 6), 0.4)}, {"N": 6}),
 }

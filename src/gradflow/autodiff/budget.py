@@ -118,32 +118,50 @@ def _needs(model: _Model, sites: list, needs: list[frozenset[str]], accesses: li
     for p in sites:
         own = results[p.index] if p.index < len(results) else frozenset()
         frontier = [(b, p, b in own and b not in needs[p.index]) for b in sorted(needs[p.index] | own)]
-        seen: set[str] = set()
         for b in needs[p.index] | own:
             model.row({("need", b, p.index): 1}, 1, 1)
+        # every (array, reader) pair of the chains for p: an array is rerun for p only when one definition
+        # serves every reader (`plan_recomputation` chains each reader and must find the plan this allows:
+        # nb_resnet's `mean`, rerunnable for one reader and not for another, failed there at 10%)
+        definitions: dict[str, set] = {}
+        explored: set[tuple[str, int, bool]] = set()
         while frontier:
             b, reader, its_result = frontier.pop()
-            if b in seen:
+            if (b, reader.index, its_result) in explored:
                 continue
-            seen.add(b)
+            explored.add((b, reader.index, its_result))
             q = facts.rerunnable(b, reader, p, its_result)
-            if q is None:
+            definitions.setdefault(b, set()).add(q.index if q is not None else None)
+            if q is not None:
+                frontier.extend((c, q, False) for c in sorted(accesses[q.index].reads))
+                rerun_at.setdefault((b, p.index), q)
+        for b, found in definitions.items():
+            model.var(("need", b, p.index))
+            if len(found) != 1 or None in found:
+                rerun_at.pop((b, p.index), None)
                 continue
-            rerun_at[(b, p.index)] = q
+            q = rerun_at[(b, p.index)]
             for c in sorted(accesses[q.index].reads):
                 model.row({("need", c, p.index): 1, ("need", b, p.index): -1, ("x", b): -1}, -1, np.inf)
-                frontier.append((c, q, False))
-        for b in seen:
-            model.var(("need", b, p.index))
     return rerun_at
+
+
+def _executions(rev, p, sizes: Mapping[str, int]) -> int:
+    """How often the reverse of operation `p` runs, the weight of a rerun for it. Inside a loop checkpointed
+    online (its trip count is known once it has run; its snapshots, not stacks, hold its state) a trip of
+    that loop counts once: the weight only orders the reruns, and no count exists to price."""
+    where = f"the trip count around '{p.state.label}'"
+    if p.index in rev.tape_free and rev.capacity(p.loops, register=False) is None:
+        trips = rev.trips(p.loops)
+        return evaluate(trips.subs({t: 1 for t in trips.free_symbols if str(t).startswith("trips_")}), sizes, where)
+    return evaluate(rev.priced_capacity(p.loops), sizes, where)
 
 
 def _store_or_rerun(model: _Model, rev, rerun_at: dict, sizes: Mapping[str, int]) -> None:
     """The `rc` (rerun, its work) and `st` (available from the forward) rows of every need, and `t` (a
     temporary kept, its bytes)."""
     candidates = {b for b, _ in rerun_at}
-    executions = {p.index: evaluate(rev.priced_capacity(p.loops), sizes, f"the trip count around "
-                                    f"'{p.state.label}'") for p in rev.sites}
+    executions = {p.index: _executions(rev, p, sizes) for p in rev.sites}
     for key in [k for k in model.index if k[0] == "need"]:
         _, b, pi = key
         if b in candidates:

@@ -131,6 +131,16 @@ def chosen_loops(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> list[LoopRe
     return chosen
 
 
+def budget_candidates(sdfg: dace.SDFG, bound_of) -> list[LoopRegion]:
+    """The loops a byte budget may checkpoint: every outermost counted loop (`chosen_loops`), and every
+    outermost while loop without a user bound (`bound_of(label)` is None), whose stacks no byte count
+    covers: checkpointed online, it keeps its snapshots and trip record whatever its trip count."""
+    unbounded = [b for b in sdfg.all_control_flow_regions() if isinstance(b, LoopRegion) and not _loops_around(b)
+                 and counted_loop(b, assigned_symbols(b)) is None and bound_of(b.label) is None
+                 and unsupported(sdfg, b) is None]
+    return chosen_loops(sdfg, None) + unbounded
+
+
 def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
     """Nest the body of each chosen loop into one nested SDFG labelled `gradflow_step_<loop>` (in place,
     on the engine's private copy). Returns the labels of the outlined loops."""
@@ -205,13 +215,23 @@ def slot_bytes(item, rev, sizes: dict[str, int]) -> int:
                for a in stored_state(item, rev))
 
 
+def online(item, rev) -> bool:
+    """Whether the outlined loop `item` is checkpointed online: a while loop, or a counted loop whose trip
+    count the program computes (a symbol it assigns, such as a count read from an array element), so that
+    it is known only once the loop has run."""
+    if item.counted is None:
+        return True
+    numerator, _ = item.counted.trip_count()
+    return bool({str(s) for s in sympy.sympify(numerator).free_symbols} & rev.assigned)
+
+
 def snapshot_bytes(item, rev, sizes: dict[str, int], snapshots: int) -> int:
     """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots: a counted
-    loop's slots and one for the state its last step starts from; a while loop's slots and its trip
-    record (`OnlineSnapshots.info`)."""
+    loop's slots and one for the state its last step starts from; a loop checkpointed online, its slots
+    and its trip record (`OnlineSnapshots.info`)."""
     one = slot_bytes(item, rev, sizes)
-    if item.counted is None:
-        return one * snapshots + 3 * 8
+    if online(item, rev):
+        return one * snapshots + ONLINE_INFO * 8
     return one * (min(snapshots, max(trip_count(item, sizes), 1)) + 1)
 
 
@@ -229,15 +249,23 @@ class Snapshots:
     current: int  # the slot holding the state the last step starts from
 
 
+#: the trip record of a loop checkpointed online: trips, stride, stored slots, the loop variable's first value
+ONLINE_INFO = 4
+
+
 @attrs.frozen
 class OnlineSnapshots:
-    """What the forward of a checkpointed while loop recorded: its snapshots (at most `snapshots` slots,
-    thinned as it ran: `revolve.thinned`) and `info` = (trips, stride, stored slots), an int64[3] array."""
+    """What the forward of a loop checkpointed online recorded: its snapshots (at most `snapshots` slots,
+    thinned as it ran: `revolve.thinned`) and `info` = (trips, stride, stored slots, first value of the loop
+    variable), an int64[ONLINE_INFO] array; `var` and `step`: a counted loop's variable and step (None for a
+    while loop)."""
 
     carried: tuple[str, ...]
     slots: dict
     snapshots: int
     info: str
+    var: str | None = None
+    step: int = 1
 
 
 def trip_count(item, sizes: dict[str, int]) -> int:
@@ -343,7 +371,7 @@ class CheckpointedLoop:
         if loops:  # `chosen_loops` outlines only outermost loops
             raise NotDifferentiableError(f"loop '{item.label}' is inside another loop: it cannot be checkpointed",
                                          "leave it out of Forwarding.checkpoint(loops=...)")
-        if item.counted is None:
+        if online(item, rev):
             return self._record_online(item, rev)
         policy = rev.spec.forwarding
         c = item.counted
@@ -387,12 +415,15 @@ class CheckpointedLoop:
         return Snapshots(carried, slots, backward, trips, c.var, first, c.step, current)
 
     def _record_online(self, item, rev) -> OnlineSnapshots:
-        """Instrument a while loop's forward: a trip counter, and snapshots at the multiples of a stride
-        that doubles whenever the slots are full (`revolve.thinned`, the same steps in Python)."""
+        """Instrument the forward of a loop whose trip count is known once it has run: a trip counter, and
+        snapshots at the multiples of a stride that doubles whenever the slots are full (`revolve.thinned`,
+        the same steps in Python). A counted loop also records its variable's first value (its start may be
+        a symbol the program assigns again later)."""
         sdfg, loop, label = rev.sdfg, item.loop, item.label
         s = rev.spec.forwarding.snapshots
         carried = stored_state(item, rev)
-        info, _ = sdfg.add_array(f"gradflow_online_{label}", (3,), dace.int64, transient=True, find_new_name=True)
+        info, _ = sdfg.add_array(f"gradflow_online_{label}", (ONLINE_INFO,), dace.int64, transient=True,
+                                 find_new_name=True)
         rev.stores[info] = f"<trip count of {label}>"
         slots = {}
         for array in carried:
@@ -405,17 +436,20 @@ class CheckpointedLoop:
         parent.add_state_before(loop, f"online_init_{label}", is_start_block=parent.start_block is loop,
                                 assignments={n: "0", stride: "1", k: "0", at: "0"})
         done = parent.add_state_after(loop, f"online_done_{label}")
-        conns = ("__gf_trips", "__gf_stride", "__gf_stored")
+        conns = ("__gf_trips", "__gf_stride", "__gf_stored", "__gf_first")
+        counted = item.counted
+        first = symbolic.symstr(counted.start) if counted is not None else "0"
         tasklet = done.add_tasklet(f"online_trips_{label}", {}, dict.fromkeys(conns),
-                                   "\n".join(f"{c} = {v}" for c, v in zip(conns, (n, stride, k))))
+                                   "\n".join(f"{conn} = {v}" for conn, v in zip(conns, (n, stride, k, first))))
         out = done.add_write(info)
         for slot, conn in enumerate(conns):
             done.add_edge(tasklet, conn, out, None, dace.Memlet(f"{info}[{slot}]"))
 
         last = [b for b in loop.nodes() if loop.out_degree(b) == 0]
         loop.add_state_after(last[0], f"online_count_{label}", assignments={n: f"{n} + 1"})
+        var, step = (counted.var, counted.step) if counted is not None else (None, 1)
         if not carried:
-            return OnlineSnapshots(carried, slots, s, info)
+            return OnlineSnapshots(carried, slots, s, info, var, step)
         old_start = loop.start_block
         keep = (s + 1) // 2
         thin = ConditionalBlock(f"online_thin_{label}", sdfg=sdfg)
@@ -449,18 +483,18 @@ class CheckpointedLoop:
         loop.add_node(store)
         loop.add_edge(thin, store, dace.InterstateEdge())
         loop.add_edge(store, old_start, dace.InterstateEdge())
-        return OnlineSnapshots(carried, slots, s, info)
+        return OnlineSnapshots(carried, slots, s, info, var, step)
 
     def reverse(self, item, recorded, rev, ctx: ReverseContext, body) -> None:
-        online = isinstance(recorded, OnlineSnapshots)
-        if not online and not recorded.trips:
+        is_online = isinstance(recorded, OnlineSnapshots)
+        if not is_online and not recorded.trips:
             return
         sdfg = ctx.sdfg
         node = _step_node(item)
         fwd_state = item.body.items[0].site.state
         written = sorted({e.data.data for e in fwd_state.out_edges(node) if not e.data.is_empty()})
         present = ({revolve.ADVANCE, revolve.TAKESHOT, revolve.RESTORE, revolve.REVERSE} if recorded.carried
-                   else {revolve.REVERSE}) if online else {a.kind for a in recorded.backward}
+                   else {revolve.REVERSE}) if is_online else {a.kind for a in recorded.backward}
         # Working copies the reruns may write: never the forward's own arrays. (Without reruns or snapshots
         # the steps' vjps only read arrays no step writes: nothing to set up.)
         setup = ctx.new_state(f"checkpoint_setup_{item.label}")
@@ -473,9 +507,11 @@ class CheckpointedLoop:
                     copy_array(setup, array, work)  # not stored: its unwritten elements are the loop's input
                 ctx.values[array] = work
         kind, arg, at = rev.fresh("gf_ck"), rev.fresh("gf_cg"), rev.fresh("gf_cp")
-        if online:
-            interpreter = self._online_interpreter(item, recorded, rev, ctx, setup, kind, arg, at)
-            var = here = None
+        if is_online:
+            first = rev.fresh("gf_cf")
+            interpreter = self._online_interpreter(item, recorded, rev, ctx, setup, kind, arg, at, first)
+            var, step = recorded.var, recorded.step
+            here = f"{first} + ({step}) * {at}" if var is not None else None
         else:
             for array in recorded.carried:  # the state the last step starts from
                 _copy_slot(setup, ctx.values[array], recorded.slots[array], str(recorded.current), to_snapshot=False)
@@ -484,8 +520,8 @@ class CheckpointedLoop:
             args = _constant_table(sdfg, f"gradflow_args_{item.label}", [a.arg for a in actions])
             positions = _constant_table(sdfg, f"gradflow_positions_{item.label}", [a.position for a in actions])
             k = rev.fresh("gf_ca")
-            var = recorded.var
-            here = f"({recorded.first}) + ({recorded.step}) * {at}"
+            var, first, step = recorded.var, f"({recorded.first})", recorded.step
+            here = f"{first} + ({step}) * {at}"
             interpreter = LoopRegion(f"checkpoint_{item.label}", f"{k} < {len(actions)}", k, f"{k} = 0",
                                      f"{k} = {k} + 1", sdfg=sdfg)
             ctx.add_block(interpreter)
@@ -506,7 +542,7 @@ class CheckpointedLoop:
                 run = steps.add_state(f"step_{item.label}", is_start_block=True)
                 if var is not None:
                     steps.add_state_before(run, f"step_at_{item.label}", is_start_block=True,
-                                           assignments={var: f"({recorded.first}) + ({recorded.step}) * ({at} + {j})"})
+                                           assignments={var: f"{first} + ({step}) * ({at} + {j})"})
                 self._emit_step(run, node, fwd_state, ctx)
             for which, to_snapshot in ((revolve.TAKESHOT, True), (revolve.RESTORE, False)):
                 if which not in present:
@@ -520,16 +556,15 @@ class CheckpointedLoop:
             back = ControlFlowRegion(f"reverse_step_{item.label}", sdfg=sdfg)
             branches.add_branch(f"{kind} == {revolve.REVERSE}", back)
             with ctx.inside(back):
-                # `here` is None exactly where `var` is (the online schedule)
-                ctx.new_state(f"reverse_at_{item.label}",
-                              {var: here} if var is not None and here is not None else None)
+                ctx.new_state(f"reverse_at_{item.label}", {var: here} if var is not None else None)
                 body(item.body)
 
     @staticmethod
     def _online_interpreter(item, recorded: OnlineSnapshots, rev, ctx: ReverseContext, setup, kind: str, arg: str,
-                            at: str) -> LoopRegion:
+                            at: str, first: str) -> LoopRegion:
         """The loop that asks the run-time schedule generator (`revolve.NEXT_ACTION_CPP`) for one action per
-        iteration, from what the forward recorded, until it says DONE; the caller fills in the dispatch."""
+        iteration, from what the forward recorded, until it says DONE; the caller fills in the dispatch.
+        `first` is set to the loop variable's first value the forward recorded."""
         sdfg = ctx.sdfg
         words = revolve.generator_words(recorded.snapshots)
         gen, _ = sdfg.add_array(f"gradflow_revolve_{item.label}", (words,), dace.int64, transient=True,
@@ -542,7 +577,7 @@ class CheckpointedLoop:
         setup.add_edge(setup.add_read(recorded.info), None, start, revolve.INFO, dace.Memlet(f"{recorded.info}[0:3]"))
         setup.add_edge(start, revolve.STATE, setup.add_write(gen), None, dace.Memlet(f"{gen}[0:{words}]"))
         interpreter = LoopRegion(f"checkpoint_{item.label}", f"{kind} != {revolve.DONE}", sdfg=sdfg)
-        ctx.add_block(interpreter, {kind: "0"})
+        ctx.add_block(interpreter, {kind: "0", first: f"{recorded.info}[3]"})
         with ctx.inside(interpreter):
             ask = ctx.new_state(f"next_action_{item.label}")
             next_ = ask.add_tasklet(f"revolve_next_{item.label}", {revolve.STATE_IN: None},

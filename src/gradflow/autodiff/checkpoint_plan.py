@@ -16,6 +16,11 @@ from gradflow.autodiff.forwarding import Forwarding
 from gradflow.autodiff.spec import ADSpec, ADTables, Differentiate
 from gradflow.core.errors import NotDifferentiableError
 
+#: the most snapshots a budget gives a loop checkpointed online (its trip count is known only once it has
+#: run): its slots are allocated before it runs, however few trips it takes, and past this many they save
+#: few reruns (`revolve.online_schedule`: the stride between stored states grows with the trips over the slots)
+ONLINE_SNAPSHOTS = 1024
+
 
 def plan_checkpoints(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Differentiate) -> ADSpec:
     """`spec` with the policy a budget becomes (`checkpoint_under_budget`), and the loops its policy
@@ -34,16 +39,16 @@ def plan_checkpoints(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differenti
 def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
                             differentiate: Differentiate) -> Forwarding:
     """The policy a byte budget becomes: itself when a store/recompute plan fits, else the budget with the
-    outermost counted loops checkpointed (`Forwarding.checkpoint`) with as many snapshots as the bytes left
-    by the rest of the plan allow (more snapshots, fewer reruns); a budget neither fits is a `BudgetError`
-    stating the lesser least.
+    outermost counted loops and unbounded while loops checkpointed (`Forwarding.checkpoint`) with as many
+    snapshots as the bytes left by the rest of the plan allow (more snapshots, fewer reruns); a budget
+    neither fits is a `BudgetError` stating the lesser least.
 
     Checkpointing only when nothing else fits: priced against the store/recompute plan by rerun work alone,
     it was chosen where that plan fitted and ran slower (lp_lu at half of STORE_ALL's bytes, 1.8x
     RECOMPUTE_ALL's time: the snapshot copies, a whole matrix per takeshot and restore, went unpriced)."""
     policy = spec.forwarding
     sizes = dict(policy.sizes)
-    loops = sorted(checkpoint.chosen_loops(sdfg, None), key=lambda loop: loop.label)
+    loops = sorted(checkpoint.budget_candidates(sdfg, policy.bound_of), key=lambda loop: loop.label)
     labels = tuple(loop.label for loop in loops)
     if not labels:
         return policy
@@ -76,15 +81,26 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
                                  f"backward sweep, and {named} cannot be checkpointed "
                                  f"({reason}); the least any plan needs is {plain_minimum} bytes",
                                  f"raise the budget to at least {plain_minimum}", plain_minimum) from None
+    def slots(snapshots: int) -> int:  # what the checkpointed loops keep (`checkpoint.snapshot_bytes`)
+        return sum(checkpoint.snapshot_bytes(item, front.rev, sizes, snapshots) for item in items)
+
     try:
-        rest = front.choose(max_bytes - 2 * per_slot)  # one snapshot, one for the last step's start
+        rest = front.choose(max_bytes - slots(1))
     except budget.BudgetError as err:
-        least = err.minimum + 2 * per_slot
+        least = err.minimum + slots(1)
         least = least if plain_minimum is None else min(least, plain_minimum)
         raise budget.BudgetError(f"no plan keeps at most {max_bytes} bytes for the backward sweep, with "
                                  f"{named} checkpointed or not; the least any plan needs is {least} bytes",
                                  f"raise the budget to at least {least}", least) from None
-    # s snapshots take at most s + 1 slots (`checkpoint.snapshot_bytes`); more than the trips are of no use
-    most = max((checkpoint.trip_count(item, sizes) for item in items), default=1)
-    snapshots = max(1, min(most, (max_bytes - rest.predicted_bytes) // per_slot - 1)) if per_slot else 1
+    # s snapshots keep at most `fixed` + s * per_slot bytes (a counted loop's slot for its last step's
+    # start, an online loop's trip record); more snapshots than trips are of no use (a loop checkpointed
+    # online has its trip count only once it has run: it takes what the budget leaves)
+    fixed = slots(1) - per_slot
+    counts = [checkpoint.trip_count(item, sizes) for item in items if not checkpoint.online(item, front.rev)]
+    snapshots = (max_bytes - rest.predicted_bytes - fixed) // per_slot if per_slot else 1
+    if len(counts) == len(items) and counts:
+        snapshots = min(snapshots, max(counts))
+    elif len(counts) < len(items):  # slots are allocated before the loop runs, however few trips it takes
+        snapshots = min(snapshots, ONLINE_SNAPSHOTS)
+    snapshots = max(1, snapshots)
     return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)

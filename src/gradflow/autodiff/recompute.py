@@ -209,8 +209,9 @@ class Recomputability:
               depth: int = 0, own: bool = False) -> list[tuple[str, OpSite]] | None:
         """The reruns (prerequisites first) that rebuild `array` as `reader` read it (`own`: as `reader`
         wrote it), at the reverse of `target`, recomputing the inputs in `wanted` too (strict: all of them,
-        or None)."""
-        q = self.rerunnable(array, reader, target, own) if depth <= MAX_CHAIN else None
+        or None). A lenient chain stops at depth `MAX_CHAIN`; a strict one follows the budget planner's
+        choice, which prices chains of any depth (nb_resnet's batch norms at 10%: 17 reruns deep)."""
+        q = self.rerunnable(array, reader, target, own) if strict or depth <= MAX_CHAIN else None
         if q is None:
             return None
         reruns: list[tuple[str, OpSite]] = []
@@ -303,37 +304,12 @@ def rebuilt_for_free(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset
     return free
 
 
-def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
-                       accesses: list[OpAccess], policy: Forwarding,
-                       chosen_set: frozenset[str] | None = None,
-                       results: list[frozenset[str]] | None = None) -> RecomputePlan:
-    """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place.
-    `chosen_set`, when given, replaces the policy's set (the budget planner's choice). `results`: per
-    operation, the arrays it wrote that its reverse reads back (`ReverseContext.results_read`); one of
-    them recomputed is rebuilt by rerunning that operation itself before its reverse."""
-    results = results if results is not None else [frozenset() for _ in sites]
+def _choose(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]], accesses: list[OpAccess],
+            facts: "Recomputability", wanted: set[str], strict: bool, free: set[str],
+            results: list[frozenset[str]]) -> tuple[set[str], set[str], dict[int, list[tuple[str, OpSite]]]]:
+    """(arrays recomputed, arrays declined, the reruns before each operation with duplicates) for `wanted`:
+    an array is recomputed when a chain rebuilds it for every operation that reads it."""
     needed = set().union(*needs, *results) if needs else set()
-    free: set[str] = set()  # rerun without weighing what the rerun keeps: it keeps nothing more
-    if chosen_set is None and policy.rebuild_copies and (not policy.recompute or policy.recompute == ALL):
-        free = rebuilt_for_free(sdfg, sites, needs, accesses)
-    if chosen_set is not None:
-        wanted, strict = set(chosen_set), True
-    elif not policy.recompute:
-        wanted, strict = set(free), False
-    elif policy.recompute == ALL:
-        wanted, strict = set(sdfg.arrays), False
-    else:
-        wanted, strict = set(policy.recompute), True
-        unknown = sorted(a for a in wanted if a not in sdfg.arrays)
-        if unknown:
-            raise InvalidArgumentError(
-                f"forwarding names arrays the program does not have: {', '.join(unknown)}",
-                f"arrays: {', '.join(sorted(n for n in sdfg.arrays if not n.startswith('gradflow_')))}",
-            )
-    if not wanted:
-        return RecomputePlan(frozenset(), {})
-    facts = Recomputability(sites, accesses)
-
     chosen: set[str] = set()
     declined: set[str] = set()
     before: dict[int, list[tuple[str, OpSite]]] = {}
@@ -361,16 +337,61 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
                 "in the same loop and region as every operation that needs it, or its inputs change in between",
                 "store it (leave it out of `recompute`)",
             )
-    # Deduplicate reruns per operation (the first occurrence respects prerequisites). What the reruns read
-    # becomes a value that operation needs (so the tape restores it), unless it is rerun too.
-    final: dict[int, tuple[tuple[str, OpSite], ...]] = {}
-    for index, plan in before.items():
-        seen, ordered = set(), []
-        for array, q in plan:
-            if array not in seen:
-                seen.add(array)
-                ordered.append((array, q))
-        final[index] = tuple(ordered)
-        extra = set().union(*(accesses[q.index].reads for _, q in ordered)) - seen
-        needs[index] = (needs[index] - seen) | frozenset(extra)
+    return chosen, declined, before
+
+
+def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozenset[str]],
+                       accesses: list[OpAccess], policy: Forwarding,
+                       chosen_set: frozenset[str] | None = None,
+                       results: list[frozenset[str]] | None = None) -> RecomputePlan:
+    """Which arrays to recompute, and what to rerun before each operation; updates `needs` in place.
+    `chosen_set`, when given, replaces the policy's set (the budget planner's choice). `results`: per
+    operation, the arrays it wrote that its reverse reads back (`ReverseContext.results_read`); one of
+    them recomputed is rebuilt by rerunning that operation itself before its reverse."""
+    results = results if results is not None else [frozenset() for _ in sites]
+    free: set[str] = set()  # rerun without weighing what the rerun keeps: it keeps nothing more
+    if chosen_set is None and policy.rebuild_copies and (not policy.recompute or policy.recompute == ALL):
+        free = rebuilt_for_free(sdfg, sites, needs, accesses)
+    if chosen_set is not None:
+        wanted, strict = set(chosen_set), True
+    elif not policy.recompute:
+        wanted, strict = set(free), False
+    elif policy.recompute == ALL:
+        wanted, strict = set(sdfg.arrays), False
+    else:
+        wanted, strict = set(policy.recompute), True
+        unknown = sorted(a for a in wanted if a not in sdfg.arrays)
+        if unknown:
+            raise InvalidArgumentError(
+                f"forwarding names arrays the program does not have: {', '.join(unknown)}",
+                f"arrays: {', '.join(sorted(n for n in sdfg.arrays if not n.startswith('gradflow_')))}",
+            )
+    if not wanted:
+        return RecomputePlan(frozenset(), {})
+    facts = Recomputability(sites, accesses)
+    while True:
+        chosen, declined, before = _choose(sdfg, sites, needs, accesses, facts, wanted, strict, free, results)
+        # Deduplicate reruns per operation (the first occurrence respects prerequisites). What the reruns
+        # read becomes a value that operation needs (so the tape restores it), unless it is rerun too.
+        final: dict[int, tuple[tuple[str, OpSite], ...]] = {}
+        extras: dict[int, frozenset[str]] = {}
+        for index, plan in before.items():
+            seen, ordered = set(), []
+            for array, q in plan:
+                if array not in seen:
+                    seen.add(array)
+                    ordered.append((array, q))
+            final[index] = tuple(ordered)
+            extras[index] = frozenset(set().union(*(accesses[q.index].reads for _, q in ordered)) - seen)
+        # The tape restores only arrays that are not recomputed (`record_overwrites`): an input a chain
+        # could not rerun for one operation (overwritten since it was defined) but that is recomputed for
+        # another would reach that rerun stale. Such an array is stored for every reader instead. (A strict
+        # chain reruns every wanted input or fails, so only a lenient one leaves a wanted input behind.)
+        conflicts = chosen & set().union(set(), *extras.values())
+        if not conflicts:
+            break
+        assert not strict, conflicts
+        wanted = wanted - conflicts
+    for index, plan in final.items():
+        needs[index] = (needs[index] - {array for array, _ in plan}) | extras[index]
     return RecomputePlan(frozenset(chosen), final, declined=frozenset(declined))

@@ -106,8 +106,8 @@ def computed_count(x: dace.float64[N], S: dace.float64[1]):
 
 #: styles whose trip count the program reads or computes: STORE_ALL's stacks grow as the loop runs, so its
 #: bytes are priced here as what it stores, the loop's state (N float64) once per trip
-GROWING = {"count_from_array": lambda args: 8 * 12 * len(range(3, 14, 2)),
-           "computed_count": lambda args: 8 * 12 * (int(np.sum(args["x"] > 0.5)) + 1)}
+GROWING = {"count_from_array": lambda args: 8 * args["x"].size * len(range(args["cnt"][0], args["cnt"][1], 2)),
+           "computed_count": lambda args: 8 * args["x"].size * (int(np.sum(args["x"] > 0.5)) + 1)}
 
 
 def _arguments(name: str, rng: np.random.Generator) -> tuple[object, str, dict]:

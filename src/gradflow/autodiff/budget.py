@@ -151,9 +151,8 @@ def _executions(rev, p, sizes: Mapping[str, int]) -> int:
     online (its trip count is known once it has run; its snapshots, not stacks, hold its state) a trip of
     that loop counts once: the weight only orders the reruns, and no count exists to price."""
     where = f"the trip count around '{p.state.label}'"
-    if p.index in rev.tape_free and rev.capacity(p.loops, register=False) is None:
-        trips = rev.trips(p.loops)
-        return evaluate(trips.subs({t: 1 for t in trips.free_symbols if str(t).startswith("trips_")}), sizes, where)
+    if p.index in rev.tape_free:
+        return evaluate(rev.trips(p.loops, unbounded=1), sizes, where)
     return evaluate(rev.priced_capacity(p.loops), sizes, where)
 
 

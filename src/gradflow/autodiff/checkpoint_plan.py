@@ -93,14 +93,12 @@ def checkpoint_under_budget(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables,
                                  f"{named} checkpointed or not; the least any plan needs is {least} bytes",
                                  f"raise the budget to at least {least}", least) from None
     # s snapshots keep at most `fixed` + s * per_slot bytes (a counted loop's slot for its last step's
-    # start, an online loop's trip record); more snapshots than trips are of no use (a loop checkpointed
-    # online has its trip count only once it has run: it takes what the budget leaves)
+    # start, an online loop's trip record); more snapshots than trips are of no use, and a loop checkpointed
+    # online, whose trip count is known only once it has run, takes what the budget leaves up to a cap
     fixed = slots(1) - per_slot
-    counts = [checkpoint.trip_count(item, sizes) for item in items if not checkpoint.online(item, front.rev)]
-    snapshots = (max_bytes - rest.predicted_bytes - fixed) // per_slot if per_slot else 1
-    if len(counts) == len(items) and counts:
-        snapshots = min(snapshots, max(counts))
-    elif len(counts) < len(items):  # slots are allocated before the loop runs, however few trips it takes
-        snapshots = min(snapshots, ONLINE_SNAPSHOTS)
-    snapshots = max(1, snapshots)
+    if any(checkpoint.online(item, front.rev) for item in items):
+        most = ONLINE_SNAPSHOTS
+    else:
+        most = max((checkpoint.trip_count(item, sizes) for item in items), default=1)
+    snapshots = max(1, min(most, (max_bytes - rest.predicted_bytes - fixed) // per_slot)) if per_slot else 1
     return attrs.evolve(policy, snapshots=snapshots, checkpoint_loops=labels)

@@ -157,12 +157,15 @@ class Reversal:
                     hint)
         return sympy.Mul(sympy.Integer(1), *bounds)
 
-    def trips(self, loops: Sequence[LoopRegion]):
-        """How often a site inside `loops` runs, for reports: `capacity`, with a symbol `trips_<label>` for
-        each loop without a bound."""
-        bounds = self._asked_bounds(loops)
-        return sympy.Mul(sympy.Integer(1), *(b if b is not None else sympy.Symbol(f"trips_{loop.label}", positive=True)
-                                             for loop, b in zip(loops, bounds)))
+    def trips(self, loops: Sequence[LoopRegion], unbounded=None):
+        """How often a site inside `loops` runs, for reports: `capacity`, with `unbounded` (default: a symbol
+        `trips_<label>`) for each loop without a bound."""
+        counts = []
+        for loop, bound in zip(loops, self._asked_bounds(loops)):
+            if bound is None:
+                bound = unbounded if unbounded is not None else sympy.Symbol(f"trips_{loop.label}", positive=True)
+            counts.append(bound)
+        return sympy.Mul(sympy.Integer(1), *counts)
 
     def _asked_bounds(self, loops: Sequence[LoopRegion]) -> list:
         """`trip_bound` of each of `loops` (outermost first) inside the ones before it, without registering

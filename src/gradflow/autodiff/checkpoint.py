@@ -41,10 +41,11 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.graph import SubgraphView
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.access import covers_array
 from gradflow.analysis.activity import is_float
 from gradflow.analysis.loops import assigned_symbols, counted_loop
 from gradflow.analysis.usage import arrays_used
-from gradflow.analysis.writes import overwritten_before_read_in
+from gradflow.analysis.writes import overwritten_before_read, overwritten_before_read_in
 from gradflow.autodiff import revolve
 from gradflow.autodiff.context import ReverseContext
 from gradflow.autodiff.emit import copy_array
@@ -299,6 +300,14 @@ def _carried(node: nd.NestedSDFG, state, read_before: frozenset[str]) -> tuple[s
     return tuple(carried)
 
 
+def _rewritten_whole(node: nd.NestedSDFG, edge, sdfg: dace.SDFG) -> bool:
+    """Every run of the step writes every element of the array `edge` carries out of it before reading any
+    (the edge covers the array, and inside the step its connector is overwritten before read): the
+    backward's working copy then needs no copy of the forward's (which would make that array a value the
+    forward hands the backward, such as `__sym_out_<var>`, a symbol DaCe exports from the step)."""
+    return covers_array(sdfg, edge.data) and overwritten_before_read(node.sdfg, edge.src_conn)
+
+
 def backward_reads_state(node: nd.NestedSDFG, state, rev) -> bool:
     """Whether the step's vjp (built as the nested rule builds it, storing everything) reads any forward
     value other than arrays the step only reads. When it does not (a linear stencil such as jacobi's),
@@ -492,7 +501,8 @@ class CheckpointedLoop:
         sdfg = ctx.sdfg
         node = _step_node(item)
         fwd_state = item.body.items[0].site.state
-        written = sorted({e.data.data for e in fwd_state.out_edges(node) if not e.data.is_empty()})
+        outs = {e.data.data: e for e in fwd_state.out_edges(node) if not e.data.is_empty()}
+        written = sorted(outs)
         present = ({revolve.ADVANCE, revolve.TAKESHOT, revolve.RESTORE, revolve.REVERSE} if recorded.carried
                    else {revolve.REVERSE}) if is_online else {a.kind for a in recorded.backward}
         # Working copies the reruns may write: never the forward's own arrays. (Without reruns or snapshots
@@ -503,7 +513,7 @@ class CheckpointedLoop:
                 desc = sdfg.arrays[array]
                 work, _ = sdfg.add_array(f"gradflow_work_{array}", desc.shape, desc.dtype, transient=True,
                                          find_new_name=True)
-                if array not in recorded.carried:
+                if array not in recorded.carried and not _rewritten_whole(node, outs[array], sdfg):
                     copy_array(setup, array, work)  # not stored: its unwritten elements are the loop's input
                 ctx.values[array] = work
         kind, arg, at = rev.fresh("gf_ck"), rev.fresh("gf_cg"), rev.fresh("gf_cp")

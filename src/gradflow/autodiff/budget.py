@@ -23,7 +23,7 @@ Everything is evaluated at the sizes the user gives (`sizes=`), symbolic sizes o
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import attrs
 import numpy as np
@@ -123,7 +123,8 @@ def _needs(model: _Model, sites: list, needs: list[frozenset[str]], accesses: li
         # every (array, reader) pair of the chains for p: an array is rerun for p only when one definition
         # serves every reader (`plan_recomputation` chains each reader and must find the plan this allows:
         # nb_resnet's `mean`, rerunnable for one reader and not for another, failed there at 10%)
-        definitions: dict[str, set] = {}
+        definitions: dict[str, set] = {}  # array -> the definitions its readers found (None: not rerunnable)
+        first: dict[str, Any] = {}  # array -> the definition found first
         explored: set[tuple[str, int, bool]] = set()
         while frontier:
             b, reader, its_result = frontier.pop()
@@ -134,14 +135,13 @@ def _needs(model: _Model, sites: list, needs: list[frozenset[str]], accesses: li
             definitions.setdefault(b, set()).add(q.index if q is not None else None)
             if q is not None:
                 frontier.extend((c, q, False) for c in sorted(accesses[q.index].reads))
-                rerun_at.setdefault((b, p.index), q)
+                first.setdefault(b, q)
         for b, found in definitions.items():
             model.var(("need", b, p.index))
             if len(found) != 1 or None in found:
-                rerun_at.pop((b, p.index), None)
                 continue
-            q = rerun_at[(b, p.index)]
-            for c in sorted(accesses[q.index].reads):
+            rerun_at[(b, p.index)] = first[b]
+            for c in sorted(accesses[first[b].index].reads):
                 model.row({("need", c, p.index): 1, ("need", b, p.index): -1, ("x", b): -1}, -1, np.inf)
     return rerun_at
 

@@ -566,7 +566,7 @@ class CheckpointedLoop:
             back = ControlFlowRegion(f"reverse_step_{item.label}", sdfg=sdfg)
             branches.add_branch(f"{kind} == {revolve.REVERSE}", back)
             with ctx.inside(back):
-                ctx.new_state(f"reverse_at_{item.label}", {var: here} if var is not None else None)
+                ctx.new_state(f"reverse_at_{item.label}", {var: here} if var is not None and here is not None else None)
                 body(item.body)
 
     @staticmethod

@@ -392,6 +392,6 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
             break
         assert not strict, conflicts
         wanted = wanted - conflicts
-    for index, plan in final.items():
-        needs[index] = (needs[index] - {array for array, _ in plan}) | extras[index]
+    for index, reruns in final.items():
+        needs[index] = (needs[index] - {array for array, _ in reruns}) | extras[index]
     return RecomputePlan(frozenset(chosen), final, declined=frozenset(declined))

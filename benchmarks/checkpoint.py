@@ -113,7 +113,10 @@ def transient_bytes(sdfg, sizes: dict) -> int:
 # ---- torch -----------------------------------------------------------------------------------------------
 
 
-def torch_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict):
+def torch_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict, compile_budgets=()):
+    """(label, call, None, None) of torch's configurations: eager, `checkpoint_sequential`, and (one per
+    `compile_budgets`) `torch.compile` of the forward under that `activation_memory_budget`, compiled at
+    the call's first use."""
     import torch
     from torch.utils.checkpoint import checkpoint_sequential
 
@@ -160,6 +163,31 @@ def torch_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict):
 
     yield "torch eager (stores all)", eager, None, None
     yield f"torch checkpoint_sequential({snapshots} segments)", checkpointed, None, None
+    for budget in compile_budgets:
+        yield f"torch.compile, activation_memory_budget {budget:g}", _compiled(step, loss, start, t, budget), None, None
+
+
+def _compiled(step, loss, start, t: int, budget: float):
+    """A forward+backward call of `torch.compile` (inductor) of the T-step forward, compiled at its first call
+    with `activation_memory_budget` set to `budget` (the min-cut partitioner's share of activations kept)."""
+    import torch
+    import torch._functorch.config as functorch_config
+
+    def forward(x0):
+        x = x0
+        for _ in range(t):
+            x = step(x)
+        return loss(x)
+
+    compiled = torch.compile(forward)
+
+    def call():
+        functorch_config.activation_memory_budget = budget
+        x0 = start()
+        compiled(x0).backward()
+        return x0.grad
+
+    return call
 
 
 class _Step:

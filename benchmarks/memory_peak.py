@@ -6,10 +6,16 @@ Kernels (float64, N elements, T steps, a scalar loss):
   each step's reverse needs its own A, so storing keeps T states;
 - `jacobi_1d` (`lp_jacobi_1d`): a linear 3-point stencil between A and B (the loss A*A*B is not linear).
 
+Models (`--models`, default mlp resnet_block transformer_layer): one training step of a model-zoo model at
+a batch where activations are megabytes, through `gradflow.torch.compile`, next to eager torch,
+`torch.utils.checkpoint` around each child module and `torch.compile` at falling
+`activation_memory_budget`s (`benchmarks/memorybench/models.py` says how each is measured).
+
 Configurations:
-- gradflow: `value_and_grad` with `STORE_ALL`, then `Forwarding.budget` at 50/25/10% of STORE_ALL's
+- gradflow: `value_and_grad` with `STORE_ALL`, then `Forwarding.budget` at 100/50/25/10% of STORE_ALL's
   forwarded bytes (planned at the call: no `sizes=`), and `Forwarding.checkpoint(snapshots=S)`;
-- torch eager autograd (stores all) and `torch.utils.checkpoint.checkpoint_sequential` in S segments;
+- torch eager autograd (stores all), `torch.utils.checkpoint.checkpoint_sequential` in S segments, and
+  `torch.compile` (inductor) of the T-step forward at `activation_memory_budget` 1, 0.5, 0.25, 0.1;
 - JAX `jit(grad)` of a `lax.scan` (stores all), the scan in S blocks each under `jax.checkpoint`, and the
   step under `jax.checkpoint` with the `nothing_saveable` policy.
 
@@ -28,7 +34,12 @@ the call minus `VmRSS` before it: the bytes the call made resident beyond its in
 them. gradflow's rows also give what its plan forwards (`ForwardingPlan.total_bytes`) and the budget.
 
     OMP_NUM_THREADS=1 python benchmarks/memory_peak.py [--n 20000] [--t 200] [--snapshots 10]
-        [--kernels whole_array_update jacobi_1d] [--out benchmarks/results/memory_peak.md]
+        [--kernels whole_array_update jacobi_1d] [--models mlp resnet_block transformer_layer]
+        [--out benchmarks/results/memory_peak.md]
+
+A check closes the report: within gradflow's rows a smaller budget never raises the peak by more than a
+MiB, and every gradflow configuration gives the same gradient (squared norms; 1e-5 relative for the
+float32 models). That cross-check is what caught a wrong rename in `share_dead_buffers` on the MLP.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 import numpy as np  # noqa: E402
 
 from benchmarks.memorybench.allocation import MMAP_THRESHOLD, _status, reset_peak  # noqa: E402
+from benchmarks.memorybench.models import COMPILE_BUDGETS  # noqa: E402
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.10)
 CASE = {"jacobi_1d": "lp_jacobi_1d", "whole_array_update": "lp_whole_array_update"}
@@ -91,6 +103,11 @@ def store_all_bytes(kernel: str, n: int, t: int) -> int:
 
 
 def gradflow_child(spec: dict) -> dict:
+    if "model" in spec:
+        from benchmarks.memorybench import models
+
+        step, kept, policy, norm = models.gradflow_steps(spec["model"], _policy(spec))
+        return {"peak": _peak(step), "kept": kept, "policy": policy, "grad": norm}
     n, t = spec["n"], spec["t"]
     inputs = inputs_for(spec["kernel"], n)
     warm, measured = (_gradflow_function(spec["kernel"], _policy(spec)) for _ in range(2))
@@ -119,7 +136,8 @@ def peer_calls(kernel: str, n: int, t: int, snapshots: int) -> list[tuple[str, o
     from benchmarks.checkpoint import torch_runs
 
     inputs = inputs_for(kernel, n)
-    calls = [(label, call, None) for label, call, _, _ in torch_runs(kernel, n, t, snapshots, inputs)]
+    runs = torch_runs(kernel, n, t, snapshots, inputs, compile_budgets=COMPILE_BUDGETS)
+    calls = [(label, call, None) for label, call, _, _ in runs]
     return calls + _jax_runs(kernel, n, t, snapshots, inputs)
 
 
@@ -179,6 +197,11 @@ def _jax_runs(kernel: str, n: int, t: int, snapshots: int, inputs: dict) -> list
 
 def peer_child(spec: dict) -> dict:
     """One peer configuration measured (`index`), or (`index` None) the labels of all of them."""
+    if "model" in spec:
+        from benchmarks.memorybench import models
+
+        _, kind, budget = models.peer_labels()[spec["index"]]
+        return {"peak": _peak(models.peer_step(spec["model"], kind, budget))}
     calls = peer_calls(spec["kernel"], spec["n"], spec["t"], spec["snapshots"])
     if spec.get("index") is None:
         return {"labels": [label for label, _, _ in calls]}
@@ -204,6 +227,12 @@ def _norm(grads) -> float:
     return float(sum(np.sum(np.asarray(v, dtype=np.float64) ** 2) for v in values))
 
 
+def _model_store_all(spec: dict) -> dict:
+    from benchmarks.memorybench import models
+
+    return {"bytes": models.store_all_bytes(spec["model"])}
+
+
 def run_child(spec: dict) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "OMP_NUM_THREADS": "1",
            "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
@@ -226,17 +255,17 @@ def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str
              "| configuration | budget MiB | forwarded MiB (gradflow) or XLA temporaries MiB (JAX) | peak MiB |",
              "|---|---:|---:|---:|"]
     problems, peaks, norms = [], [], []
-    for fraction in FRACTIONS:
+    for fraction in (None, *FRACTIONS):
         spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow",
-                "policy": "store_all" if fraction == 1.0 else "budget", "bytes": int(full * fraction)}
+                "policy": "store_all" if fraction is None else "budget", "bytes": int(full * (fraction or 1))}
         row = run_child(spec)
-        name = "gradflow STORE_ALL" if fraction == 1.0 else f"gradflow budget {fraction:.0%}"
+        name = "gradflow STORE_ALL" if fraction is None else f"gradflow budget {fraction:.0%}"
         if "error" in row:
             lines.append(f"| {name} | {mib(spec['bytes'])} | error: {row['error']} | |")
             continue
-        shown = row["policy"] if fraction < 1.0 else "store_all"
-        lines.append(f"| {name} (`{shown}`) | {mib(spec['bytes']) if fraction < 1 else '-'} | {mib(row['kept'])} "
-                     f"| {mib(row['peak'])} |")
+        shown = row["policy"] if fraction is not None else "store_all"
+        lines.append(f"| {name} (`{shown}`) | {mib(spec['bytes']) if fraction is not None else '-'} "
+                     f"| {mib(row['kept'])} | {mib(row['peak'])} |")
         peaks.append((name, row["peak"]))
         norms.append(row["grad"])
     spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow", "policy": "checkpoint", "snapshots": snapshots}
@@ -249,12 +278,54 @@ def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str
         row = run_child({**peer, "index": k})
         lines.append(f"| {label} | - | {mib(row.get('xla_temp'))} | "
                      f"{mib(row.get('peak')) if 'peak' in row else 'error: ' + row['error']} |")
-    for (a, pa), (b, pb) in zip(peaks, peaks[1:]):
-        if pb > pa + 2**20:  # a MiB of slack: first-use allocations of the runtime vary by that much
-            problems.append(f"{kernel}: {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB")
+    problems += _falling(kernel, peaks)
     if norms and max(norms) - min(norms) > 1e-9 * max(norms):
         problems.append(f"{kernel}: gradflow's configurations disagree on the gradient (squared norms {norms})")
     return lines, problems
+
+
+def _falling(label: str, peaks: list[tuple[str, int]]) -> list[str]:
+    """Where a smaller budget (the next row) made a higher peak, beyond a MiB of slack (first-use
+    allocations of the runtime vary by that much)."""
+    return [f"{label}: {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB"
+            for (a, pa), (b, pb) in zip(peaks, peaks[1:]) if pb > pa + 2**20]
+
+
+def model_report(model: str) -> tuple[list[str], list[str]]:
+    """(table lines, problems found) for one model of the zoo (`benchmarks/memorybench/models.py`)."""
+    from benchmarks.memorybench import models
+
+    full = run_child({"side": "store_all_bytes", "model": model})
+    if "error" in full:
+        return [f"\n### {model}: error: {full['error']}\n"], [f"{model}: {full['error']}"]
+    full = full["bytes"]
+    lines = [f"\n### {model} (batch {models.BATCH[model]}, float32; STORE_ALL forwards {mib(full)} MiB)\n",
+             "| configuration | budget MiB | forwarded MiB | peak MiB |", "|---|---:|---:|---:|"]
+    peaks, norms = [], []
+    for fraction in (None, *models.FRACTIONS):
+        spec = {"side": "gradflow", "model": model, "policy": "store_all" if fraction is None else "budget",
+                "bytes": int(full * (fraction or 1))}
+        row = run_child(spec)
+        name = "gradflow STORE_ALL" if fraction is None else f"gradflow budget {fraction:.0%}"
+        if "error" in row:
+            lines.append(f"| {name} | {mib(spec['bytes'])} | error: {row['error']} | |")
+            continue
+        lines.append(f"| {name} (`{row['policy']}`) | {mib(spec['bytes']) if fraction is not None else '-'} "
+                     f"| {mib(row['kept'])} | {mib(row['peak'])} |")
+        peaks.append((name, row["peak"]))
+        norms.append(row["grad"])
+    compiled = []
+    for k, (label, kind, _) in enumerate(models.peer_labels()):
+        row = run_child({"side": "peer", "model": model, "index": k})
+        lines.append(f"| {label} | - | - | {mib(row.get('peak')) if 'peak' in row else 'error: ' + row['error']} |")
+        if kind == "compile" and "peak" in row:
+            compiled.append((label, row["peak"]))
+    problems = _falling(model, peaks)
+    if norms and max(norms) - min(norms) > 1e-5 * max(norms):  # float32: plans may sum in another order
+        problems.append(f"{model}: gradflow's configurations disagree on the gradient (squared norms {norms})")
+    notes = [f"{model}: torch.compile's {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB"
+             for (a, pa), (b, pb) in zip(compiled, compiled[1:]) if pb > pa + 2**20]
+    return lines + [f"\n{n}" for n in notes], problems
 
 
 def main() -> None:
@@ -264,12 +335,15 @@ def main() -> None:
     parser.add_argument("--t", type=int, default=200)
     parser.add_argument("--snapshots", type=int, default=10)
     parser.add_argument("--kernels", nargs="*", default=["whole_array_update", "jacobi_1d"])
+    parser.add_argument("--models", nargs="*", default=["mlp", "resnet_block", "transformer_layer"],
+                        help="model-zoo models (benchmarks/models.py) measured after the kernels")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(gradflow_child(spec) if spec["side"] == "gradflow" else peer_child(spec)), flush=True)
+        children = {"gradflow": gradflow_child, "peer": peer_child, "store_all_bytes": _model_store_all}
+        print(json.dumps(children[spec["side"]](spec)), flush=True)
         return
     from benchmarks.checkpoint import versions
 
@@ -280,6 +354,11 @@ def main() -> None:
     problems: list[str] = []
     for kernel in args.kernels:
         lines, found = kernel_report(kernel, args.n, args.t, args.snapshots)
+        out += lines
+        problems += found
+        print("\n".join(lines), flush=True)
+    for model in args.models:
+        lines, found = model_report(model)
         out += lines
         problems += found
         print("\n".join(lines), flush=True)

@@ -111,3 +111,36 @@ def test_an_untouched_array_is_never_read_but_not_overwritten():
     assert not may_read_before_write(sdfg, "Y") and not overwritten_before_read(sdfg, "Y")
     assert not may_read_before_write(sdfg, "S") and overwritten_before_read(sdfg, "S")
     assert may_read_before_write(sdfg, "X")
+
+
+def _library_write(beta: float, in_a_map: bool) -> dace.SDFG:
+    """y = A x (+ beta y), a `Gemv` whose output edge is all the state shows of y: with beta != 0 it adds
+    into y without an edge that reads it. `in_a_map`: the call inside a one-iteration map."""
+    from dace.libraries.blas import Gemv
+
+    sdfg = dace.SDFG(f"gemv_beta_{int(beta)}_{'map' if in_a_map else 'top'}")
+    sdfg.add_array("A", [N, N], f64)
+    sdfg.add_array("x", [N], f64)
+    sdfg.add_array("y", [N], f64)
+    state = sdfg.add_state()
+    node = Gemv("gemv", alpha=1.0, beta=beta)
+    a, x, y = state.add_read("A"), state.add_read("x"), state.add_write("y")
+    if not in_a_map:
+        state.add_edge(a, None, node, "_A", dace.Memlet("A[0:N, 0:N]"))
+        state.add_edge(x, None, node, "_x", dace.Memlet("x[0:N]"))
+        state.add_edge(node, "_y", y, None, dace.Memlet("y[0:N]"))
+        return sdfg
+    entry, exit_ = state.add_map("once", {"k": "0:1"})
+    state.add_memlet_path(a, entry, node, dst_conn="_A", memlet=dace.Memlet("A[0:N, 0:N]"))
+    state.add_memlet_path(x, entry, node, dst_conn="_x", memlet=dace.Memlet("x[0:N]"))
+    state.add_memlet_path(node, exit_, y, src_conn="_y", memlet=dace.Memlet("y[0:N]"))
+    return sdfg
+
+
+@pytest.mark.parametrize("in_a_map", [False, True])
+def test_a_library_call_that_adds_into_its_output_does_not_overwrite_it(in_a_map):
+    # Found by `share_dead_buffers`: a gradient Gemv (beta = 1) into a buffer was taken for an overwrite,
+    # and the buffer was shared with a dead array whose values the sum then added to.
+    assert overwritten_before_read(_library_write(0.0, in_a_map), "y")
+    assert not overwritten_before_read(_library_write(1.0, in_a_map), "y")
+    assert may_read_before_write(_library_write(1.0, in_a_map), "y")

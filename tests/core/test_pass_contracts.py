@@ -184,6 +184,22 @@ def _gram_schmidt_gradient() -> Graph:
                       optimize=OPTIMIZE.without("transient_layouts"))
 
 
+def _shareable_ranges(g: Graph) -> int:
+    from gradflow.optimize.shared_buffers import sharing
+
+    return len(sharing(g.sdfg))
+
+
+def _optimized_but_shared_buffers() -> Graph:
+    """df_states_sequence's gradient through every other step of `OPTIMIZE`: a chain of states, each writing
+    a temporary or a gradient buffer that the next ones read."""
+    from gradflow.api import grad_graph
+    from gradflow.optimize import OPTIMIZE
+
+    return grad_graph(dataflow.df_states_sequence, wrt="X", of="S",
+                      optimize=OPTIMIZE.without("share_dead_buffers"))
+
+
 def _scope_tapes(g: Graph) -> int:
     from gradflow.optimize.persistent_tapes import _candidates
 
@@ -325,6 +341,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "simd_register_sums": (_optimized_but_simd_sums, None, _unmarked_simd_sums, ("> 0", 0)),
     "persistent_tapes": (_optimized_with_tapes, None, _scope_tapes, ("> 0", 0)),
     "transient_layouts": (_gram_schmidt_gradient, None, _row_walked_columns, ("> 0", 0)),
+    "share_dead_buffers": (_optimized_but_shared_buffers, None, _shareable_ranges, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

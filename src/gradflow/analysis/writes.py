@@ -53,6 +53,15 @@ def overwritten_before_read_in(sdfg: dace.SDFG, name: str, region: subsets.Range
     return _region(sdfg, name, region) is _First.OVERWRITES
 
 
+def overwrites_first(block, name: str) -> bool:
+    """True when `block` (a state, a conditional, a plain region) writes every element of the array `name`
+    of its SDFG before anything in it reads one, as `overwritten_before_read` decides for a program."""
+    sdfg = block.sdfg
+    if name not in sdfg.arrays:
+        return False
+    return _block(block, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.OVERWRITES
+
+
 def may_read_before_write(sdfg: dace.SDFG, name: str) -> bool:
     """False when no run of the program reads an element of `name` it has not written first: the array
     is overwritten before being read (as in `overwritten_before_read`) or not touched at all. What a
@@ -129,7 +138,7 @@ def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:
         if state.out_degree(node) > 0:
             return _First.UNSURE
         for e in state.in_edges(node):
-            if e.data.wcr is not None or e.data.dynamic or isinstance(e.src, nd.NestedSDFG):
+            if not _sets(state, e):
                 return _First.UNSURE
             sub = e.data.subset if e.data.data == name else e.data.other_subset
             try:
@@ -137,3 +146,36 @@ def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:
             except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
                 pass
     return _First.OVERWRITES if covered else _First.UNSURE
+
+
+def _sets(state: dace.SDFGState, edge) -> bool:
+    """Whether the write `edge` carries sets the elements it names, whatever they held: not a sum into
+    them (a write-conflict resolution, a BLAS call with beta != 0, a gradient convolution, a `Reduce`
+    without identity, which all add into their output without an edge that reads it), not a nested SDFG
+    or a dynamic write, which may leave some unwritten. A map's write sets when every write inside the map
+    that reaches it does."""
+    if edge.data.wcr is not None or edge.data.dynamic:
+        return False
+    src = edge.src
+    if isinstance(src, (nd.Tasklet, nd.AccessNode)):
+        return True
+    if isinstance(src, nd.MapExit):
+        inner = [e for e in state.in_edges(src) if e.dst_conn == "IN_" + (edge.src_conn or "")[len("OUT_"):]]
+        return bool(inner) and all(_sets(state, e) for e in inner)
+    if isinstance(src, nd.LibraryNode):
+        return _library_sets(src)
+    return False
+
+
+def _library_sets(node: nd.LibraryNode) -> bool:
+    """Library nodes known to overwrite their output: BLAS products with beta = 0, a `Reduce` with an
+    identity. Any other (gradflow's gradient convolutions add into theirs) is taken to read it."""
+    kind = type(node).__name__
+    if kind in ("Gemm", "Gemv", "MatMul", "BatchedMatMul", "Dot"):  # (`Ger` always adds: A += x y^T)
+        try:
+            return float(getattr(node, "beta", 0)) == 0.0  # (SymPy's Float(0.0) == 0 is False)
+        except TypeError:  # a symbolic beta
+            return False
+    if kind == "Reduce":
+        return node.identity is not None
+    return False

@@ -22,6 +22,7 @@ from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scalar_sums import RegisterScalarSums
 from gradflow.optimize.scatter import OwnScatterWrites
 from gradflow.optimize.schedules import ChooseSchedules
+from gradflow.optimize.shared_buffers import ShareDeadBuffers
 from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.simd_sums import SimdRegisterSums
 from gradflow.optimize.versioning import VersionBySize
@@ -40,7 +41,7 @@ OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), Ho
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
                      LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums(), TransientLayouts()))
+                     SimdRegisterSums(), TransientLayouts(), ShareDeadBuffers()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -48,7 +49,7 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "TransientLayouts", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
-           "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "SimdRegisterSums",
-           "VersionBySize", "optimized"]
+           "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "ShareDeadBuffers",
+           "SimdRegisterSums", "TransientLayouts", "VersionBySize", "optimized"]

@@ -1,0 +1,194 @@
+"""`share_dead_buffers`: a transient array whose value is dead takes the place of a later one of the same
+layout, so that a program holds at once only the arrays that are live at once.
+
+DaCe allocates a transient used in several states for the whole call. A backward sweep is a long chain of
+states, each writing one gradient buffer (or recomputing one forward value) that the next few states read:
+allocated for the whole call, they all exist at once. Measured on the model zoo's MLP (batch 2048,
+float32, `benchmarks/memory_peak.py`): 41 MiB resident at the peak of one training step where eager torch
+needs 16, and a smaller byte budget *raised* that peak, since every value the budget reruns got a buffer of
+its own in the backward while every gradient buffer stayed allocated.
+
+The pass splits each candidate array into live ranges and places every range in a buffer, its own array's
+or another's. A range is moved (its access nodes and memlets renamed; an array left without access nodes is
+removed) only when, in gradflow's own analysis of the top-level program:
+- the arrays are transient arrays of the top-level SDFG with equal layouts (dtype, shape, strides, offsets,
+  storage, alignment), `Scope` lifetime (DaCe allocates them; nothing outside the call sees them), not views
+  and not viewed, named by no interstate edge, loop or branch code, tasklet code or nested symbol mapping,
+  and sized by no symbol the program sets while it runs (an interstate assignment, a loop variable);
+- the program is read as a chain of positions: the blocks of the top-level region and, inside a plain
+  control-flow region that is a chain itself, its blocks; a loop, a conditional or a region that is no chain
+  is one position (whatever happens inside it happens at that position). An array's touches are the
+  positions whose states access it;
+- a range starts at a touch whose block writes all of the array before reading any of it
+  (`analysis.writes.overwrites_first`: a state or a conditional, never a loop, which may run no iteration),
+  or at the array's first touch, and runs to the touch before the next such start. A range that does not
+  start with an overwrite (the array's first touch reads what the array held) stays in its own array;
+- a range moves into a buffer only when it starts with an overwrite and the buffer's previous range ended
+  at an earlier position (strictly): nothing reads that buffer's old value again, and whatever it held is
+  overwritten before it is read.
+
+Every read then reads the value the original program's read did: that value was written in the same range,
+and no other range in that buffer touches it between the write and the read. Greedy interval colouring (by
+first position) gives each range the earliest buffer whose last range is over, its own when free; a later
+range of an array whose buffer is taken gets a new array of the same layout. The pass runs last in
+`OPTIMIZE`, after every pass that names arrays, and changes nothing when any of the above cannot be shown.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import ClassVar
+
+import attrs
+import dace
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import ControlFlowRegion, LoopRegion
+
+from gradflow.analysis.access import chain_of, named_by_control
+from gradflow.analysis.writes import overwrites_first
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import RewritePass
+
+
+def _layout(desc: dace.data.Array) -> tuple:
+    """What two arrays must share to share memory."""
+    return (desc.dtype, tuple(map(str, desc.shape)), tuple(map(str, desc.strides)), tuple(map(str, desc.offset)),
+            str(desc.total_size), str(desc.start_offset), desc.storage, desc.alignment, desc.may_alias)
+
+
+def _candidates(sdfg: dace.SDFG) -> set[str]:
+    """Transient arrays the pass may rename (module doc, first condition)."""
+    viewed = set()
+    for state in sdfg.states():
+        for node in state.data_nodes():
+            if isinstance(sdfg.arrays[node.data], dace.data.View):
+                viewed |= {n.data for e in state.all_edges(node) for n in (e.src, e.dst)
+                           if isinstance(n, nd.AccessNode)}
+    nodes = [n for n, _ in sdfg.all_nodes_recursive()]
+    code = " ".join([n.code.as_string for n in nodes if isinstance(n, nd.Tasklet)]
+                    + [str(v) for n in nodes if isinstance(n, nd.NestedSDFG) for v in n.symbol_mapping.values()])
+    words = set(re.findall(r"\w+", code))
+    # symbols the program sets while it runs: an array sized by one has another size at another position
+    varying = {k for e in sdfg.all_interstate_edges(recursive=True) for k in e.data.assignments}
+    varying |= {r.loop_variable for r in sdfg.all_control_flow_regions(recursive=True)
+                if isinstance(r, LoopRegion) and r.loop_variable}
+    return {name for name, desc in sdfg.arrays.items()
+            if type(desc) is dace.data.Array and desc.transient and desc.lifetime == dace.AllocationLifetime.Scope
+            and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
+            and name not in viewed and name not in words and name not in sdfg.constants_prop
+            and not named_by_control(sdfg, name) and not set(map(str, desc.free_symbols)) & varying}
+
+
+class _Positions:
+    """Every position touching each candidate, with the block there, in the chain of positions (module doc)."""
+
+    def __init__(self, sdfg: dace.SDFG, names: set[str]) -> None:
+        self.names = names
+        self.touches: dict[str, list[tuple[int, object]]] = {}
+        self.position = 0
+        self._region(sdfg)
+
+    def _region(self, region: ControlFlowRegion) -> None:
+        order = chain_of(region) if region.nodes() else []
+        for block in [region] if order is None else order:  # (interstate edges name no candidate)
+            if type(block) is ControlFlowRegion and block is not region:
+                self._region(block)
+                continue
+            for name in _named(block) & self.names:
+                self.touches.setdefault(name, []).append((self.position, block))
+            self.position += 1
+
+
+def _named(block) -> set[str]:
+    """Arrays a block touches: access nodes of its states (a candidate is named by no control code, and a
+    nested SDFG reaches it only through access nodes around it)."""
+    states = [block] if isinstance(block, dace.SDFGState) else list(block.states())
+    return {n.data for s in states for n in s.data_nodes()}
+
+
+@attrs.frozen
+class Segment:
+    """A live range of one array: from a position that writes all of it before reading any (`fresh`; else
+    the array's first touch, whose initial contents may be read) to the last touch before the next such."""
+
+    array: str
+    first: int
+    last: int
+    blocks: tuple
+    fresh: bool
+
+
+def segments(name: str, touches: list[tuple[int, object]]) -> list[Segment]:
+    found: list[Segment] = []
+    for position, block in touches:
+        if found and not overwrites_first(block, name):
+            seg = found[-1]
+            found[-1] = attrs.evolve(seg, last=position, blocks=seg.blocks + (block,))
+        else:
+            found.append(Segment(name, position, position, (block,), bool(found) or overwrites_first(block, name)))
+    return found
+
+
+def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
+    """(a live range, the buffer it is placed in) for every range placed in another array than its own: an
+    earlier array's, or a new one of the same layout (a later range of an array whose own buffer is taken)."""
+    names = _candidates(sdfg)
+    if not names:
+        return []
+    where = _Positions(sdfg, names)
+    ranges = [seg for name in sorted(where.touches) for seg in segments(name, where.touches[name])]
+    buffers: dict[str, tuple[tuple, int]] = {}  # buffer -> (layout, last position of its current tenant)
+    placed = []
+    for seg in sorted(ranges, key=lambda r: (r.first, r.array)):
+        layout = _layout(sdfg.arrays[seg.array])
+        free = [b for b, (lay, end) in buffers.items() if lay == layout and end < seg.first] if seg.fresh else []
+        if seg.array in free or (seg.array not in buffers and not free):
+            buffer = seg.array
+        elif free:
+            buffer = free[0]
+        else:  # its own buffer holds another range now
+            buffer = next(f"{seg.array}_{k}" for k in range(1, 1 << 30)
+                          if f"{seg.array}_{k}" not in sdfg.arrays and f"{seg.array}_{k}" not in sdfg.symbols
+                          and f"{seg.array}_{k}" not in buffers)
+        buffers[buffer] = (layout, seg.last)
+        if buffer != seg.array:
+            placed.append((seg, buffer))
+    return placed
+
+
+@register_pass
+@attrs.frozen
+class ShareDeadBuffers(RewritePass):
+    """Transient arrays whose live ranges are apart share one buffer (module doc)."""
+
+    name: ClassVar[str] = "share_dead_buffers"
+    nested: ClassVar[bool] = False  # the top-level program's transients
+
+    def matches(self, sdfg: dace.SDFG) -> list[list[tuple[Segment, str]]]:
+        found = sharing(sdfg)
+        return [found] if found else []
+
+    def rewrite(self, sdfg: dace.SDFG, match: list[tuple[Segment, str]]) -> None:
+        # All renames at once, from the original names: a block where range B moves into A's buffer may
+        # also hold a range of A that moves elsewhere, and renaming one array after another would move B's
+        # accesses twice.
+        renames: dict[int, dict[str, str]] = {}
+        for seg, buffer in match:
+            if buffer not in sdfg.arrays:
+                sdfg.add_datadesc(buffer, copy.deepcopy(sdfg.arrays[seg.array]))
+            for block in seg.blocks:
+                for state in [block] if isinstance(block, dace.SDFGState) else block.states():
+                    renames.setdefault(id(state), {})[seg.array] = buffer
+        for state in sdfg.states():
+            rename = renames.get(id(state))
+            if not rename:
+                continue
+            for node in state.data_nodes():
+                node.data = rename.get(node.data, node.data)
+            for edge in state.edges():
+                if edge.data.data in rename:
+                    edge.data.data = rename[edge.data.data]
+        left = {n.data for state in sdfg.states() for n in state.data_nodes()}
+        for array in {seg.array for seg, _ in match} - left:
+            sdfg.remove_data(array, validate=False)

@@ -1,0 +1,162 @@
+"""`share_dead_buffers`: transient arrays whose live ranges are apart share one buffer, only where the pass
+can show it (equal layouts, the earlier one dead, the later one written whole before it is read), and the
+program computes what it computed before."""
+
+from __future__ import annotations
+
+import dace
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gradflow
+from gradflow.core.graph import Graph
+from gradflow.optimize import OPTIMIZE
+from gradflow.optimize.shared_buffers import ShareDeadBuffers, sharing
+from gradflow.runtime.compile import compile_sdfg
+
+N = dace.symbol("N")
+
+
+def _transient_bytes(sdfg: dace.SDFG, n: int) -> int:
+    return sum(int(dace.symbolic.evaluate(d.total_size, {N: n})) * d.dtype.bytes
+               for d in sdfg.arrays.values() if d.transient and isinstance(d, dace.data.Array))
+
+
+@dace.program
+def three_layers(x: dace.float64[N, N], w1: dace.float64[N, N], w2: dace.float64[N, N], w3: dace.float64[N, N],
+                 S: dace.float64[1]):
+    h1 = np.tanh(x @ w1)
+    h2 = np.tanh(h1 @ w2)
+    h3 = np.tanh(h2 @ w3)
+    S[0] = np.sum(h3 * h3)
+
+
+def _grads(optimize, args: dict) -> dict:
+    f = gradflow.value_and_grad(three_layers, wrt=["x", "w1", "w2", "w3"], of="S", optimize=optimize)
+    return f(**{k: v.copy() for k, v in args.items()})[1]
+
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_backward_holds_fewer_buffers_and_computes_the_same_gradients(seed):
+    rng = np.random.default_rng(seed)
+    args = {k: rng.uniform(-1, 1, (8, 8)) for k in ("x", "w1", "w2", "w3")} | {"S": np.zeros(1)}
+    without = OPTIMIZE.without("share_dead_buffers")
+    shared = gradflow.grad(three_layers, wrt=["x", "w1", "w2", "w3"], of="S")
+    plain = gradflow.grad(three_layers, wrt=["x", "w1", "w2", "w3"], of="S", optimize=without)
+    assert _transient_bytes(shared, 8) < _transient_bytes(plain, 8)
+    got, want = _grads(True, args), _grads(without, args)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-13, atol=1e-15)
+
+
+def _program(kind: str) -> dace.SDFG:
+    """x -> A -> y, then x -> B -> z, in four states; `kind` breaks one condition of the rewrite."""
+    sdfg = dace.SDFG(f"two_temporaries_{kind}")
+    for name in ("x", "y", "z"):
+        sdfg.add_array(name, [N], dace.float64)
+    size = N
+    if kind == "sized_by_assigned":  # a size the program sets as it runs
+        size = dace.symbol("M")
+        sdfg.add_symbol("M", dace.int64)
+    sdfg.add_transient("A", [size], dace.float64)
+    sdfg.add_transient("B", [size] if kind != "other_shape" else [N + 1], dace.float64)
+    b_range = f"0:{size}" if kind != "partial" else "0:N-1"
+    s0 = sdfg.add_state("write_a")
+    if kind == "sized_by_assigned":
+        sdfg.add_edge(sdfg.add_state("init", is_start_block=True), s0, dace.InterstateEdge(assignments={"M": "N"}))
+    s0.add_mapped_tasklet("a", {"i": f"0:{size}"}, {"u": dace.Memlet("x[i]")}, "v = 2 * u", {"v": dace.Memlet("A[i]")},
+                          external_edges=True)
+    s1 = sdfg.add_state_after(s0, "read_a")
+    s1.add_mapped_tasklet("ya", {"i": "0:N"}, {"u": dace.Memlet("A[i]")}, "v = u + 1", {"v": dace.Memlet("y[i]")},
+                          external_edges=True)
+    s2 = s1 if kind == "same_state" else sdfg.add_state_after(s1, "write_b")  # B written as A is last read
+    s2.add_mapped_tasklet("b", {"i": b_range}, {"u": dace.Memlet("x[i]")}, "v = 3 * u", {"v": dace.Memlet("B[i]")},
+                          external_edges=True)
+    s3 = sdfg.add_state_after(s2, "read_b")
+    s3.add_mapped_tasklet("zb", {"i": "0:N-1"}, {"u": dace.Memlet("B[i]")}, "v = u - 1", {"v": dace.Memlet("z[i]")},
+                          external_edges=True)
+    if kind == "overlap":  # A is read again after B is written
+        s4 = sdfg.add_state_after(s3, "read_a_again")
+        s4.add_mapped_tasklet("ya2", {"i": "0:N"}, {"u": dace.Memlet("A[i]")}, "v = u * 5",
+                              {"v": dace.Memlet("y[i]")}, external_edges=True)
+    return sdfg
+
+
+def test_apart_ranges_of_one_layout_share_and_compute_the_same():
+    sdfg = _program("plain")
+    assert [(seg.array, buffer) for seg, buffer in sharing(sdfg)] == [("B", "A")]
+    after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
+    assert "B" not in after.arrays
+    x = np.arange(6, dtype=np.float64)
+    outs = []
+    for program in (sdfg, after):
+        y, z = np.zeros(6), np.zeros(6)
+        compile_sdfg(program)(x=x, y=y, z=z, N=6)
+        outs.append((y, z))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1][:5], outs[1][1][:5])
+
+
+def test_nothing_is_shared_where_it_cannot_be_shown():
+    # written in part first (its other elements would be what A left), other layouts, ranges that overlap
+    # or meet in one state (whose nodes DaCe may run in any order), a size set while the program runs
+    for kind in ("partial", "other_shape", "overlap", "same_state", "sized_by_assigned"):
+        assert sharing(_program(kind)) == [], kind
+
+
+@dace.program
+def two_temporaries_a_step(x: dace.float64[N], y: dace.float64[N]):
+    for k in range(3):
+        a = x * (k + 1)
+        y[:] += a
+        b = np.sin(x) * k
+        y[:] += b
+
+
+def test_arrays_used_in_one_loop_do_not_share():
+    sdfg = two_temporaries_a_step.to_sdfg()
+    loops = [r for r in sdfg.all_control_flow_regions() if isinstance(r, dace.sdfg.state.LoopRegion)]
+    assert loops, "the program keeps its loop"
+    inside = {n.data for s in loops[0].states() for n in s.data_nodes() if sdfg.arrays[n.data].transient}
+    assert len(inside) >= 2
+    assert not {seg.array for seg, _ in sharing(sdfg)} & inside
+
+
+def _swap_program() -> dace.SDFG:
+    """A's first range ends, B takes A's buffer, A is written again (its own buffer now held by B), and one
+    state reads A and B: the ranges of both arrays meet there and must move together."""
+    sdfg = dace.SDFG("ranges_meet")
+    for name in ("x", "y", "z"):
+        sdfg.add_array(name, [N], dace.float64)
+    for name in ("A", "B"):
+        sdfg.add_transient(name, [N], dace.float64)
+
+    def step(after, label, inputs, code, out):
+        state = sdfg.add_state_after(after, label) if after is not None else sdfg.add_state(label)
+        state.add_mapped_tasklet(label, {"i": "0:N"}, {f"u{k}": dace.Memlet(f"{a}[i]") for k, a in enumerate(inputs)},
+                                 code, {"v": dace.Memlet(f"{out}[i]")}, external_edges=True)
+        return state
+
+    s = step(None, "write_a", ["x"], "v = 2 * u0", "A")
+    s = step(s, "read_a", ["A"], "v = u0 + 1", "y")
+    s = step(s, "write_b", ["x"], "v = 3 * u0", "B")
+    s = step(s, "write_a_again", ["x"], "v = 5 * u0", "A")
+    step(s, "read_both", ["A", "B"], "v = u0 + 7 * u1", "z")
+    return sdfg
+
+
+def test_ranges_meeting_in_one_state_are_renamed_together():
+    sdfg = _swap_program()
+    assert [(seg.array, seg.first, buffer) for seg, buffer in sharing(sdfg)] == [("B", 2, "A"), ("A", 3, "A_1")]
+    after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
+    x = np.arange(1, 7, dtype=np.float64)
+    outs = []
+    for program in (sdfg, after):
+        y, z = np.zeros(6), np.zeros(6)
+        compile_sdfg(program)(x=x, y=y, z=z, N=6)
+        outs.append(z)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[0], 5 * x + 21 * x)

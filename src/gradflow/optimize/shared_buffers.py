@@ -120,13 +120,16 @@ class Segment:
 
 
 def segments(name: str, touches: list[tuple[int, object]]) -> list[Segment]:
+    """The live ranges of array `name` from its touches in order: a new range starts at every touch whose
+    block overwrites the array before reading it; the first range starts at the first touch either way."""
     found: list[Segment] = []
     for position, block in touches:
-        if found and not overwrites_first(block, name):
+        fresh = overwrites_first(block, name)
+        if found and not fresh:
             seg = found[-1]
             found[-1] = attrs.evolve(seg, last=position, blocks=seg.blocks + (block,))
         else:
-            found.append(Segment(name, position, position, (block,), bool(found) or overwrites_first(block, name)))
+            found.append(Segment(name, position, position, (block,), fresh))
     return found
 
 

@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -248,6 +249,14 @@ def mib(b: int | None) -> str:
     return "-" if b is None else f"{b / 2**20:.2f}"
 
 
+def _refusal(error: str) -> str:
+    """A table cell for a configuration that did not run: a budget below the least gives that least."""
+    least = re.search(r"the least any plan needs is (\d+) bytes", error)
+    if least:
+        return f"refused: the least that works is {mib(int(least.group(1)))} MiB"
+    return "error: " + " ".join(error.split()).replace("|", "/")
+
+
 def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str], list[str]]:
     """(table lines, problems found) for one kernel."""
     full = store_all_bytes(kernel, n, t)
@@ -261,7 +270,7 @@ def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str
         row = run_child(spec)
         name = "gradflow STORE_ALL" if fraction is None else f"gradflow budget {fraction:.0%}"
         if "error" in row:
-            lines.append(f"| {name} | {mib(spec['bytes'])} | error: {row['error']} | |")
+            lines.append(f"| {name} | {mib(spec['bytes'])} | {_refusal(row['error'])} | |")
             continue
         shown = row["policy"] if fraction is not None else "store_all"
         lines.append(f"| {name} (`{shown}`) | {mib(spec['bytes']) if fraction is not None else '-'} "
@@ -308,7 +317,7 @@ def model_report(model: str) -> tuple[list[str], list[str]]:
         row = run_child(spec)
         name = "gradflow STORE_ALL" if fraction is None else f"gradflow budget {fraction:.0%}"
         if "error" in row:
-            lines.append(f"| {name} | {mib(spec['bytes'])} | error: {row['error']} | |")
+            lines.append(f"| {name} | {mib(spec['bytes'])} | {_refusal(row['error'])} | |")
             continue
         lines.append(f"| {name} (`{row['policy']}`) | {mib(spec['bytes']) if fraction is not None else '-'} "
                      f"| {mib(row['kept'])} | {mib(row['peak'])} |")

@@ -332,7 +332,7 @@ def model_report(model: str) -> tuple[list[str], list[str]]:
     problems = _falling(model, peaks)
     if norms and max(norms) - min(norms) > 1e-5 * max(norms):  # float32: plans may sum in another order
         problems.append(f"{model}: gradflow's configurations disagree on the gradient (squared norms {norms})")
-    notes = [f"{model}: torch.compile's {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB"
+    notes = [f"{model}: {b} peaks at {mib(pb)} MiB, above {a}'s {mib(pa)} MiB"
              for (a, pa), (b, pb) in zip(compiled, compiled[1:]) if pb > pa + 2**20]
     return lines + [f"\n{n}" for n in notes], problems
 

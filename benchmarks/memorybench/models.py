@@ -85,7 +85,7 @@ def _checkpoint_children(model):
 
 
 def peer_step(name: str, kind: str, budget: float | None):
-    """(step, the parameters it differentiates) of one torch configuration, built and warmed up."""
+    """The step of one torch configuration (a call of it runs one step), built and warmed up."""
     import torch
 
     torch.set_num_threads(1)

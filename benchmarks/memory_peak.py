@@ -59,9 +59,8 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 import numpy as np  # noqa: E402
 
 from benchmarks.memorybench.allocation import MMAP_THRESHOLD, _status, reset_peak  # noqa: E402
-from benchmarks.memorybench.models import COMPILE_BUDGETS  # noqa: E402
+from benchmarks.memorybench.models import COMPILE_BUDGETS, FRACTIONS  # noqa: E402
 
-FRACTIONS = (1.0, 0.5, 0.25, 0.10)
 CASE = {"jacobi_1d": "lp_jacobi_1d", "whole_array_update": "lp_whole_array_update"}
 
 
@@ -257,16 +256,13 @@ def _refusal(error: str) -> str:
     return "error: " + " ".join(error.split()).replace("|", "/")
 
 
-def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str], list[str]]:
-    """(table lines, problems found) for one kernel."""
-    full = store_all_bytes(kernel, n, t)
-    lines = [f"\n### {kernel} (N = {n}, T = {t}; one state = {mib(8 * n)} MiB)\n",
-             "| configuration | budget MiB | forwarded MiB (gradflow) or XLA temporaries MiB (JAX) | peak MiB |",
-             "|---|---:|---:|---:|"]
-    problems, peaks, norms = [], [], []
+def _gradflow_rows(base: dict, full: int) -> tuple[list[str], list[tuple[str, int]], list[float]]:
+    """gradflow's STORE_ALL row and its budget rows at `FRACTIONS` of `full` bytes, each in a child process
+    (`base` names the kernel or the model): (table lines, (row, peak) of those that ran, gradient norms)."""
+    lines, peaks, norms = [], [], []
     for fraction in (None, *FRACTIONS):
-        spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow",
-                "policy": "store_all" if fraction is None else "budget", "bytes": int(full * (fraction or 1))}
+        spec = {**base, "side": "gradflow", "policy": "store_all" if fraction is None else "budget",
+                "bytes": int(full * (fraction or 1))}
         row = run_child(spec)
         name = "gradflow STORE_ALL" if fraction is None else f"gradflow budget {fraction:.0%}"
         if "error" in row:
@@ -277,6 +273,18 @@ def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str
                      f"| {mib(row['kept'])} | {mib(row['peak'])} |")
         peaks.append((name, row["peak"]))
         norms.append(row["grad"])
+    return lines, peaks, norms
+
+
+def kernel_report(kernel: str, n: int, t: int, snapshots: int) -> tuple[list[str], list[str]]:
+    """(table lines, problems found) for one kernel."""
+    full = store_all_bytes(kernel, n, t)
+    lines = [f"\n### {kernel} (N = {n}, T = {t}; one state = {mib(8 * n)} MiB)\n",
+             "| configuration | budget MiB | forwarded MiB (gradflow) or XLA temporaries MiB (JAX) | peak MiB |",
+             "|---|---:|---:|---:|"]
+    problems = []
+    rows, peaks, norms = _gradflow_rows({"kernel": kernel, "n": n, "t": t}, full)
+    lines += rows
     spec = {"kernel": kernel, "n": n, "t": t, "side": "gradflow", "policy": "checkpoint", "snapshots": snapshots}
     row = run_child(spec)
     lines.append(f"| gradflow checkpoint({snapshots}) | - | {mib(row.get('kept'))} | "
@@ -310,19 +318,8 @@ def model_report(model: str) -> tuple[list[str], list[str]]:
     full = full["bytes"]
     lines = [f"\n### {model} (batch {models.BATCH[model]}, float32; STORE_ALL forwards {mib(full)} MiB)\n",
              "| configuration | budget MiB | forwarded MiB | peak MiB |", "|---|---:|---:|---:|"]
-    peaks, norms = [], []
-    for fraction in (None, *models.FRACTIONS):
-        spec = {"side": "gradflow", "model": model, "policy": "store_all" if fraction is None else "budget",
-                "bytes": int(full * (fraction or 1))}
-        row = run_child(spec)
-        name = "gradflow STORE_ALL" if fraction is None else f"gradflow budget {fraction:.0%}"
-        if "error" in row:
-            lines.append(f"| {name} | {mib(spec['bytes'])} | {_refusal(row['error'])} | |")
-            continue
-        lines.append(f"| {name} (`{row['policy']}`) | {mib(spec['bytes']) if fraction is not None else '-'} "
-                     f"| {mib(row['kept'])} | {mib(row['peak'])} |")
-        peaks.append((name, row["peak"]))
-        norms.append(row["grad"])
+    rows, peaks, norms = _gradflow_rows({"model": model}, full)
+    lines += rows
     compiled = []
     for k, (label, kind, _) in enumerate(models.peer_labels()):
         row = run_child({"side": "peer", "model": model, "index": k})

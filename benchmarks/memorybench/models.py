@@ -27,6 +27,7 @@ import copy
 #: model -> batch for the memory measurement (the zoo's own batch is 32)
 BATCH = {"mlp": 2048, "resnet_block": 128, "transformer_layer": 1024, "lenet": 512, "layernorm_gelu_mlp": 4096,
          "mobilenet_relu6": 128}
+#: gradflow's byte budgets, as fractions of what STORE_ALL forwards (kernels and models alike)
 FRACTIONS = (1.0, 0.5, 0.25, 0.10)
 COMPILE_BUDGETS = (1.0, 0.5, 0.25, 0.10)
 

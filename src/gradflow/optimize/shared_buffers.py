@@ -37,6 +37,7 @@ range of an array whose buffer is taken gets a new array of the same layout. The
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from typing import ClassVar
 
@@ -151,9 +152,8 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
         elif free:
             buffer = free[0]
         else:  # its own buffer holds another range now
-            buffer = next(f"{seg.array}_{k}" for k in range(1, 1 << 30)
-                          if f"{seg.array}_{k}" not in sdfg.arrays and f"{seg.array}_{k}" not in sdfg.symbols
-                          and f"{seg.array}_{k}" not in buffers)
+            taken = set(sdfg.arrays) | set(sdfg.symbols) | set(buffers)
+            buffer = next(name for k in itertools.count(1) if (name := f"{seg.array}_{k}") not in taken)
         buffers[buffer] = (layout, seg.last)
         if buffer != seg.array:
             placed.append((seg, buffer))

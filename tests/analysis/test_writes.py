@@ -65,6 +65,11 @@ def written_then_read_in_one_state(X: f64[N], S: f64[1]):
     S[0] += 1.0
 
 
+@dace.program
+def read_then_written_in_one_state(X: f64[N], S: f64[1]):
+    S[0] = S[0] * 2.0 + np.sum(X)
+
+
 @pytest.mark.parametrize("program, name, expected", [
     (overwrite_then_loop, "Y", True),   # written whole in the first state, read in the loop after
     (overwrite_then_loop, "X", False),  # only read
@@ -75,7 +80,9 @@ def written_then_read_in_one_state(X: f64[N], S: f64[1]):
     (in_one_branch, "Y", False),        # no else: a run may skip the write
     (branch_on_itself, "Y", False),     # the condition reads it first
     (reset_then_accumulate, "S", True),  # overwritten first, accumulated into afterwards
-    (written_then_read_in_one_state, "S", False),  # one state writes and reads it: not analysed (conservative)
+    # one state writes it whole, then reads it through the same node (DaCe orders the read after the write)
+    (written_then_read_in_one_state, "S", True),
+    (read_then_written_in_one_state, "S", False),  # its first node is read before anything writes it
 ])
 def test_overwritten_before_read(program, name, expected):
     assert overwritten_before_read(program.to_sdfg(simplify=True), name) is expected

@@ -200,6 +200,22 @@ def _optimized_but_shared_buffers() -> Graph:
                       optimize=OPTIMIZE.without("share_dead_buffers"))
 
 
+def _optimized_but_sunk_fills() -> Graph:
+    """df_states_sequence's gradient through the steps of `OPTIMIZE` before `sink_fills`: its reverse
+    zero-fills every gradient buffer in one state at the start of the backward."""
+    from gradflow.api import grad_graph
+    from gradflow.optimize import OPTIMIZE
+
+    return grad_graph(dataflow.df_states_sequence, wrt="X", of="S",
+                      optimize=OPTIMIZE.without("sink_fills").without("share_dead_buffers"))
+
+
+def _distant_fills(g: Graph) -> int:
+    from gradflow.optimize.sunk_fills import moves
+
+    return len(moves(g.sdfg))
+
+
 def _scope_tapes(g: Graph) -> int:
     from gradflow.optimize.persistent_tapes import _candidates
 
@@ -342,6 +358,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "persistent_tapes": (_optimized_with_tapes, None, _scope_tapes, ("> 0", 0)),
     "transient_layouts": (_gram_schmidt_gradient, None, _row_walked_columns, ("> 0", 0)),
     "share_dead_buffers": (_optimized_but_shared_buffers, None, _shareable_ranges, ("> 0", 0)),
+    "sink_fills": (_optimized_but_sunk_fills, None, _distant_fills, ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

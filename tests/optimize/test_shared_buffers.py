@@ -81,7 +81,10 @@ def _program(kind: str) -> dace.SDFG:
         size = dace.symbol("M")
         sdfg.add_symbol("M", dace.int64)
     sdfg.add_transient("A", [size], dace.float64)
-    sdfg.add_transient("B", [size] if kind != "other_shape" else [N + 1], dace.float64)
+    if kind == "gapped":  # B's elements every other address: no View of A's N elements holds them
+        sdfg.add_transient("B", [size], dace.float64, strides=(2,), total_size=2 * size)
+    else:
+        sdfg.add_transient("B", [size] if kind != "other_shape" else [N + 1], dace.float64)
     b_range = f"0:{size}" if kind != "partial" else "0:N-1"
     s0 = sdfg.add_state("write_a")
     if kind == "sized_by_assigned":
@@ -120,9 +123,10 @@ def test_apart_ranges_of_one_layout_share_and_compute_the_same():
 
 
 def test_nothing_is_shared_where_it_cannot_be_shown():
-    # written in part first (its other elements would be what A left), other layouts, ranges that overlap
-    # or meet in one state (whose nodes DaCe may run in any order), a size set while the program runs
-    for kind in ("partial", "other_shape", "overlap", "same_state", "sized_by_assigned"):
+    # written in part first (its other elements would be what A left), other sizes or a layout with gaps,
+    # ranges that overlap or meet in one state (whose nodes DaCe may run in any order), a size set while
+    # the program runs
+    for kind in ("partial", "other_shape", "gapped", "overlap", "same_state", "sized_by_assigned"):
         assert sharing(_program(kind)) == [], kind
 
 
@@ -190,3 +194,49 @@ def test_ranges_meeting_in_one_state_are_renamed_together():
         outs.append(z)
     np.testing.assert_array_equal(outs[1], outs[0])
     np.testing.assert_array_equal(outs[0], 5 * x + 21 * x)
+
+
+def _reshape_program(one_state: bool, column_major: bool = False) -> dace.SDFG:
+    """A[N, 2] written and read, then B[2N] written and read (in one state when `one_state`): B may take
+    A's memory (row-major, or column-major as `transient_layouts` may leave it) through a View."""
+    sdfg = dace.SDFG(f"reshaped_temporaries_{one_state}_{column_major}")
+    for name in ("x", "y", "z"):
+        sdfg.add_array(name, [N], dace.float64)
+    sdfg.add_transient("A", [N, 2], dace.float64, strides=(1, N) if column_major else None)
+    sdfg.add_transient("B", [2 * N], dace.float64)
+    s0 = sdfg.add_state("write_a")
+    s0.add_mapped_tasklet("a", {"i": "0:N", "j": "0:2"}, {"u": dace.Memlet("x[i]")}, "v = u * (j + 1)",
+                          {"v": dace.Memlet("A[i, j]")}, external_edges=True)
+    s1 = sdfg.add_state_after(s0, "read_a")
+    s1.add_mapped_tasklet("ya", {"i": "0:N"}, {"u": dace.Memlet("A[i, 0]"), "w": dace.Memlet("A[i, 1]")},
+                          "v = u + 3 * w", {"v": dace.Memlet("y[i]")}, external_edges=True)
+    s2 = sdfg.add_state_after(s1, "write_b")
+    b = s2.add_access("B")
+    s2.add_mapped_tasklet("b", {"k": "0:2*N"}, {}, "v = k * 0.5", {"v": dace.Memlet("B[k]")}, external_edges=True,
+                          output_nodes={"B": b})
+    s3 = s2 if one_state else sdfg.add_state_after(s2, "read_b")
+    s3.add_mapped_tasklet("zb", {"i": "0:N"}, {"u": dace.Memlet("B[i]"), "w": dace.Memlet("B[N + i]")},
+                          "v = u - w * w", {"v": dace.Memlet("z[i]")}, external_edges=True,
+                          input_nodes={"B": b} if one_state else None)
+    return sdfg
+
+
+def test_apart_ranges_of_other_shapes_share_through_a_view_and_compute_the_same():
+    for one_state, column_major in ((False, False), (True, False), (False, True)):
+        sdfg = _reshape_program(one_state, column_major)
+        sdfg.validate()
+        assert [(seg.array, buffer) for seg, buffer in sharing(sdfg)] == [("B", "A")]
+        after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
+        after.validate()
+        assert "B" not in after.arrays
+        views = [name for name, desc in after.arrays.items() if isinstance(desc, dace.data.View)]
+        assert len(views) == 1 and tuple(after.arrays[views[0]].shape) == (2 * N,)
+        x = np.arange(1, 7, dtype=np.float64)
+        outs = []
+        for program in (sdfg, after):
+            y, z = np.zeros(6), np.zeros(6)
+            compile_sdfg(program)(x=x, y=y, z=z, N=6)
+            outs.append((y, z))
+        np.testing.assert_array_equal(outs[1][0], outs[0][0])
+        np.testing.assert_array_equal(outs[1][1], outs[0][1])
+        np.testing.assert_array_equal(outs[0][1], np.arange(6) * 0.5 - (np.arange(6, 12) * 0.5) ** 2)

@@ -158,6 +158,31 @@ def program(x0: dace.float64[N, M], x1: dace.float64[N, M], w0: dace.float64[N, 
 def program(x0: dace.float64[M], w0: dace.float64[M], S: dace.float64[1]):
     x0[:] = 0.5
 """, {"N": 5, "M": 6}, ("x0",), {}, ("vjp", "budget", False)),
+    # `--seed 31337` at eaa0fae, program 294: DaCe's simplify (run again by lower_indirection) turned the
+    # copy of the strided operand x0[:N-2:2, M-3] back into a View with x0's stride, dropping the step 2;
+    # split_operations then separated the View from its array (DaCe's validation refused the reverse).
+    "strided_matmul_operand_made_a_view_again": ("""@dace.program
+def program(x0: dace.float64[N, M], x1: dace.float64[M], w0: dace.float64[N, M], w1: dace.float64[M], idx: dace.int64[7], cnt: dace.int64[1], S: dace.float64[1]):
+    for q_idx in range(0, 7):
+        x1[idx[q_idx]] = 1.0
+    t1 = (x0[:N - 2:2, M - 3] @ x0[:N - 2:2, ::2])
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1) + np.sum(t1 * 1.0)
+""", {"N": 7, "M": 6}, ("x0", "x1"), {"idx": [5, 0, 2, 5, 1, 3, 0], "cnt": [3]}, DEFAULT),
+    # `--seed 31337` at eaa0fae, program 196: outlining a checkpointed loop whose inlined helper assigns the
+    # symbol `__tmp1` (its branch condition) on an interstate edge: DaCe's nesting looked up its type among
+    # the SDFG's symbols, where the frontend had not declared it (KeyError: '__tmp1').
+    "checkpointed_loop_assigning_an_undeclared_symbol": ("""@dace.program
+def helper0(h0: dace.float64[N], h1: dace.float64[N, M]):
+    for i1 in range(0, N - 1):
+        if (1.5 + h1[i1 + 1, M - 3]) > 1.0:
+            h0[i1 + 1] *= h0[N - 3]
+
+
+@dace.program
+def program(x0: dace.float64[N], x1: dace.float64[N, M], x2: dace.float64[N], w0: dace.float64[N], w1: dace.float64[N, M], w2: dace.float64[N], S: dace.float64[1]):
+    helper0(x2, x1)
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1) + np.sum(x2 * w2)
+""", {"N": 7, "M": 6}, ("x0", "x1", "x2"), {}, ("vjp", "budget", False)),
 }
 
 

@@ -133,18 +133,22 @@ def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:
     accesses = [n for n in state.data_nodes() if n.data == name]
     if not accesses:
         return _First.UNTOUCHED
+    # A node's out-edges read what its in-edges wrote (DaCe orders them so): a node that is read must
+    # itself be written whole first; nodes only written may be any.
     covered = False
     for node in accesses:
-        if state.out_degree(node) > 0:
-            return _First.UNSURE
+        whole = False
         for e in state.in_edges(node):
             if not _sets(state, e):
                 return _First.UNSURE
             sub = e.data.subset if e.data.data == name else e.data.other_subset
             try:
-                covered = covered or (sub is not None and bool(sub.covers(full)))
+                whole = whole or (sub is not None and bool(sub.covers(full)))
             except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
                 pass
+        if state.out_degree(node) > 0 and not whole:
+            return _First.UNSURE
+        covered = covered or whole
     return _First.OVERWRITES if covered else _First.UNSURE
 
 

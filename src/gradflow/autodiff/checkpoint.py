@@ -158,6 +158,10 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
         for inner in loop.all_control_flow_regions():  # DaCe's nesting looks up every symbol's type
             if isinstance(inner, LoopRegion) and inner.loop_variable and inner.loop_variable not in sdfg.symbols:
                 sdfg.add_symbol(inner.loop_variable, dace.int64)
+        for edge in loop.all_interstate_edges():  # ... and of every symbol assigned inside
+            for sym, dtype in edge.data.new_symbols(sdfg, sdfg.symbols).items():
+                if sym in edge.data.assignments and sym not in sdfg.symbols:
+                    sdfg.add_symbol(sym, dtype)
         state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
         node = next(n for n in state.nodes() if isinstance(n, nd.NestedSDFG))
         set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside

@@ -49,7 +49,7 @@ from gradflow.autodiff.rules import default_library_rules
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, Pipeline, register_pass, table_field
 from gradflow.core.rule_table import RuleTable
-from gradflow.transforms.views import has_views, remove_views, simplify
+from gradflow.transforms.views import simplify
 
 
 def _unresolvable(node: nd.LibraryNode) -> bool:
@@ -108,9 +108,7 @@ class ExpandLibraryNodes(Pass):
                 node.expand(state)
             expanded = True
         if expanded:
-            simplify(sdfg)
-            if has_views(sdfg):  # made by the expansions (the program's own went before, see the module doc)
-                remove_views(sdfg)
+            simplify(sdfg)  # also removes the views the expansions made (the program's own went before)
         return Success(Graph.adopt(sdfg, graph.meta))
 
 

@@ -25,6 +25,7 @@ from gradflow.optimize.schedules import ChooseSchedules
 from gradflow.optimize.shared_buffers import ShareDeadBuffers
 from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.simd_sums import SimdRegisterSums
+from gradflow.optimize.sunk_fills import SinkFills
 from gradflow.optimize.versioning import VersionBySize
 from gradflow.transforms.fusion import FuseMaps
 from gradflow.transforms.idioms import RaiseConvolutions
@@ -41,7 +42,7 @@ OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), Ho
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
                      LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums(), TransientLayouts(), ShareDeadBuffers()))
+                     SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -52,4 +53,4 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
            "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "ShareDeadBuffers",
-           "SimdRegisterSums", "TransientLayouts", "VersionBySize", "optimized"]
+           "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "optimized"]

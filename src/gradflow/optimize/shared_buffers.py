@@ -15,6 +15,14 @@ removed) only when, in gradflow's own analysis of the top-level program:
   storage, alignment), `Scope` lifetime (DaCe allocates them; nothing outside the call sees them), not views
   and not viewed, named by no interstate edge, loop or branch code, tasklet code or nested symbol mapping,
   and sized by no symbol the program sets while it runs (an interstate assignment, a loop variable);
+- or, for arrays of other shapes (a gradient and the gradient of its reshape or transpose), both are dense
+  (their elements fill addresses 0 .. n-1 once each: row-major or another dimension order, no padding, no
+  offset) with as many elements of one dtype, storage and alignment,
+  and the moved array's access nodes all lie outside map scopes. The range is then renamed to a View of
+  its own shape and strides, each of its access nodes joined by a `views` edge to an access node of the
+  buffer (a node both written and read becomes the writing View, the buffer, then the reading View). The
+  View's elements are the buffer's memory at the moved array's own offsets (its strides), so the range
+  reads and writes exactly the elements it did, in memory no live range holds;
 - the program is read as a chain of positions: the blocks of the top-level region and, inside a plain
   control-flow region that is a chain itself, its blocks; a loop, a conditional or a region that is no chain
   is one position (whatever happens inside it happens at that position). An array's touches are the
@@ -30,8 +38,10 @@ removed) only when, in gradflow's own analysis of the top-level program:
 Every read then reads the value the original program's read did: that value was written in the same range,
 and no other range in that buffer touches it between the write and the read. Greedy interval colouring (by
 first position) gives each range the earliest buffer whose last range is over, its own when free; a later
-range of an array whose buffer is taken gets a new array of the same layout. The pass runs last in
-`OPTIMIZE`, after every pass that names arrays, and changes nothing when any of the above cannot be shown.
+range of an array whose buffer is taken gets a new array of the same layout; a buffer of the same layout
+is preferred to one entered through a View. The pass runs last in `OPTIMIZE`, after every pass that names
+arrays (`sink_fills` before it moves the reverse's zero-fills of gradient buffers to their first use, where
+their ranges start), and changes nothing when any of the above cannot be shown.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from typing import ClassVar
 
 import attrs
 import dace
+from dace import symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
@@ -53,12 +64,45 @@ from gradflow.core.rewrite import RewritePass
 
 
 def _layout(desc: dace.data.Array) -> tuple:
-    """What two arrays must share to share memory."""
+    """What two arrays must share to share memory under one name."""
     return (desc.dtype, tuple(map(str, desc.shape)), tuple(map(str, desc.strides)), tuple(map(str, desc.offset)),
             str(desc.total_size), str(desc.start_offset), desc.storage, desc.alignment, desc.may_alias)
 
 
-def _candidates(sdfg: dace.SDFG) -> set[str]:
+def _block(desc: dace.data.Array) -> tuple | None:
+    """What two arrays of other shapes must share for one to be a View of the other's memory: both dense
+    (their elements fill addresses 0 .. n-1, each once: row-major, or dimensions in another order, as
+    `transient_layouts` leaves them) and as many elements of one type; None if not dense."""
+    if any(symbolic.simplify(o) != 0 for o in desc.offset) or symbolic.simplify(desc.start_offset) != 0:
+        return None
+    left = [(size, stride) for size, stride in zip(desc.shape, desc.strides) if symbolic.simplify(size - 1) != 0]
+    expected = 1
+    while left:  # the dimension of stride `expected` comes next; none, or two: not dense
+        found = [k for k, (_, stride) in enumerate(left) if symbolic.simplify(stride - expected) == 0]
+        if len(found) != 1:
+            return None
+        size, _ = left.pop(found[0])
+        expected = expected * size
+    if symbolic.simplify(desc.total_size - expected) != 0:
+        return None
+    return (desc.dtype, str(symbolic.simplify(expected)), desc.storage, desc.alignment, desc.may_alias)
+
+
+def _top_level_only(sdfg: dace.SDFG) -> set[str]:
+    """Arrays whose every access node is outside any scope of its state (where a View node can be joined
+    to its buffer's access node)."""
+    inside = {n.data for state in sdfg.states() for n in state.data_nodes() if state.entry_node(n) is not None}
+    return set(sdfg.arrays) - inside
+
+
+def varying_symbols(sdfg: dace.SDFG) -> set[str]:
+    """Symbols the program sets while it runs (interstate assignments, loop variables)."""
+    varying = {k for e in sdfg.all_interstate_edges(recursive=True) for k in e.data.assignments}
+    return varying | {r.loop_variable for r in sdfg.all_control_flow_regions(recursive=True)
+                      if isinstance(r, LoopRegion) and r.loop_variable}
+
+
+def candidates(sdfg: dace.SDFG) -> set[str]:
     """Transient arrays the pass may rename (module doc, first condition)."""
     viewed = set()
     for state in sdfg.states():
@@ -70,10 +114,7 @@ def _candidates(sdfg: dace.SDFG) -> set[str]:
     code = " ".join([n.code.as_string for n in nodes if isinstance(n, nd.Tasklet)]
                     + [str(v) for n in nodes if isinstance(n, nd.NestedSDFG) for v in n.symbol_mapping.values()])
     words = set(re.findall(r"\w+", code))
-    # symbols the program sets while it runs: an array sized by one has another size at another position
-    varying = {k for e in sdfg.all_interstate_edges(recursive=True) for k in e.data.assignments}
-    varying |= {r.loop_variable for r in sdfg.all_control_flow_regions(recursive=True)
-                if isinstance(r, LoopRegion) and r.loop_variable}
+    varying = varying_symbols(sdfg)  # an array sized by one has another size at another position
     return {name for name, desc in sdfg.arrays.items()
             if type(desc) is dace.data.Array and desc.transient and desc.lifetime == dace.AllocationLifetime.Scope
             and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
@@ -81,7 +122,7 @@ def _candidates(sdfg: dace.SDFG) -> set[str]:
             and not named_by_control(sdfg, name) and not set(map(str, desc.free_symbols)) & varying}
 
 
-class _Positions:
+class Positions:
     """Every position touching each candidate, with the block there, in the chain of positions (module doc)."""
 
     def __init__(self, sdfg: dace.SDFG, names: set[str]) -> None:
@@ -137,16 +178,22 @@ def segments(name: str, touches: list[tuple[int, object]]) -> list[Segment]:
 def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
     """(a live range, the buffer it is placed in) for every range placed in another array than its own: an
     earlier array's, or a new one of the same layout (a later range of an array whose own buffer is taken)."""
-    names = _candidates(sdfg)
+    names = candidates(sdfg)
     if not names:
         return []
-    where = _Positions(sdfg, names)
+    where = Positions(sdfg, names)
     ranges = [seg for name in sorted(where.touches) for seg in segments(name, where.touches[name])]
-    buffers: dict[str, tuple[tuple, int]] = {}  # buffer -> (layout, last position of its current tenant)
+    viewable = _top_level_only(sdfg)
+    buffers: dict[str, tuple[tuple, tuple | None, int]] = {}  # buffer -> (layout, block, end of its tenant)
     placed = []
     for seg in sorted(ranges, key=lambda r: (r.first, r.array)):
-        layout = _layout(sdfg.arrays[seg.array])
-        free = [b for b, (lay, end) in buffers.items() if lay == layout and end < seg.first] if seg.fresh else []
+        desc = sdfg.arrays[seg.array]
+        layout, block = _layout(desc), (_block(desc) if seg.array in viewable else None)
+        free = [b for b, (lay, _, end) in buffers.items() if end < seg.first and lay == layout]
+        # a buffer of another shape, entered through a View, when none of this layout is free
+        free += [b for b, (_, blk, end) in buffers.items() if end < seg.first and block is not None and blk == block
+                 and b not in free]
+        free = free if seg.fresh else []
         if seg.array in free or (seg.array not in buffers and not free):
             buffer = seg.array
         elif free:
@@ -154,7 +201,10 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
         else:  # its own buffer holds another range now
             taken = set(sdfg.arrays) | set(sdfg.symbols) | set(buffers)
             buffer = next(name for k in itertools.count(1) if (name := f"{seg.array}_{k}") not in taken)
-        buffers[buffer] = (layout, seg.last)
+        if buffer not in buffers:
+            buffers[buffer] = (layout, _block(desc), seg.last)
+        else:
+            buffers[buffer] = buffers[buffer][:2] + (seg.last,)
         if buffer != seg.array:
             placed.append((seg, buffer))
     return placed
@@ -177,12 +227,21 @@ class ShareDeadBuffers(RewritePass):
         # also hold a range of A that moves elsewhere, and renaming one array after another would move B's
         # accesses twice.
         renames: dict[int, dict[str, str]] = {}
+        views: dict[tuple[str, str], str] = {}  # (array, buffer of another layout) -> the View placed there
         for seg, buffer in match:
+            desc = sdfg.arrays[seg.array]
             if buffer not in sdfg.arrays:
-                sdfg.add_datadesc(buffer, copy.deepcopy(sdfg.arrays[seg.array]))
+                sdfg.add_datadesc(buffer, copy.deepcopy(desc))
+            target = buffer
+            if _layout(sdfg.arrays[buffer]) != _layout(desc):
+                if (seg.array, buffer) not in views:
+                    views[seg.array, buffer] = sdfg.add_datadesc(f"{seg.array}_in_{buffer}",
+                                                                 dace.data.View.view(desc), find_new_name=True)
+                target = views[seg.array, buffer]
             for block in seg.blocks:
                 for state in [block] if isinstance(block, dace.SDFGState) else block.states():
-                    renames.setdefault(id(state), {})[seg.array] = buffer
+                    renames.setdefault(id(state), {})[seg.array] = target
+        viewing = {view: buffer for (_, buffer), view in views.items()}
         for state in sdfg.states():
             rename = renames.get(id(state))
             if not rename:
@@ -192,6 +251,30 @@ class ShareDeadBuffers(RewritePass):
             for edge in state.edges():
                 if edge.data.data in rename:
                     edge.data.data = rename[edge.data.data]
+            for node in [n for n in state.data_nodes() if n.data in viewing]:
+                _join_view(state, node, viewing[node.data])
         left = {n.data for state in sdfg.states() for n in state.data_nodes()}
         for array in {seg.array for seg, _ in match} - left:
             sdfg.remove_data(array, validate=False)
+
+
+def _join_view(state: dace.SDFGState, node: nd.AccessNode, buffer: str) -> None:
+    """Join the View node `node` to a new access node of `buffer` by a `views` edge over all of it: from the
+    buffer when the node is read, to it when written. A node both written and read becomes two, the writing
+    View, the buffer, then the reading View, so that each View has one edge to what it views."""
+    whole = dace.Memlet.from_array(buffer, state.sdfg.arrays[buffer])
+    writes = [e for e in state.in_edges(node) if not e.data.is_empty()]
+    reads = state.out_edges(node)
+    array = state.add_access(buffer)
+    if writes:
+        state.add_edge(node, "views", array, None, copy.deepcopy(whole))
+        node.add_out_connector("views")
+    if reads and writes:
+        reader = state.add_access(node.data)
+        for e in reads:
+            state.add_edge(reader, e.src_conn, e.dst, e.dst_conn, e.data)
+            state.remove_edge(e)
+        node = reader
+    if reads or not writes:
+        state.add_edge(array, None, node, "views", copy.deepcopy(whole))
+        node.add_in_connector("views")

@@ -279,10 +279,40 @@ def contiguous_library_operands(sdfg: dace.SDFG) -> bool:
 
 
 def simplify(sdfg: dace.SDFG) -> None:
-    """DaCe's `simplify`, then `contiguous_library_operands`: simplify removes the copy of a strided library
-    operand as redundant and composes its step into the node's memlet. Passes call this, not simplify."""
+    """DaCe's `simplify`, then the invariants `remove_views` established, which simplify can undo: it removes
+    the copy of a strided library operand as redundant (composing its step into the node's memlet, or
+    turning the copy back into a View of the strided subset). Passes call this, not simplify."""
+    arrays = {(id(sub), name) for sub in sdfg.all_sdfgs_recursive() for name, desc in sub.arrays.items()
+              if not isinstance(desc, dace.data.View)}
     sdfg.simplify()
-    contiguous_library_operands(sdfg)
+    _stride_made_views(sdfg, arrays)
+    if has_views(sdfg):
+        remove_views(sdfg)  # ends with contiguous_library_operands
+    else:
+        contiguous_library_operands(sdfg)
+
+
+def _stride_made_views(sdfg: dace.SDFG, arrays: set[tuple[int, str]]) -> None:
+    """Give the Views that simplify made of arrays (`arrays`: (id of the SDFG, name) before it) the strides
+    of what they view. DaCe's `RedundantSecondArray`, turning the copy `B = A[0:N:2, k]` into a View of A,
+    gives the View A's strides and drops the step: B[j] would read A[j, k], not A[2 * j, k]."""
+    for sub in sdfg.all_sdfgs_recursive():
+        for state in sub.states():
+            for view in _views(state):
+                if (id(sub), view.data) not in arrays:
+                    continue
+                vedge, target = _view_edge(state, view)
+                if vedge is None or not isinstance(vedge.data.subset, subsets.Range):
+                    continue
+                viewed, desc, array = vedge.data.subset, sub.arrays[view.data], sub.arrays[target.data]
+                vdims, adims = _nonunit(desc.shape), _nonunit(viewed.size())
+                if len(vdims) != len(adims):
+                    continue  # not a one-to-one view: remove_views materializes or rejects it
+                strides = list(desc.strides)
+                for d, j in zip(adims, vdims):
+                    if _same(strides[j], array.strides[d]):
+                        strides[j] = array.strides[d] * viewed[d][2]
+                desc.strides = tuple(strides)
 
 
 def _reject(state: SDFGState, view: nd.AccessNode) -> None:

@@ -107,17 +107,19 @@ def _program(kind: str) -> dace.SDFG:
     return sdfg
 
 
+def _outputs(program: dace.SDFG, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(y, z) the program computes from x."""
+    y, z = np.zeros(len(x)), np.zeros(len(x))
+    compile_sdfg(program)(x=x, y=y, z=z, N=len(x))
+    return y, z
+
+
 def test_apart_ranges_of_one_layout_share_and_compute_the_same():
     sdfg = _program("plain")
     assert [(seg.array, buffer) for seg, buffer in sharing(sdfg)] == [("B", "A")]
     after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
     assert "B" not in after.arrays
-    x = np.arange(6, dtype=np.float64)
-    outs = []
-    for program in (sdfg, after):
-        y, z = np.zeros(6), np.zeros(6)
-        compile_sdfg(program)(x=x, y=y, z=z, N=6)
-        outs.append((y, z))
+    outs = [_outputs(program, np.arange(6, dtype=np.float64)) for program in (sdfg, after)]
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1][:5], outs[1][1][:5])
 
@@ -187,11 +189,7 @@ def test_ranges_meeting_in_one_state_are_renamed_together():
     assert [(seg.array, seg.first, buffer) for seg, buffer in sharing(sdfg)] == [("B", 2, "A"), ("A", 3, "A_1")]
     after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
     x = np.arange(1, 7, dtype=np.float64)
-    outs = []
-    for program in (sdfg, after):
-        y, z = np.zeros(6), np.zeros(6)
-        compile_sdfg(program)(x=x, y=y, z=z, N=6)
-        outs.append(z)
+    outs = [_outputs(program, x)[1] for program in (sdfg, after)]
     np.testing.assert_array_equal(outs[1], outs[0])
     np.testing.assert_array_equal(outs[0], 5 * x + 21 * x)
 
@@ -231,12 +229,7 @@ def test_apart_ranges_of_other_shapes_share_through_a_view_and_compute_the_same(
         assert "B" not in after.arrays
         views = [name for name, desc in after.arrays.items() if isinstance(desc, dace.data.View)]
         assert len(views) == 1 and tuple(after.arrays[views[0]].shape) == (2 * N,)
-        x = np.arange(1, 7, dtype=np.float64)
-        outs = []
-        for program in (sdfg, after):
-            y, z = np.zeros(6), np.zeros(6)
-            compile_sdfg(program)(x=x, y=y, z=z, N=6)
-            outs.append((y, z))
+        outs = [_outputs(program, np.arange(1, 7, dtype=np.float64)) for program in (sdfg, after)]
         np.testing.assert_array_equal(outs[1][0], outs[0][0])
         np.testing.assert_array_equal(outs[1][1], outs[0][1])
         np.testing.assert_array_equal(outs[0][1], np.arange(6) * 0.5 - (np.arange(6, 12) * 0.5) ** 2)

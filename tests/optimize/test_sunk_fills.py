@@ -33,7 +33,8 @@ def _program(kind: str) -> dace.SDFG:
     init.add_mapped_tasklet("fill_z", {"i": "0:N"}, {}, "v = 1.0", {"v": dace.Memlet("z[i]")}, external_edges=True)
     state = init
     for k in range(3):
-        after = sdfg.add_state_after(state, f"work_{k}", assignments={"k": str(k + 1)} if k == 0 else None)
+        after = sdfg.add_state_after(state, f"work_{k}", assignments={"k": str(k + 1)} if k == 0 else None,
+                                     condition="N > 3" if k == 1 and kind == "behind_a_condition" else None)
         after.add_mapped_tasklet(f"w{k}", {"i": "0:N"}, {"u": dace.Memlet("z[i]")}, "v = u * 1.5",
                                  {"v": dace.Memlet("z[i]")}, external_edges=True)
         state = after
@@ -79,8 +80,9 @@ def test_a_fill_moves_to_its_next_touch_and_the_program_computes_the_same():
 
 
 def test_nothing_moves_where_it_cannot_be_shown():
-    # a fill of part of T (the rest is what T held), a fill reading a symbol the program sets after it
-    for kind in ("partial", "reads_a_varying_symbol"):
+    # a fill of part of T (the rest is what T held), a fill reading a symbol the program sets after it, a
+    # conditional edge on the way (a region may end there, and what follows it would miss the fill)
+    for kind in ("partial", "reads_a_varying_symbol", "behind_a_condition"):
         assert moves(_program(kind)) == [], kind
 
 

@@ -565,3 +565,33 @@ def test_a_module_under_a_byte_budget_gets_torchs_gradients(fraction, seed):
     got = torch.autograd.grad(compiled(x), list(compiled.parameters()), g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **F64)
+
+
+@functools.cache
+def _attention_layer():
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(8, 4, 16, dropout=0.0, batch_first=True).double()  # head size 2
+    x = torch.randn(3, 4, 8, dtype=torch.float64)
+    return model, gt.compile(copy.deepcopy(model), (x,))
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over max |b| (elementwise relative errors of entries near 0 measure summation order)."""
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_a_float64_attention_layer_computes_in_float64(seed):
+    # torch exports the attention scale as Cast(Pow(2.0f, -0.5f), to=double): computed in float32 it was
+    # 0.70710677, and outputs and gradients were off by about 1e-8 (relative to their largest entries).
+    # The lowering evaluates such a constant in float64 (`frontend.onnx.lower._widen`).
+    model, compiled = _attention_layer()
+    x = torch.randn(3, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    g = torch.randn(3, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    out, want_out = compiled(x), model(x)
+    assert _relative_error(out, want_out) < 1e-12
+    got = torch.autograd.grad(out, list(compiled.parameters()), g)
+    want = torch.autograd.grad(want_out, list(model.parameters()), g)
+    for (name, _), a, b in zip(model.named_parameters(), got, want):
+        assert _relative_error(a, b) < 1e-12, name

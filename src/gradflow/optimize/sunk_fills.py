@@ -8,14 +8,16 @@ meanwhile. Measured on the model zoo's transformer layer (batch 1024, float32): 
 buffers were all live at once from `init_gradients` on.
 
 A fill is a part of a state that is not connected to the rest of it and writes one access node of a
-transient array, all of it, without a write-conflict resolution, from tasklets with no inputs (in maps):
-a value made of constants and symbols. It moves, in gradflow's own analysis of the top-level program, when:
+transient array, all of it, without a write-conflict resolution, from tasklets with no inputs and no side
+effects (in maps): a value made of constants and symbols. It moves, in gradflow's own analysis of the top-level program, when:
 - the array is one `share_dead_buffers` may rename (`shared_buffers.candidates`: transient, top-level, named
   by no control code, tasklet code or nested symbol mapping, sized by no symbol set at run time), and the
   state has no other access node of it;
 - the fill names no symbol set at run time (its value and extent are the same at the later position);
 - the state is a position of the chain of positions of `shared_buffers.Positions` (not inside a loop or a
-  conditional), and the array's next touch is at a later position, not the next one.
+  conditional), and the array's next touch is at a later position, not the next one;
+- the regions around both places have no conditional edge (a chain region whose edge condition is false
+  ends early, and what follows it runs without the blocks it skipped).
 It moves into a new state right before the block at that touch (in that block's region: every path to the
 block passes the new state, and every path from the old state to the block passes no touch of the array).
 The array then holds the same value at every read: nothing touched it between the two places.
@@ -44,7 +46,7 @@ def _fill(state: dace.SDFGState, component: set, names: set[str]) -> str | None:
         return None
     if any(not isinstance(n, (nd.AccessNode, nd.MapEntry, nd.MapExit, nd.Tasklet)) for n in component):
         return None
-    if any(isinstance(n, nd.Tasklet) and n.in_connectors for n in component):
+    if any(isinstance(n, nd.Tasklet) and (n.in_connectors or n.has_side_effects(state.sdfg)) for n in component):
         return None
     edge = state.in_edges(data[0])[0]
     desc = state.sdfg.arrays[data[0].data]
@@ -64,6 +66,18 @@ def _symbols(state: dace.SDFGState, component: set) -> set[str]:
         for e in state.out_edges(n):
             names |= set(map(str, e.data.free_symbols))
     return names
+
+
+def _unconditional(block) -> bool:
+    """Every region around `block` runs its blocks in order without conditions: a chain region whose
+    condition is false ends early, and the blocks after it run; a fill moved into it would then be
+    skipped where the original one ran."""
+    region = block.parent_graph
+    while region is not None and not isinstance(region, dace.SDFG):
+        if any(not e.data.is_unconditional() for e in region.edges()):
+            return False
+        region = region.parent_graph
+    return region is None or all(e.data.is_unconditional() for e in region.edges())
 
 
 @attrs.frozen
@@ -94,6 +108,8 @@ def moves(sdfg: dace.SDFG) -> list[Move]:
                 continue
             component = nx.node_connected_component(block.nx.to_undirected(as_view=True), own[0])
             if _fill(block, component, names) != name or _symbols(block, component) & varying:
+                continue
+            if not _unconditional(block) or not _unconditional(next_block):
                 continue
             key = (id(block), id(next_block))
             move = found.get(key, Move(block, next_block, ()))

@@ -228,6 +228,8 @@ class Lowering:
         self.sequences: dict[str, tuple[Tensor, ...]] = {}
         self.init_values: dict[str, np.ndarray] = {}
         self.params: dict[str, np.ndarray] = {}
+        #: float64 values of folded float constants the model computes at lower precision (see `lower._widen`)
+        self.wide: dict[str, np.ndarray] = {}
         self.pending_outputs: dict[str, str] = {}  # ONNX name -> reserved non-transient array name
         self.symbols: dict[str, dace.symbol] = {}
         self.sites: list[IndexSite] = []  # the checks of data-dependent indices, numbered from 1

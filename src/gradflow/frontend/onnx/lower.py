@@ -227,9 +227,31 @@ def _try_fold(lw: Lowering, node: Node) -> bool:
     results = fold.fold_numeric(onnx_node, values, lw.opset)
     if results is None or any(r.size > fold.MAX_FOLD_ELEMENTS for r in results):
         return False
-    for name, value in zip(node.outputs, results):
+    for name, value, wide in zip(node.outputs, results, _widen(lw, node, onnx_node, values)):
+        if wide is not None and node.op_type == "Cast" and node.attrs.get("to") == onnx.TensorProto.DOUBLE:
+            value = wide
+        elif wide is not None and value.dtype in _NARROW and wide.dtype == np.float64 and wide.shape == value.shape:
+            lw.wide[name] = wide
         lw.set_value(name, value)
     return True
+
+
+_NARROW = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def _widen(lw: Lowering, node: Node, onnx_node: onnx.NodeProto, values: list) -> list:
+    """The node's outputs evaluated again on float64 inputs, when an input is a narrower float (or has a
+    float64 value in `lw.wide`); else Nones. A float64 model's exported constants are computed in float32
+    (torch's attention scale: Cast(Pow(8.0f, -0.5f), to=double) is 0.35355338 where the module computes
+    0.3535533905932738): a `Cast` to double of such a value takes the float64 evaluation instead, what the
+    expression gives in the precision the model computes in."""
+    narrow = [v is not None and np.asarray(v).dtype in _NARROW for v in values]
+    if not any(narrow) and not any(n in lw.wide for n in node.inputs if n):
+        return [None] * len(node.outputs)
+    wide = [lw.wide.get(n, np.asarray(v, np.float64) if k else v) if n else v
+            for n, v, k in zip(node.inputs, values, narrow)]
+    results = fold.fold_numeric(onnx_node, wide, lw.opset)
+    return list(results) if results is not None else [None] * len(node.outputs)
 
 
 def _attrs_proto(node: Node) -> list[onnx.AttributeProto]:

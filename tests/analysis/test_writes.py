@@ -151,3 +151,14 @@ def test_a_library_call_that_adds_into_its_output_does_not_overwrite_it(in_a_map
     assert overwritten_before_read(_library_write(0.0, in_a_map), "y")
     assert not overwritten_before_read(_library_write(1.0, in_a_map), "y")
     assert may_read_before_write(_library_write(1.0, in_a_map), "y")
+
+
+def test_a_beta_is_compared_as_a_number():
+    # SymPy's Float(0.0) == 0 is False: a zero beta once read as "adds into its output" in some places
+    import sympy
+
+    from gradflow.analysis.ops import constant_beta
+
+    assert overwritten_before_read(_library_write(sympy.Float(0.0), False), "y")
+    assert [constant_beta(type("Node", (), {"beta": b})()) for b in (0, sympy.Float(0.0), 1, sympy.Symbol("b"))] == [
+        0.0, 0.0, 1.0, None]

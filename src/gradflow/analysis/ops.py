@@ -154,3 +154,14 @@ def _order_conflicts(state: SDFGState, ops: list[Op], order: nx.DiGraph) -> None
             if (_conflict(touched[i], touched[j]) and not nx.has_path(order, i, j)
                     and not nx.has_path(order, j, i)):
                 order.add_edge(i, j)
+
+
+def constant_beta(node: object) -> float | None:
+    """A BLAS-style node's `beta` (the factor of the output's old value: 0 overwrites it, 1 adds into it)
+    as a number; 0 for a node without one; None when it is symbolic. One place compares it, as a float:
+    SymPy's `Float(0.0) == 0` is False, which made a zero beta read as "updates its output"."""
+    beta = getattr(node, "beta", 0)
+    try:
+        return float(beta)
+    except TypeError:
+        return None

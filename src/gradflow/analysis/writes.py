@@ -16,6 +16,8 @@ from dace import subsets
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.ops import constant_beta
+
 
 def written(sdfg: dace.SDFG) -> frozenset[str]:
     """Arrays some state writes (an access node with an incoming edge), in any control-flow region
@@ -176,10 +178,7 @@ def _library_sets(node: nd.LibraryNode) -> bool:
     identity. Any other (gradflow's gradient convolutions add into theirs) is taken to read it."""
     kind = type(node).__name__
     if kind in ("Gemm", "Gemv", "MatMul", "BatchedMatMul", "Dot"):  # (`Ger` always adds: A += x y^T)
-        try:
-            return float(getattr(node, "beta", 0)) == 0.0  # (SymPy's Float(0.0) == 0 is False)
-        except TypeError:  # a symbolic beta
-            return False
+        return constant_beta(node) == 0.0
     if kind == "Reduce":
         return node.identity is not None
     return False

@@ -27,6 +27,7 @@ from dace.libraries.blas.nodes.gemm import Gemm
 from dace.sdfg import nodes as nd
 
 from gradflow.analysis.access import accesses, chained_states, covers_array, element_write, touches
+from gradflow.analysis.ops import constant_beta
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
 
@@ -55,7 +56,7 @@ def _zeroing(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode
 def _first_gemm(state: dace.SDFGState, edge) -> Callable[[], None] | None:
     """Gemm (beta 1, no `_cin`) writing all of the buffer: make it overwrite (beta 0)."""
     gemm = edge.src
-    if (not isinstance(gemm, Gemm) or edge.src_conn != "_c" or gemm.beta != 1 or "_cin" in gemm.in_connectors
+    if (not isinstance(gemm, Gemm) or edge.src_conn != "_c" or constant_beta(gemm) != 1.0 or "_cin" in gemm.in_connectors
             or not _covers(state.sdfg, edge.data)):
         return None
     return lambda: setattr(gemm, "beta", 0)

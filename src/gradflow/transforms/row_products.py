@@ -37,6 +37,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import LoopRegion
 
 from gradflow.analysis.loops import assigned_symbols, counted_loop
+from gradflow.analysis.ops import constant_beta
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 
@@ -74,7 +75,7 @@ def _match(loop: LoopRegion, state: dace.SDFGState, node: MatMul, var: str, trip
            written: set[str]) -> RowProduct | None:
     sdfg = state.sdfg
     a, b, c, others = _edges(state, node)
-    if a is None or b is None or c is None or others or node.transA or node.transB or node.beta != 0:
+    if a is None or b is None or c is None or others or node.transA or node.transB or constant_beta(node) != 0.0:
         return None
     if c.data.wcr is not None or not isinstance(c.dst, nd.AccessNode):
         return None

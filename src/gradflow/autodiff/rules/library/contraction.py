@@ -24,6 +24,7 @@ import attrs
 import dace
 from dace import subsets
 
+from gradflow.analysis.ops import constant_beta
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import add_element_tasklet
 from gradflow.autodiff.protocols import library_rule
@@ -195,7 +196,7 @@ class ContractionReverse:
             return
         out_ranges = {params[w]: r for w, r in zip(c.output.letters, (ranges[params[w]] for w in c.output.letters))}
         index = c.output.element(params)
-        if str(c.beta) in ("0", "0.0"):
+        if constant_beta(c) == 0.0:
             code, reads = "__o = 0", {}
         else:
             code, reads = f"__o = ({c.beta}) * __g", {"__g": dace.Memlet(f"{gout}[{index}]")}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dace
 from dace.libraries.blas import Dot, Gemv
 
+from gradflow.analysis.ops import constant_beta
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import add_element_tasklet
 from gradflow.autodiff.protocols import library_rule
@@ -167,7 +168,7 @@ class ProductReverse:
         if accumulates(c, site):
             return
         beta = getattr(node, "beta", 0)
-        if beta == 0:
+        if constant_beta(node) == 0.0:
             clear(ctx, c, label)
             return
         ranges, params = ranges_over(c, "__k")

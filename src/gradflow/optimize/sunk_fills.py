@@ -90,6 +90,7 @@ class Move:
 
 
 def moves(sdfg: dace.SDFG) -> list[Move]:
+    """The fills the pass moves (module doc), grouped by the state they leave and the block they precede."""
     names = candidates(sdfg)
     if not names:
         return []

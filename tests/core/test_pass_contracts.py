@@ -190,24 +190,17 @@ def _shareable_ranges(g: Graph) -> int:
     return len(sharing(g.sdfg))
 
 
-def _optimized_but_shared_buffers() -> Graph:
-    """df_states_sequence's gradient through every other step of `OPTIMIZE`: a chain of states, each writing
-    a temporary or a gradient buffer that the next ones read."""
+def _states_sequence_gradient(*skipped: str) -> Graph:
+    """df_states_sequence's gradient through `OPTIMIZE` without the `skipped` steps: a chain of states, each
+    writing a temporary or a gradient buffer that the next ones read, and the reverse zero-fills every
+    gradient buffer in one state at the start of the backward."""
     from gradflow.api import grad_graph
     from gradflow.optimize import OPTIMIZE
 
-    return grad_graph(dataflow.df_states_sequence, wrt="X", of="S",
-                      optimize=OPTIMIZE.without("share_dead_buffers"))
-
-
-def _optimized_but_sunk_fills() -> Graph:
-    """df_states_sequence's gradient through the steps of `OPTIMIZE` before `sink_fills`: its reverse
-    zero-fills every gradient buffer in one state at the start of the backward."""
-    from gradflow.api import grad_graph
-    from gradflow.optimize import OPTIMIZE
-
-    return grad_graph(dataflow.df_states_sequence, wrt="X", of="S",
-                      optimize=OPTIMIZE.without("sink_fills").without("share_dead_buffers"))
+    pipeline = OPTIMIZE
+    for name in skipped:
+        pipeline = pipeline.without(name)
+    return grad_graph(dataflow.df_states_sequence, wrt="X", of="S", optimize=pipeline)
 
 
 def _distant_fills(g: Graph) -> int:
@@ -357,8 +350,10 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "simd_register_sums": (_optimized_but_simd_sums, None, _unmarked_simd_sums, ("> 0", 0)),
     "persistent_tapes": (_optimized_with_tapes, None, _scope_tapes, ("> 0", 0)),
     "transient_layouts": (_gram_schmidt_gradient, None, _row_walked_columns, ("> 0", 0)),
-    "share_dead_buffers": (_optimized_but_shared_buffers, None, _shareable_ranges, ("> 0", 0)),
-    "sink_fills": (_optimized_but_sunk_fills, None, _distant_fills, ("> 0", 0)),
+    "share_dead_buffers": (lambda: _states_sequence_gradient("share_dead_buffers"), None, _shareable_ranges,
+                           ("> 0", 0)),
+    "sink_fills": (lambda: _states_sequence_gradient("sink_fills", "share_dead_buffers"), None, _distant_fills,
+                   ("> 0", 0)),
     "local_reductions": (lambda: Graph.of(dataflow.df_lib_sum_axis.to_sdfg()), None, _default_reductions, (4, 0)),
     "collapse_maps": (lambda: Graph.of(dataflow.df_nested_map.to_sdfg()), CollapseMaps(),
                       _nested_maps, ("> 0", 0)),

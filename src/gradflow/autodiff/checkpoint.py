@@ -160,7 +160,7 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
                 sdfg.add_symbol(inner.loop_variable, dace.int64)
         for edge in loop.all_interstate_edges():  # ... and of every symbol assigned inside
             for sym, dtype in edge.data.new_symbols(sdfg, sdfg.symbols).items():
-                if sym in edge.data.assignments and sym not in sdfg.symbols:
+                if sym not in sdfg.symbols:
                     sdfg.add_symbol(sym, dtype)
         state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
         node = next(n for n in state.nodes() if isinstance(n, nd.NestedSDFG))

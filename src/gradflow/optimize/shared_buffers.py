@@ -188,7 +188,8 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
     placed = []
     for seg in sorted(ranges, key=lambda r: (r.first, r.array)):
         desc = sdfg.arrays[seg.array]
-        layout, block = _layout(desc), (_block(desc) if seg.array in viewable else None)
+        dense = _block(desc)
+        layout, block = _layout(desc), (dense if seg.array in viewable else None)
         free = [b for b, (lay, _, end) in buffers.items() if end < seg.first and lay == layout]
         # a buffer of another shape, entered through a View, when none of this layout is free
         free += [b for b, (_, blk, end) in buffers.items() if end < seg.first and block is not None and blk == block
@@ -202,7 +203,7 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
             taken = set(sdfg.arrays) | set(sdfg.symbols) | set(buffers)
             buffer = next(name for k in itertools.count(1) if (name := f"{seg.array}_{k}") not in taken)
         if buffer not in buffers:
-            buffers[buffer] = (layout, _block(desc), seg.last)
+            buffers[buffer] = (layout, dense, seg.last)
         else:
             buffers[buffer] = buffers[buffer][:2] + (seg.last,)
         if buffer != seg.array:

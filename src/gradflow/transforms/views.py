@@ -69,13 +69,18 @@ def _nonunit(sizes) -> list[int]:
     return [d for d, s in enumerate(sizes) if not _unit(s)]
 
 
+def _pairing(viewed: subsets.Range, view: dace.data.Data) -> dict[int, int] | None:
+    """Viewed dimension -> view dimension, the non-unit ones in order; None when their counts differ."""
+    vdims, adims = _nonunit(view.shape), _nonunit(viewed.size())
+    return dict(zip(adims, vdims)) if len(vdims) == len(adims) else None
+
+
 def _composer(viewed: subsets.Range, view: dace.data.Data, array: dace.data.Data):
     """A function taking a subset of the view to the same elements as a subset of the viewed array, or
     None when the view does not address the viewed subset dimension by dimension."""
-    vdims, adims = _nonunit(view.shape), _nonunit(viewed.size())
-    if len(vdims) != len(adims):
+    pairing = _pairing(viewed, view)
+    if pairing is None:
         return None
-    pairing = dict(zip(adims, vdims))
     for d, j in pairing.items():
         if not (_same(viewed.size()[d], view.shape[j]) and _same(view.strides[j], array.strides[d] * viewed[d][2])):
             return None
@@ -305,11 +310,11 @@ def _stride_made_views(sdfg: dace.SDFG, arrays: set[tuple[int, str]]) -> None:
                 if vedge is None or not isinstance(vedge.data.subset, subsets.Range):
                     continue
                 viewed, desc, array = vedge.data.subset, sub.arrays[view.data], sub.arrays[target.data]
-                vdims, adims = _nonunit(desc.shape), _nonunit(viewed.size())
-                if len(vdims) != len(adims):
+                pairing = _pairing(viewed, desc)
+                if pairing is None:
                     continue  # not a one-to-one view: remove_views materializes or rejects it
                 strides = list(desc.strides)
-                for d, j in zip(adims, vdims):
+                for d, j in pairing.items():
                     if _same(strides[j], array.strides[d]):
                         strides[j] = array.strides[d] * viewed[d][2]
                 desc.strides = tuple(strides)

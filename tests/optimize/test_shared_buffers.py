@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import gradflow
 from gradflow.core.graph import Graph
 from gradflow.optimize import OPTIMIZE
-from gradflow.optimize.shared_buffers import ShareDeadBuffers, sharing
+from gradflow.optimize.shared_buffers import ShareDeadBuffers, candidates, sharing
 from gradflow.runtime.compile import compile_sdfg
 
 N = dace.symbol("N")
@@ -233,3 +233,39 @@ def test_apart_ranges_of_other_shapes_share_through_a_view_and_compute_the_same(
         np.testing.assert_array_equal(outs[1][0], outs[0][0])
         np.testing.assert_array_equal(outs[1][1], outs[0][1])
         np.testing.assert_array_equal(outs[0][1], np.arange(6) * 0.5 - (np.arange(6, 12) * 0.5) ** 2)
+
+
+def _map_temporary_program() -> dace.SDFG:
+    """y[i] = 2 x[i] + 1 through T[0] inside the map (a fused map's per-iteration temporary), then U = x[0]
+    in a state of its own: U's range could take T's buffer, had T not been inside a map."""
+    sdfg = dace.SDFG("map_temporary")
+    for name in ("x", "y", "z"):
+        sdfg.add_array(name, [N], dace.float64)
+    for name in ("T", "U"):
+        sdfg.add_transient(name, [1], dace.float64)
+    state = sdfg.add_state("in_a_map")
+    entry, exit_ = state.add_map("m", {"i": "0:N"})
+    double = state.add_tasklet("double", {"u"}, {"v"}, "v = 2 * u")
+    plus = state.add_tasklet("plus", {"u"}, {"v"}, "v = u + 1")
+    temp = state.add_access("T")
+    state.add_memlet_path(state.add_read("x"), entry, double, dst_conn="u", memlet=dace.Memlet("x[i]"))
+    state.add_edge(double, "v", temp, None, dace.Memlet("T[0]"))
+    state.add_edge(temp, None, plus, "u", dace.Memlet("T[0]"))
+    state.add_memlet_path(plus, exit_, state.add_write("y"), src_conn="v", memlet=dace.Memlet("y[i]"))
+    after = sdfg.add_state_after(state, "write_u")
+    after.add_mapped_tasklet("u", {"k": "0:1"}, {"a": dace.Memlet("x[0]")}, "b = a", {"b": dace.Memlet("U[0]")},
+                             external_edges=True)
+    last = sdfg.add_state_after(after, "read_u")
+    last.add_mapped_tasklet("z", {"k": "0:1"}, {"a": dace.Memlet("U[0]")}, "b = a * 3", {"b": dace.Memlet("z[0]")},
+                            external_edges=True)
+    return sdfg
+
+
+def test_a_map_temporary_is_not_shared():
+    # Found by the kernel benchmark: nb_softmax's one-element map-fusion temporary took other arrays' ranges;
+    # allocated once for the whole call instead of per iteration, f+b went from 1.7 to 4.3 ms (one thread;
+    # with threads, the map's iterations would share it)
+    sdfg = _map_temporary_program()
+    sdfg.validate()
+    assert "T" not in candidates(sdfg) and "U" in candidates(sdfg)
+    assert sharing(sdfg) == []

@@ -13,12 +13,13 @@ or another's. A range is moved (its access nodes and memlets renamed; an array l
 removed) only when, in gradflow's own analysis of the top-level program:
 - the arrays are transient arrays of the top-level SDFG with equal layouts (dtype, shape, strides, offsets,
   storage, alignment), `Scope` lifetime (DaCe allocates them; nothing outside the call sees them), not views
-  and not viewed, named by no interstate edge, loop or branch code, tasklet code or nested symbol mapping,
-  and sized by no symbol the program sets while it runs (an interstate assignment, a loop variable);
+  and not viewed, with no access node inside a map scope (DaCe allocates an array used in one state only
+  inside a map once per iteration: shared with another state, the iterations would share one array),
+  named by no interstate edge, loop or branch code, tasklet code or nested symbol mapping, and sized by no
+  symbol the program sets while it runs (an interstate assignment, a loop variable);
 - or, for arrays of other shapes (a gradient and the gradient of its reshape or transpose), both are dense
   (their elements fill addresses 0 .. n-1 once each: row-major or another dimension order, no padding, no
-  offset) with as many elements of one dtype, storage and alignment,
-  and the moved array's access nodes all lie outside map scopes. The range is then renamed to a View of
+  offset) with as many elements of one dtype, storage and alignment. The range is then renamed to a View of
   its own shape and strides, each of its access nodes joined by a `views` edge to an access node of the
   buffer (a node both written and read becomes the writing View, the buffer, then the reading View). The
   View's elements are the buffer's memory at the moved array's own offsets (its strides), so the range
@@ -88,13 +89,6 @@ def _block(desc: dace.data.Array) -> tuple | None:
     return (desc.dtype, str(symbolic.simplify(expected)), desc.storage, desc.alignment, desc.may_alias)
 
 
-def _top_level_only(sdfg: dace.SDFG) -> set[str]:
-    """Arrays whose every access node is outside any scope of its state (where a View node can be joined
-    to its buffer's access node)."""
-    inside = {n.data for state in sdfg.states() for n in state.data_nodes() if state.entry_node(n) is not None}
-    return set(sdfg.arrays) - inside
-
-
 def varying_symbols(sdfg: dace.SDFG) -> set[str]:
     """Symbols the program sets while it runs (interstate assignments, loop variables)."""
     varying = {k for e in sdfg.all_interstate_edges(recursive=True) for k in e.data.assignments}
@@ -115,10 +109,14 @@ def candidates(sdfg: dace.SDFG) -> set[str]:
                     + [str(v) for n in nodes if isinstance(n, nd.NestedSDFG) for v in n.symbol_mapping.values()])
     words = set(re.findall(r"\w+", code))
     varying = varying_symbols(sdfg)  # an array sized by one has another size at another position
+    # DaCe allocates an array used in one state only inside a map inside that map, one per iteration (a
+    # fused map's temporary); used in a second state too, it would be one array for the whole call, which
+    # the map's iterations share: slower, and a race once the map runs in parallel.
+    scoped = {n.data for state in sdfg.states() for n in state.data_nodes() if state.entry_node(n) is not None}
     return {name for name, desc in sdfg.arrays.items()
             if type(desc) is dace.data.Array and desc.transient and desc.lifetime == dace.AllocationLifetime.Scope
             and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
-            and name not in viewed and name not in words and name not in sdfg.constants_prop
+            and name not in viewed and name not in scoped and name not in words and name not in sdfg.constants_prop
             and not named_by_control(sdfg, name) and not set(map(str, desc.free_symbols)) & varying}
 
 
@@ -183,13 +181,11 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
         return []
     where = Positions(sdfg, names)
     ranges = [seg for name in sorted(where.touches) for seg in segments(name, where.touches[name])]
-    viewable = _top_level_only(sdfg)
     buffers: dict[str, tuple[tuple, tuple | None, int]] = {}  # buffer -> (layout, block, end of its tenant)
     placed = []
     for seg in sorted(ranges, key=lambda r: (r.first, r.array)):
         desc = sdfg.arrays[seg.array]
-        dense = _block(desc)
-        layout, block = _layout(desc), (dense if seg.array in viewable else None)
+        layout, block = _layout(desc), _block(desc)
         free = [b for b, (lay, _, end) in buffers.items() if end < seg.first and lay == layout]
         # a buffer of another shape, entered through a View, when none of this layout is free
         free += [b for b, (_, blk, end) in buffers.items() if end < seg.first and block is not None and blk == block
@@ -203,7 +199,7 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
             taken = set(sdfg.arrays) | set(sdfg.symbols) | set(buffers)
             buffer = next(name for k in itertools.count(1) if (name := f"{seg.array}_{k}") not in taken)
         if buffer not in buffers:
-            buffers[buffer] = (layout, dense, seg.last)
+            buffers[buffer] = (layout, block, seg.last)
         else:
             buffers[buffer] = buffers[buffer][:2] + (seg.last,)
         if buffer != seg.array:

@@ -183,6 +183,23 @@ def program(x0: dace.float64[N], x1: dace.float64[N, M], x2: dace.float64[N], w0
     helper0(x2, x1)
     S[0] += np.sum(x0 * w0) + np.sum(x1 * w1) + np.sum(x2 * w2)
 """, {"N": 7, "M": 6}, ("x0", "x1", "x2"), {}, ("vjp", "budget", False)),
+    # `--seed 11195`, programs 30 and 32: DaCe's nesting of a checkpointed step exports the inner loop's
+    # variable; on the path that skips the inner loop the export read it unassigned, and `i2` stayed a free
+    # symbol of the forward ("cannot infer the value of symbol(s) i2").
+    "inner_loop_variable_exported_from_a_checkpointed_step": ("""@dace.program
+def helper0(h0: dace.float64[N]):
+    for i1 in range(0, N, 2):
+        h0[:N - 1:2] = 1.0
+        if h0[N - 2] > 1.0:
+            for i2 in range(0, N - 2, 2):
+                h0[i1] *= h0[N - 1]
+
+
+@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
+    helper0(x0)
+    S[0] += np.sum(x0 * w0)
+""", {"N": 7, "M": 5}, ("x0",), {}, ("vjp", "budget", True)),
 }
 
 

@@ -52,6 +52,7 @@ from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.forwarding import STORE_ALL
 from gradflow.autodiff.nesting import IN, inner_region, nested_vjp
 from gradflow.autodiff.protocols import control_rule
+from gradflow.autodiff.structure import symbols_read
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
 
 STEP = "gradflow_step_"
@@ -167,6 +168,7 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
         set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside
         node.label = f"{STEP}{loop.label}"
         node.sdfg.name = f"{STEP}{loop.label}"
+        _drop_unread_exports(sdfg, state, node)
         inside = {k for e in node.sdfg.all_interstate_edges() for k in e.data.assignments}
         used = (set(map(str, node.sdfg.used_symbols(all_symbols=False))) | {
             str(sym) for desc in node.sdfg.arrays.values() for sym in desc.free_symbols}) - inside
@@ -182,6 +184,38 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
         done.append(loop.label)
     sdfg.reset_cfg_list()
     return tuple(done)
+
+
+def _drop_unread_exports(sdfg: dace.SDFG, state: dace.SDFGState, node: nd.NestedSDFG) -> None:
+    """Remove the symbols DaCe's nesting exports from a step (`__sym_out_<s>`, set inside, assigned to `s`
+    on the edge after the call) that nothing outside the step reads. An inner loop's variable is one: on a
+    path that skips the inner loop its export reads the variable unassigned, which left it a free symbol
+    of the forward ("cannot infer the value of symbol(s) i2")."""
+    graph = state.parent_graph
+    for edge in graph.out_edges(state):
+        exports = {s: v for s, v in edge.data.assignments.items() if v in node.out_connectors}
+        for sym, name in exports.items():
+            del edge.data.assignments[sym]
+            mapped = node.symbol_mapping.pop(sym, None)
+            if sym in symbols_read(sdfg):
+                edge.data.assignments[sym] = name
+                if mapped is not None:
+                    node.symbol_mapping[sym] = mapped
+                continue
+            for out in list(state.out_edges_by_connector(node, name)):
+                state.remove_edge(out)
+                if state.degree(out.dst) == 0:
+                    state.remove_node(out.dst)
+            node.remove_out_connector(name)
+            sdfg.remove_data(name, validate=False)
+            for inner in node.sdfg.states():
+                for acc in [n for n in inner.data_nodes() if n.data == name]:
+                    for setter in [e.src for e in inner.in_edges(acc)]:
+                        inner.remove_node(setter)
+                    inner.remove_node(acc)
+            node.sdfg.remove_data(name, validate=False)
+            if sym in sdfg.symbols and sym not in assigned_symbols(sdfg):  # declared for the nesting only
+                sdfg.remove_symbol(sym)
 
 
 def _step_node(item) -> nd.NestedSDFG | None:

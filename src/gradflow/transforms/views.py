@@ -14,7 +14,8 @@ aliasing, so each view goes one of two ways:
 - *materialized*: the view becomes a transient array of its shape. A strided view read or written by a
   library node is filled by a copy from the viewed subset (or copied back to it): DaCe's library
   expansions address an operand by its first element and the array's strides, ignoring a subset's step,
-  so composing would change what they compute. A real reshape (the view's elements in row-major order
+  so composing would change what they compute; so is a view that drops unit dimensions of the subset and
+  is an operand of a node whose validation counts dimensions (`TensorTranspose`). A real reshape (the view's elements in row-major order
   are the viewed subset's in row-major order: both packed C layouts, the subset one contiguous block) is
   filled by a map that copies element by element at equal row-major positions (`_reshape_map`).
 
@@ -108,6 +109,19 @@ def _library_operand(state: SDFGState, view: nd.AccessNode, vedge) -> bool:
     """Does a library node read or write the view (directly or through scopes)?"""
     return any(isinstance(t.src, nd.LibraryNode) or isinstance(t.dst, nd.LibraryNode)
                for e in _other_edges(state, view, vedge) for t in state.memlet_tree(e))
+
+
+#: Library nodes whose validation requires each operand's memlet to have the operand's number of dimensions
+#: (DaCe's `TensorTranspose` compares modes; its other nodes drop unit dimensions themselves).
+_MODES_CHECKED = ("TensorTranspose",)
+
+
+def _modes_change(state: SDFGState, view: nd.AccessNode, vedge) -> bool:
+    """Would composing give a node of `_MODES_CHECKED` a memlet of another dimension count than the view's?"""
+    if len(vedge.data.subset) == len(state.sdfg.arrays[view.data].shape):
+        return False
+    return any(type(node).__name__ in _MODES_CHECKED for e in _other_edges(state, view, vedge)
+               for t in state.memlet_tree(e) for node in (t.src, t.dst))
 
 
 def _strided(viewed: subsets.Range) -> bool:
@@ -229,7 +243,8 @@ def _remove(state: SDFGState, view: nd.AccessNode, names: dict[str, str]) -> boo
     viewed = vedge.data.subset
     vdesc, adesc = sdfg.arrays[view.data], sdfg.arrays[target.data]
     compose = _composer(viewed, vdesc, adesc)
-    if compose is not None and not (_strided(viewed) and _library_operand(state, view, vedge)):
+    if compose is not None and not (_strided(viewed) and _library_operand(state, view, vedge)) \
+            and not _modes_change(state, view, vedge):
         _compose(state, view, vedge, target, compose)
         return True
     if compose is not None:

@@ -379,6 +379,18 @@ def transpose_3d(A: f64[N, M, K], W: f64[K, N, M], S: f64[1]):
     S[0] = np.sum(T * W)
 
 
+@dace.program
+def transpose_of_a_slice(A: f64[3, N, M], W: f64[M, N], S: f64[1]):
+    T = np.transpose(A[1])  # the node's memlet is A[1, 0:N, 0:M]: three dimensions for a matrix
+    S[0] = np.sum(T * W)
+
+
+@dace.program
+def transpose_3d_of_a_slice(A: f64[2, N, M, K], W: f64[K, N, M], S: f64[1]):
+    T = np.transpose(A[1], (2, 0, 1))
+    S[0] = np.sum(T * W)
+
+
 def _convolution(name: str, x_shape: list, f_shape: list, y_shape: list, strides, dilations,
                  squares: bool = False) -> BuiltProgram:
     """S = sum(conv(X, F) * W) through gradflow's `Convolution` node (X taken as already padded), plus
@@ -504,6 +516,11 @@ CASES = [
             {"A": ("N", "M"), "W": ("M", "N")}, ("N", "M")),
     LibCase("transpose_3d", "TensorTranspose", transpose_3d, lambda A, W: _w(A.permute(2, 0, 1), W), ("A",),
             {"A": ("N", "M", "K"), "W": ("K", "N", "M")}, ("N", "M", "K")),
+    LibCase("transpose_of_a_slice", "Transpose", transpose_of_a_slice, lambda A, W: _w(A[1].T, W), ("A",),
+            {"A": ("3", "N", "M"), "W": ("M", "N")}, ("N", "M")),
+    LibCase("transpose_3d_of_a_slice", "TensorTranspose", transpose_3d_of_a_slice,
+            lambda A, W: _w(A[1].permute(2, 0, 1), W), ("A",),
+            {"A": ("2", "N", "M", "K"), "W": ("K", "N", "M")}, ("N", "M", "K")),
     LibCase("prod_axis1", "Reduce", prod_axis1, lambda A, W: _w(A.prod(1), W), ("A", "W"),
             {"A": ("N", "M"), "W": ("N",)}, ("N", "M"), ties=True),
     LibCase("prod_all", "Reduce", prod_all, lambda A, W: A.prod() * W[0], ("A", "W"),

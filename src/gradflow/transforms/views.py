@@ -15,9 +15,10 @@ aliasing, so each view goes one of two ways:
   library node is filled by a copy from the viewed subset (or copied back to it): DaCe's library
   expansions address an operand by its first element and the array's strides, ignoring a subset's step,
   so composing would change what they compute; so is a view that drops unit dimensions of the subset and
-  is an operand of a node whose validation counts dimensions (`TensorTranspose`). A real reshape (the view's elements in row-major order
-  are the viewed subset's in row-major order: both packed C layouts, the subset one contiguous block) is
-  filled by a map that copies element by element at equal row-major positions (`_reshape_map`).
+  is an operand of a node whose validation counts dimensions (`TensorTranspose`). A real reshape (the
+  view's elements in row-major order are the viewed subset's in row-major order: both packed C layouts,
+  the subset one contiguous block) is filled by a map that copies element by element at equal row-major
+  positions (`_reshape_map`).
 
 The result computes the same values. Any other view (a reshape of a strided or partial slice, which DaCe
 reads as consecutive memory, unlike numpy) is rejected with a `NotDifferentiableError` naming it.

@@ -12,12 +12,12 @@ from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import add_element_tasklet
 from gradflow.autodiff.protocols import library_rule
 from gradflow.autodiff.rules.library._common import (
+    Operand,
     accumulates,
     clear,
     element,
     node_of,
     operands,
-    Operand,
     ranges_over,
     where,
 )

@@ -386,10 +386,42 @@ def test_dict_and_list_outputs_keep_their_structure():
 # -- errors ---------------------------------------------------------------------------------------------------
 def test_wrong_input_shape_is_an_argument_error():
     model = compiled("mlp")
-    with pytest.raises(ArgumentError, match=r"input 0 of the compiled Sequential: expected shape \(2, 4\)"):
+    with pytest.raises(ArgumentError, match=r"input 0 \('input'\) of the compiled Sequential: expected shape \(2, 4\)"):
         model(torch.randn(3, 4, dtype=torch.float64))
     with pytest.raises(ArgumentError, match="takes 1 inputs, got 2"):
         model(*inputs("two_heads"))
+
+
+def test_inputs_torch_accepts_need_no_copy_by_the_caller():
+    """Transposed, sliced and broadcast (stride 0) inputs: the outputs and every gradient, the input's
+    included, are eager torch's (the compiled module copies such an input once, through torch)."""
+    model, ref = pair("two_heads", "train")
+    gen = torch.Generator().manual_seed(5)
+    views = [((3, 2), lambda t: t.t()), ((2, 6), lambda t: t[:, ::2]), ((1, 3), lambda t: t.expand(2, 3))]
+    for shape, view in views:
+        data = [torch.randn(*shape, generator=gen, dtype=torch.float64), torch.randn(2, 2, generator=gen,
+                                                                                    dtype=torch.float64)]
+        ours = [d.clone().requires_grad_() for d in data]
+        theirs = [d.clone().requires_grad_() for d in data]
+        for p in (*model.parameters(), *ref.parameters()):
+            p.grad = None
+        args = (view(ours[0]), ours[1].t())
+        assert not any(a.is_contiguous() for a in args)
+        y = model(*args)
+        want = ref(view(theirs[0]), theirs[1].t())
+        cotangents = [torch.ones_like(o) for o in _outputs(want)]
+        _loss(y, cotangents).backward()
+        _loss(want, cotangents).backward()
+        for a, b in zip(_outputs(y), _outputs(want)):
+            torch.testing.assert_close(a, b, **F64)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a.grad, b.grad, **F64)
+        assert_same_grads(model, ref, F64)
+
+
+def test_an_empty_example_batch_is_refused():
+    with pytest.raises(InvalidArgumentError, match=r"example_inputs\[0\] has no elements \(shape \(0, 4\)\)"):
+        gt.compile(_mlp().double(), (torch.randn(0, 4, dtype=torch.float64),))
 
 
 def test_bad_arguments_of_compile():

@@ -14,6 +14,7 @@ each training-mode call exactly as torch updates them (`_update_batch_stats`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
@@ -231,6 +232,7 @@ class CompiledModule(torch.nn.Module):
         self.__dict__["_gf_source"] = module
         self._gf_options = options
         self._gf_example = tuple(tuple(x.shape) for x in example_inputs)
+        self.__dict__["_gf_names"] = _positional_names(module)
         self._gf_modules = tuple(m for m in module.modules() if m is not module)
         with _untouched(module), torch.no_grad():
             out = module(*example_inputs)
@@ -299,8 +301,16 @@ class CompiledModule(torch.nn.Module):
     # -- calling -----------------------------------------------------------------------------------------
     def forward(self, *args: Any) -> Any:
         self._check_inputs(args)
+        # as torch accepts them: a transposed, sliced or broadcast (stride 0) input is copied once into the
+        # dense layout the program reads; torch's `contiguous` passes the gradient back to the caller's tensor
+        args = tuple(x.contiguous() for x in args)
         outs = self._program(args)(args)
         return pytree.tree_unflatten(outs, self._gf_spec)
+
+    def _input(self, k: int) -> str:
+        """How the user knows input `k`: its position and, when `forward` names it, its name."""
+        names = self._gf_names
+        return f"input {k} ('{names[k]}')" if k < len(names) else f"input {k}"
 
     def _check_inputs(self, args: tuple) -> None:
         name = type(self._gf_source).__name__
@@ -308,14 +318,29 @@ class CompiledModule(torch.nn.Module):
             raise ArgumentError(f"the compiled {name} takes {len(self._gf_example)} inputs, got {len(args)}")
         for k, (x, shape) in enumerate(zip(args, self._gf_example)):
             if not isinstance(x, torch.Tensor):
-                raise ArgumentError(f"input {k} of the compiled {name}: expected a tensor, got {describe(x)}")
+                raise ArgumentError(f"{self._input(k)} of the compiled {name}: expected a tensor, got {describe(x)}")
             if tuple(x.shape) != shape:
                 raise ArgumentError(
-                    f"input {k} of the compiled {name}: expected shape {shape} (the example input's), got "
+                    f"{self._input(k)} of the compiled {name}: expected shape {shape} (the example input's), got "
                     f"{tuple(x.shape)}", "compile with example inputs of the shape you call it with")
 
     def extra_repr(self) -> str:
         return f"gradflow.torch.compile of {type(self._gf_source).__name__}"
+
+
+def _positional_names(module: torch.nn.Module) -> tuple[str, ...]:
+    """The names of `module.forward`'s positional parameters, up to a `*args` (none when it has no signature
+    Python can read)."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    names = []
+    for p in parameters:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(p.name)
+    return tuple(names)
 
 
 def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -328,6 +353,9 @@ def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
             raise InvalidArgumentError(f"example_inputs[{k}] must be a tensor, got {describe(x)}")
         if x.device.type != "cpu":
             raise InvalidArgumentError(f"example_inputs[{k}] is on {x.device}; gradflow runs on the CPU")
+        if x.numel() == 0:
+            raise InvalidArgumentError(f"example_inputs[{k}] has no elements (shape {tuple(x.shape)}); every call "
+                                       "must have the example's shapes", "compile with a batch of at least one")
     return tuple(inputs)
 
 

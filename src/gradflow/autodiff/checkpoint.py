@@ -53,6 +53,7 @@ from gradflow.autodiff.forwarding import STORE_ALL
 from gradflow.autodiff.nesting import IN, inner_region, nested_vjp
 from gradflow.autodiff.protocols import control_rule
 from gradflow.autodiff.structure import symbols_read
+from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
 
 STEP = "gradflow_step_"
@@ -163,7 +164,8 @@ def outline(sdfg: dace.SDFG, labels: tuple[str, ...] | None) -> tuple[str, ...]:
             for sym, dtype in edge.data.new_symbols(sdfg, sdfg.symbols).items():
                 if sym not in sdfg.symbols:
                     sdfg.add_symbol(sym, dtype)
-        state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
+        with dace_set_connectors():
+            state = nest_sdfg_subgraph(sdfg, SubgraphView(loop, blocks), start=loop.start_block)
         node = next(n for n in state.nodes() if isinstance(n, nd.NestedSDFG))
         set_nested_sdfg_parent_references(node.sdfg)  # DaCe leaves deeper nested SDFGs pointing outside
         node.label = f"{STEP}{loop.label}"
@@ -644,7 +646,8 @@ class CheckpointedLoop:
 
         ins = {e.dst_conn: e for e in fwd_state.in_edges(node) if e.dst_conn and not e.data.is_empty()}
         outs = {e.src_conn: e for e in fwd_state.out_edges(node) if e.src_conn and not e.data.is_empty()}
-        call = state.add_nested_sdfg(copy.deepcopy(node.sdfg), set(ins), set(outs), dict(node.symbol_mapping),
+        call = state.add_nested_sdfg(copy.deepcopy(node.sdfg), dict.fromkeys(sorted(ins)),
+                                     dict.fromkeys(sorted(outs)), dict(node.symbol_mapping),
                                      name=f"rerun_{node.label}")
         reads, writes = {}, {}
         for conn, e in sorted(ins.items()):

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import attrs
 import dace
 
+from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError
 
 #: JSON keys that vary between equal programs, or only say where they came from, left out of the fingerprint:
@@ -195,7 +196,8 @@ def as_sdfg(program: Any) -> dace.SDFG:
     to_sdfg = getattr(program, "to_sdfg", None)
     if callable(to_sdfg):
         try:
-            sdfg = to_sdfg(simplify=True)
+            with dace_set_connectors():
+                sdfg = to_sdfg(simplify=True)
         except Exception as exc:  # DaCe's frontend raises many types; the cause stays chained
             name = getattr(program, "name", type(program).__name__)
             raise InvalidArgumentError(f"DaCe could not parse program '{name}': {type(exc).__name__}: {exc}",

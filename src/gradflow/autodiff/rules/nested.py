@@ -184,7 +184,8 @@ class NestedReverse:
         grads_in = {PREFIX + inner_in[c] for c in active_in}
         inputs = set(inner_in.values()) | {PREFIX + c for c in active_out} | grads_in
         outputs = grads_in | ({OVERFLOW} if overflow else set())
-        call = state.add_nested_sdfg(inner, inputs, outputs, dict(node.symbol_mapping),
+        call = state.add_nested_sdfg(inner, dict.fromkeys(sorted(inputs)), dict.fromkeys(sorted(outputs)),
+                                     dict(node.symbol_mapping),
                                      name=safe_label(f"vjp_{node.label}"))
         if entry is not None:
             me, mx = state.add_map(safe_label(f"rev_{node.label}"), map_ranges(entry))

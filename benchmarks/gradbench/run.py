@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None, help="write the markdown table here")
     args = parser.parse_args(argv)
     if not (args.gradbench / "python" / "gradbench" / "gradbench" / "eval.py").exists():
-        parser.error(f"--gradbench {args.gradbench} is not a GradBench checkout (no python/gradbench/gradbench/eval.py)")
+        parser.error(f"--gradbench {args.gradbench} is not a GradBench checkout "
+                     "(no python/gradbench/gradbench/eval.py)")
     records = []
     for name in args.evals:
         records += relay(name, args.gradbench.resolve(), tuple(args.tools), args.eval_args, args.rtol, args.log)

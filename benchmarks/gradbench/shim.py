@@ -8,9 +8,9 @@ and PyTorch tools instead, and the eval's analysis says the reference was unavai
 computations asynchronously: its tool's timed call returns before the result is computed (the conversion
 to JSON, outside the timing, waits for it), so its timings measured dispatch only (lse at n = 20000:
 0.011 ms, 0.11 ms to the result; turning `jax_cpu_enable_async_dispatch` off does not stop it). The shim
-wraps the functions the tool times in `jax.block_until_ready`, before the tool's modules are imported. Most of the JAX tool's
-modules enable float64 themselves; `ode` does not and computed in float32 (4e-7 from the float64 answer):
-`jax_enable_x64` is set for all, as the evals' inputs are float64.
+wraps the functions the tool times in `jax.block_until_ready`, before the tool's modules are imported.
+Most of the JAX tool's modules enable float64 themselves; `ode` does not and computed in float32 (4e-7
+from the float64 answer): `jax_enable_x64` is set for all, as the evals' inputs are float64.
 """
 
 import os
@@ -27,9 +27,8 @@ if mode == "eval":
 
     gradbench.cpp.evaluate = _unavailable
 elif mode == "jax":
-    import jax
-
     import gradbench.wrap as wrap
+    import jax
 
     def _blocking(decorate):
         """`decorate` (one of `wrap`'s decorator factories) timing the function until its result exists."""

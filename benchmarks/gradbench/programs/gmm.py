@@ -8,24 +8,19 @@ normalisation, the Wishart prior's log multigamma) are computed once in Python a
 
 from __future__ import annotations
 
-import functools
 import math
 
 import dace
 import numpy as np
 from scipy.special import multigammaln
 
-import gradflow
-from gradflow.api import optimized
-from gradflow.runtime import Runner
-
-from . import Function
+from . import Function, built, forward_call
 
 N, K, D, T = (dace.symbol(s) for s in "NKDT")
 
 
 @dace.program
-def gmm(alpha: dace.float64[K], mu: dace.float64[K, D], q: dace.float64[K, D], l: dace.float64[K, T],
+def gmm(alpha: dace.float64[K], mu: dace.float64[K, D], q: dace.float64[K, D], l: dace.float64[K, T],  # noqa: E741
         x: dace.float64[N, D], gamma: dace.float64, m: dace.float64, constant: dace.float64,
         out: dace.float64[1]):
     Qdiags = np.exp(q)
@@ -55,11 +50,6 @@ def _constant(n: int, d: int, k: int, gamma: float, m: float) -> float:
     return -n * d * 0.5 * math.log(2 * math.pi) + wishart
 
 
-@functools.cache
-def _built():
-    return (Runner(optimized(gradflow.Graph.of(gmm), True)),
-            gradflow.value_and_grad(gmm, wrt=["alpha", "mu", "q", "l"], of="out"))
-
 
 def _inputs(input) -> dict:
     d, k, n = int(input["d"]), int(input["k"]), int(input["n"])
@@ -70,17 +60,14 @@ def _inputs(input) -> dict:
 
 
 def _objective(input):
-    forward, _ = _built()
+    forward, _ = built(gmm, ("alpha", "mu", "q", "l"), "out")
     arguments, out = _inputs(input), np.zeros(1)
 
-    def call():
-        forward(**arguments, out=out)
-        return out[0]
-    return call, float
+    return forward_call(forward, out, **arguments, out=out), lambda out: float(out[0])
 
 
 def _jacobian(input):
-    _, value_and_grad = _built()
+    _, value_and_grad = built(gmm, ("alpha", "mu", "q", "l"), "out")
     arguments = _inputs(input)
     return (lambda: value_and_grad(**arguments)[1]), lambda g: {k: v.tolist() for k, v in g.items()}
 

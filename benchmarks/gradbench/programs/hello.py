@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import dace
 import numpy as np
 
-import gradflow
-from gradflow.api import optimized
-from gradflow.runtime import Runner
-
-from . import Function
+from . import Function, built, forward_call
 
 
 @dace.program
@@ -19,25 +13,16 @@ def square(x: dace.float64[1], y: dace.float64[1]):
     y[0] = x[0] * x[0]
 
 
-@functools.cache
-def _built():
-    return Runner(optimized(gradflow.Graph.of(square), True)), gradflow.value_and_grad(square, wrt="x", of="y")
-
-
 def _square(value):
-    forward, _ = _built()
+    forward, _ = built(square, "x", "y")
     x, y = np.array([float(value)]), np.zeros(1)
-
-    def call():
-        forward(x=x, y=y)
-        return y[0]
-    return call, float
+    return forward_call(forward, y, x=x, y=y), lambda y: float(y[0])
 
 
 def _double(value):
-    _, derivative = _built()
+    _, derivative = built(square, "x", "y")
     x = np.array([float(value)])
-    return (lambda: derivative(x=x)[1][0]), float
+    return (lambda: derivative(x=x)[1]), lambda g: float(g[0])
 
 
 FUNCTIONS = {"square": Function(_square), "double": Function(_double)}

@@ -3,16 +3,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import dace
 import numpy as np
 
-import gradflow
-from gradflow.api import optimized
-from gradflow.runtime import Runner
-
-from . import Function
+from . import Function, built, forward_call
 
 N, M = dace.symbol("N"), dace.symbol("M")
 
@@ -28,27 +22,20 @@ def llsq(x: dace.float64[M], out: dace.float64[1]):
     out[0] = 0.5 * np.sum(r * r)
 
 
-@functools.cache
-def _built():
-    return Runner(optimized(gradflow.Graph.of(llsq), True)), gradflow.value_and_grad(llsq, wrt="x", of="out")
-
 
 def _inputs(input):
     return np.array(input["x"], dtype=np.float64), int(input["n"])
 
 
 def _primal(input):
-    forward, _ = _built()
+    forward, _ = built(llsq, "x", "out")
     (x, n), out = _inputs(input), np.zeros(1)
 
-    def call():
-        forward(x=x, out=out, N=n)
-        return out[0]
-    return call, float
+    return forward_call(forward, out, x=x, out=out, N=n), lambda out: float(out[0])
 
 
 def _gradient(input):
-    _, value_and_grad = _built()
+    _, value_and_grad = built(llsq, "x", "out")
     x, n = _inputs(input)
     return (lambda: value_and_grad(x=x, N=n)[1]), lambda g: g.tolist()
 

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import dace
 import numpy as np
 
-import gradflow
-from gradflow.api import optimized
-from gradflow.runtime import Runner
-
-from . import Function
+from . import Function, built, forward_call
 
 N = dace.symbol("N")
 
@@ -22,24 +16,16 @@ def logsumexp(x: dace.float64[N], out: dace.float64[1]):
     out[0] = m + np.log(np.sum(np.exp(x - m)))
 
 
-@functools.cache
-def _built():
-    return (Runner(optimized(gradflow.Graph.of(logsumexp), True)),
-            gradflow.value_and_grad(logsumexp, wrt="x", of="out"))
-
 
 def _primal(input):
-    forward, _ = _built()
+    forward, _ = built(logsumexp, "x", "out")
     x, out = np.array(input["x"], dtype=np.float64), np.zeros(1)
 
-    def call():
-        forward(x=x, out=out)
-        return out[0]
-    return call, float
+    return forward_call(forward, out, x=x, out=out), lambda out: float(out[0])
 
 
 def _gradient(input):
-    _, value_and_grad = _built()
+    _, value_and_grad = built(logsumexp, "x", "out")
     x = np.array(input["x"], dtype=np.float64)
     return (lambda: value_and_grad(x=x)[1]), lambda g: g.tolist()
 

@@ -3,16 +3,10 @@ primal is the final y, the gradient that of its last element with respect to x."
 
 from __future__ import annotations
 
-import functools
-
 import dace
 import numpy as np
 
-import gradflow
-from gradflow.api import optimized
-from gradflow.runtime import Runner
-
-from . import Function
+from . import Function, built, forward_call
 
 N, S = dace.symbol("N"), dace.symbol("S")
 
@@ -40,28 +34,21 @@ def ode(x: dace.float64[N], y: dace.float64[N], last: dace.float64[1]):
     last[0] = y[N - 1]
 
 
-@functools.cache
-def _built():
-    return Runner(optimized(gradflow.Graph.of(ode), True)), gradflow.value_and_grad(ode, wrt="x", of="last")
-
 
 def _inputs(input):
     return np.array(input["x"], dtype=np.float64), int(input["s"])
 
 
 def _primal(input):
-    forward, _ = _built()
+    forward, _ = built(ode, "x", "last")
     x, s = _inputs(input)
     y, last = np.zeros_like(x), np.zeros(1)
 
-    def call():
-        forward(x=x, y=y, last=last, S=s)
-        return y
-    return call, lambda y: y.tolist()
+    return forward_call(forward, y, x=x, y=y, last=last, S=s), lambda y: y.tolist()
 
 
 def _gradient(input):
-    _, value_and_grad = _built()
+    _, value_and_grad = built(ode, "x", "last")
     x, s = _inputs(input)
     return (lambda: value_and_grad(x=x, S=s)[1]), lambda g: g.tolist()
 

@@ -6,7 +6,7 @@ import dace
 import numpy as np
 import pytest
 
-from gradflow.analysis.writes import may_read_before_write, overwritten_before_read, written
+from gradflow.analysis.writes import exposed_read, may_read_before_write, overwritten_before_read, written
 
 N = dace.symbol("N")
 f64 = dace.float64
@@ -162,3 +162,48 @@ def test_a_beta_is_compared_as_a_number():
     assert overwritten_before_read(_library_write(sympy.Float(0.0), False), "y")
     assert [constant_beta(type("Node", (), {"beta": b})()) for b in (0, sympy.Float(0.0), 1, sympy.Symbol("b"))] == [
         0.0, 0.0, 1.0, None]
+
+
+@dace.program
+def temporary_in_a_branch_and_loop(X: f64[N], Y: f64[N], T: f64[1]):
+    """`T` is written before every read, but only on the path that takes the branch and enters the loop."""
+    if X[0] > 1.0:
+        for i in range(N):
+            T[0] = X[N - 1]
+            Y[i] *= T[0]
+
+
+@dace.program
+def accumulator_in_a_branch(X: f64[N], T: f64[1]):
+    if X[0] > 1.0:
+        T[0] = T[0] + X[1]
+
+
+@dace.program
+def carried_across_iterations(X: f64[N], T: f64[1]):
+    for i in range(N):
+        X[i] = T[0]
+        T[0] = X[i] + 1.0
+
+
+@dace.program
+def set_in_a_branch_read_after(X: f64[N], Y: f64[N], T: f64[1]):
+    if X[0] > 1.0:
+        T[0] = X[1]
+    Y[0] = T[0]
+
+
+@pytest.mark.parametrize("program, name, expected", [
+    (temporary_in_a_branch_and_loop, "T", False),  # written before read wherever it is read
+    (temporary_in_a_branch_and_loop, "Y", True),   # Y[i] *= ... reads the caller's Y
+    (accumulator_in_a_branch, "T", True),          # reads its own value under the branch
+    (carried_across_iterations, "T", True),        # an iteration reads what the previous one wrote
+    (set_in_a_branch_read_after, "T", True),       # the skipping path reaches the read unwritten
+    (overwrite_then_loop, "Y", False),             # overwritten whole first
+    (in_a_branch, "Y", False),                     # only written
+    (read_then_written_in_one_state, "S", True),
+])
+def test_exposed_read(program, name, expected):
+    """`exposed_read`: may a run read a value of the array from before the region (checkpointed steps
+    snapshot only the arrays that expose a read)?"""
+    assert exposed_read(program.to_sdfg(simplify=True), name) is expected

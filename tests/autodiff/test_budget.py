@@ -188,8 +188,8 @@ def test_a_call_costs_more_than_an_arithmetic_operation() -> None:
 
 def test_a_budget_below_every_plan_of_a_loop_with_a_branch_on_its_accumulator_states_the_least() -> None:
     """lp_conditional_accumulate's body branches on a symbol it computes from data. Its checkpointed step was
-    refused once (the step exported that symbol); it is checkpointed now, but snapshots of its scalars cost
-    more than storing (N = 10): a budget below every plan is a `BudgetError` stating the least of the
+    refused once (the step exported that symbol); it is checkpointed now, but its plans keep no fewer bytes
+    than storing (N = 10): a budget below every plan is a `BudgetError` stating the least of the
     store/recompute and checkpointed plans, and that least is enough."""
     name = "lp_conditional_accumulate"
     sizes = _sizes(name)

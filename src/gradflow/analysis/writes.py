@@ -73,6 +73,67 @@ def may_read_before_write(sdfg: dace.SDFG, name: str) -> bool:
     return _region(sdfg, name, subsets.Range.from_array(sdfg.arrays[name])) is _First.UNSURE
 
 
+def exposed_read(region: ControlFlowRegion, name: str) -> bool:
+    """False when no run of `region` reads an element of `name` that the same run has not written before
+    in it (the array's value on entry never matters), True whenever the analysis cannot tell.
+
+    Weaker than `overwrites_first`, which also needs every element written on every path: a branch or a
+    loop body that writes a temporary before reading it (`t = x[N - 1]; y[i] *= t` under an `if`) exposes
+    no read, though it may leave the array unwritten. Followed: the straight chain of blocks from the start
+    block, up to a block that overwrites the array whole; each block on it must expose no read on its own
+    (a state reads only what it has set whole; a conditional's conditions do not read it and no branch
+    exposes a read; a loop's header does not read it and its body exposes no read in any iteration).
+    Blocks off that chain must not touch the array."""
+    blocks = list(region.nodes())
+    block, seen, entering = region.start_block if blocks else None, set(), None
+    while block is not None and block not in seen:
+        seen.add(block)
+        if entering is not None and _reads(entering, name):
+            return True
+        if _block_exposes(block, name):
+            return True
+        if isinstance(block, dace.SDFGState) and _state(block, name, subsets.Range.from_array(
+                block.sdfg.arrays[name])) is _First.OVERWRITES:
+            return False
+        out = region.out_edges(block)
+        if len(out) != 1 or not out[0].data.is_unconditional():
+            break
+        entering, block = out[0], out[0].dst
+    rest = [b for b in blocks if b not in seen]
+    return any(_touches(b, name) for b in rest) or any(_reads(e, name) for e in region.edges()
+                                                         if e.src not in seen or e.dst not in seen)
+
+
+def _block_exposes(block, name: str) -> bool:
+    if isinstance(block, dace.SDFGState):
+        for node in block.data_nodes():
+            if node.data != name or block.out_degree(node) == 0:
+                continue
+            full = subsets.Range.from_array(block.sdfg.arrays[name])
+            sets_whole = False
+            for e in block.in_edges(node):
+                sub = e.data.subset if e.data.data == name else e.data.other_subset
+                try:
+                    sets_whole = sets_whole or (_sets(block, e) and sub is not None and bool(sub.covers(full)))
+                except TypeError:
+                    pass
+            if not sets_whole:
+                return True
+        return False
+    if isinstance(block, ConditionalBlock):
+        if any(c is not None and name in set(map(str, c.get_free_symbols())) for c, _ in block.branches):
+            return True
+        return any(exposed_read(body, name) for _, body in block.branches)
+    if isinstance(block, LoopRegion):
+        header = [c for c in (block.loop_condition, block.init_statement, block.update_statement) if c is not None]
+        if any(name in set(map(str, c.get_free_symbols())) for c in header):
+            return True
+        return exposed_read(block, name)
+    if isinstance(block, ControlFlowRegion):
+        return exposed_read(block, name)
+    return _touches(block, name)
+
+
 def _reads(edge, name: str) -> bool:
     return name in set(map(str, edge.data.free_symbols))
 

@@ -16,7 +16,8 @@ Under `Forwarding.checkpoint(snapshots=s, ...)` a chosen loop is reversed withou
    rule's vjp of the step: its forward with a one-iteration tape, then its backward; gradients of arrays
    the step only reads accumulate across steps).
 
-Loop-carried state: the arrays the step writes that it may read before writing them in an iteration,
+Loop-carried state: the arrays the step writes that it may read before writing them in an iteration
+(`analysis.writes.exposed_read`: a temporary written before every read, if only under a branch, is not),
 and the arrays an operation before the loop reads (their working copies must hold the loop's initial
 values once it is reversed). An array the step overwrites before reading (jacobi's `B`) is not stored:
 its unwritten elements keep their initial values, and its written ones are recomputed.
@@ -45,7 +46,7 @@ from gradflow.analysis.access import covers_array
 from gradflow.analysis.activity import is_float
 from gradflow.analysis.loops import assigned_symbols, counted_loop
 from gradflow.analysis.usage import arrays_used
-from gradflow.analysis.writes import overwritten_before_read, overwritten_before_read_in
+from gradflow.analysis.writes import exposed_read, overwritten_before_read, overwritten_before_read_in
 from gradflow.autodiff import revolve
 from gradflow.autodiff.context import ReverseContext
 from gradflow.autodiff.emit import copy_array
@@ -335,7 +336,8 @@ def _carried(node: nd.NestedSDFG, state, read_before: frozenset[str]) -> tuple[s
     for array, conn in sorted(outs.items()):
         reads_it = conn in node.in_connectors
         if array in read_before or (reads_it and not overwritten_before_read_in(node.sdfg, conn,
-                                                                              _written_box(node.sdfg, conn))):
+                                                                              _written_box(node.sdfg, conn))
+                                    and exposed_read(node.sdfg, conn)):
             carried.append(array)
     return tuple(carried)
 

@@ -110,14 +110,7 @@ def _block_exposes(block, name: str) -> bool:
             if node.data != name or block.out_degree(node) == 0:
                 continue
             full = subsets.Range.from_array(block.sdfg.arrays[name])
-            sets_whole = False
-            for e in block.in_edges(node):
-                sub = e.data.subset if e.data.data == name else e.data.other_subset
-                try:
-                    sets_whole = sets_whole or (_sets(block, e) and sub is not None and bool(sub.covers(full)))
-                except TypeError:
-                    pass
-            if not sets_whole:
+            if not any(_sets(block, e) and _covers(e, name, full) for e in block.in_edges(node)):
                 return True
         return False
     if isinstance(block, ConditionalBlock):
@@ -204,15 +197,20 @@ def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:
         for e in state.in_edges(node):
             if not _sets(state, e):
                 return _First.UNSURE
-            sub = e.data.subset if e.data.data == name else e.data.other_subset
-            try:
-                whole = whole or (sub is not None and bool(sub.covers(full)))
-            except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
-                pass
+            whole = whole or _covers(e, name, full)
         if state.out_degree(node) > 0 and not whole:
             return _First.UNSURE
         covered = covered or whole
     return _First.OVERWRITES if covered else _First.UNSURE
+
+
+def _covers(edge, name: str, full: subsets.Range) -> bool:
+    """Whether the write `edge` names every element of `full` of the array `name`."""
+    sub = edge.data.subset if edge.data.data == name else edge.data.other_subset
+    try:
+        return sub is not None and bool(sub.covers(full))
+    except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
+        return False
 
 
 def _sets(state: dace.SDFGState, edge) -> bool:

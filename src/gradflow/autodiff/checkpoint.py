@@ -197,13 +197,16 @@ def _drop_unread_exports(sdfg: dace.SDFG, state: dace.SDFGState, node: nd.Nested
     graph = state.parent_graph
     for edge in graph.out_edges(state):
         exports = {s: v for s, v in edge.data.assignments.items() if v in node.out_connectors}
-        for sym, name in exports.items():
+        mapped = {}
+        for sym in exports:  # taken out, so that the reads found are those of the rest of the program
             del edge.data.assignments[sym]
-            mapped = node.symbol_mapping.pop(sym, None)
-            if sym in symbols_read(sdfg):
+            mapped[sym] = node.symbol_mapping.pop(sym, None)
+        read = symbols_read(sdfg)
+        for sym, name in exports.items():
+            if sym in read:
                 edge.data.assignments[sym] = name
-                if mapped is not None:
-                    node.symbol_mapping[sym] = mapped
+                if mapped[sym] is not None:
+                    node.symbol_mapping[sym] = mapped[sym]
                 continue
             for out in list(state.out_edges_by_connector(node, name)):
                 state.remove_edge(out)

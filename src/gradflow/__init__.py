@@ -1,6 +1,7 @@
-"""gradflow: reverse-mode automatic differentiation of DaCe SDFGs as pure graph rewriting.
+"""gradflow: automatic differentiation of DaCe SDFGs as pure graph rewriting.
 
-Public API: `grad`, `vjp`, `value_and_grad` (functional AD), the forwarding policies (`STORE_ALL`,
+Public API: `grad`, `vjp`, `value_and_grad` (reverse mode), `jvp`, `value_and_jvp` (forward mode), `hvp`,
+`hessian` (second order), the forwarding policies (`STORE_ALL`,
 `RECOMPUTE_ALL`, `recompute`, `Forwarding`), `Graph`, `Pass`, `Pipeline` (custom pipelines),
 the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is reachable through the subpackages.
 """
@@ -23,6 +24,7 @@ from gradflow.core import (
 )
 
 from gradflow.api import grad, value_and_grad, vjp
+from gradflow.forward import hessian, hvp, jvp, value_and_jvp
 from gradflow.autodiff.forwarding import RECOMPUTE_ALL, STORE_ALL, Forwarding, recompute
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import ad_pipeline
@@ -33,7 +35,7 @@ import gradflow.frontend.numpy_prod  # noqa: E402,F401  - `np.prod` in DaCe prog
 __version__ = "0.1.0"
 
 __all__ = [
-    "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline",
+    "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline", "jvp", "value_and_jvp", "hvp", "hessian",
     "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
     "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError",
     "LoopBoundError",

@@ -69,7 +69,9 @@ def check_forwarding(forwarding: Any) -> None:
             "use gradflow.STORE_ALL, gradflow.RECOMPUTE_ALL or gradflow.recompute('A', ...)")
 
 
-def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str, scalar_of: bool) -> None:
+def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str, scalar_of: bool,
+           both: bool = False) -> None:
+    """`both`: an array may be in `wrt` and `of` (forward mode: one tangent argument, in and out)."""
     arrays = graph.sdfg.arrays
     public = [n for n, d in arrays.items() if not d.transient]
     for name in wrt:
@@ -94,12 +96,12 @@ def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str,
                 f"of names '{name}' with {desc.total_size} elements; grad differentiates a one-element array",
                 "use gradflow.vjp for a non-scalar output (it takes a cotangent)",
             )
-        if name in wrt and not scalar_of:
+        if name in wrt and not scalar_of and not both:
             raise InvalidArgumentError(
                 f"'{name}' is both in wrt and of; vjp names the gradient and the cotangent '{prefix + name}'",
                 "use grad for a one-element array updated in place, or copy the output to a new array",
             )
-    for name in list(wrt) + (list(of) if not scalar_of else []):
+    for name in dict.fromkeys(list(wrt) + (list(of) if not scalar_of else [])):
         if prefix + name in arrays:
             raise InvalidArgumentError(
                 f"the gradient array name '{prefix + name}' is already taken by an array of the SDFG",

@@ -15,6 +15,7 @@ from dace.sdfg.state import BreakBlock
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.normalize import NORMALIZE, CollapseMaps, ExpandLibraryNodes, SplitOperations
 from gradflow.autodiff.passes import Reverse, SplitVJP
+from gradflow.autodiff.tangent.passes import Tangent
 from gradflow.core.graph import Graph
 from gradflow.core.passes import registered_passes
 from gradflow.core.rule_table import RuleTable
@@ -360,6 +361,8 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "split_operations": (lambda: Graph.of(dataflow.df_states_sequence.to_sdfg()), SplitOperations(),
                          _multi_op_states, ("> 0", 0)),
     "reverse": (lambda: _normalized(loops.lp_if_else), Reverse(("X",), ("S",)), _has_backward, (False, True)),
+    "tangent": (lambda: _normalized(loops.lp_if_else), Tangent(("X",), ("S",)),
+                lambda g: {"tan_X", "tan_S"} <= set(g.sdfg.arrays), (False, True)),
     "split_vjp": (lambda: Reverse(("X",), ("S",), "vjp")(_normalized(loops.lp_if_else)).unwrap(), SplitVJP(),
                   lambda g: "vjp" in g.meta, (False, True)),
     "onnx_lower": (_onnx_input, None, lambda g: sorted(n for n, d in g.sdfg.arrays.items() if not d.transient),

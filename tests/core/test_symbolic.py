@@ -81,3 +81,20 @@ def test_a_flag_set_in_a_branch_can_be_tested_again() -> None:
     o = parse_tasklet(code, ["x", "y"], ["o"])["o"]
     assert [_value(o, x=xv, y=3.0) for xv in (-1.0, 0.0, 3.0, 4.0)] == [0.0, 6.0, 6.0, 0.0]
     assert float(sympy.diff(o, y).subs({x: 1.0})) == 2.0
+
+
+def test_a_truth_value_in_arithmetic_is_one_or_zero() -> None:
+    out = parse_tasklet("o = (a == b) * g + (a > b)", ["a", "b", "g"], ["o"])["o"]
+    a, b, g = sympy.symbols("a b g", real=True)
+    assert out.subs({a: 2, b: 2, g: 5}) == 5
+    assert out.subs({a: 3, b: 2, g: 5}) == 1
+    assert out.subs({a: 1, b: 2, g: 5}) == 0
+
+
+def test_a_float_declaration_assigns_nothing_and_an_integer_one_is_refused() -> None:
+    code = "t: dace.float64\nif a > 0:\n    t = 2.0 * a\nelse:\n    t = a\no = t"
+    out = parse_tasklet(code, ["a"], ["o"])["o"]
+    a = sympy.Symbol("a", real=True)
+    assert float(out.subs(a, 3)) == 6.0 and float(out.subs(a, -3)) == -3.0
+    with pytest.raises(UnsupportedCode, match="AnnAssign"):
+        parse_tasklet("t: dace.int64\no = a", ["a"], ["o"])

@@ -58,7 +58,7 @@ def default_wrt(sdfg: dace.SDFG, of: tuple[str, ...]) -> tuple[str, ...]:
     )
 
 
-def _optional_names(value) -> tuple[str, ...] | None:
+def optional_names(value) -> tuple[str, ...] | None:
     if value is None:
         return None
     return (value,) if isinstance(value, str) else tuple(value)
@@ -78,8 +78,8 @@ class Reverse(Pass):
     Its rule tables are fields (`reverse_rules`, `library_rules`, `control_rules`; defaults: the built-in
     tables), so equal passes give equal graphs; `Pipeline.with_rules` swaps them."""
 
-    wrt: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_names)
-    of: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_names)
+    wrt: tuple[str, ...] | None = attrs.field(default=None, converter=optional_names)
+    of: tuple[str, ...] | None = attrs.field(default=None, converter=optional_names)
     mode: str = attrs.field(default="grad", converter=_mode)
     prefix: str = "grad_"
     forwarding: Forwarding = STORE_ALL

@@ -62,7 +62,7 @@ def stored_as(value: sympy.Expr, dtype) -> sympy.Expr:
     import numpy as np
 
     if np.dtype(dtype.type).kind in "iu":
-        return Truncate(_number_of(value))
+        return Truncate(number_of(value))
     return value
 
 
@@ -142,7 +142,8 @@ class _ExprReader:
             op = _BINOPS.get(type(node.op))
             if op is None:
                 raise self.fail(node, f"operator {type(node.op).__name__} is not differentiable")
-            return op(self.read(node.left), self.read(node.right))
+            # a truth value in arithmetic is the number 1 or 0, as in Python (`(x == m) * g`)
+            return op(number_of(self.read(node.left)), number_of(self.read(node.right)))
         if isinstance(node, ast.UnaryOp):
             operand = self.read(node.operand)
             if isinstance(node.op, ast.USub):
@@ -177,7 +178,7 @@ class _ExprReader:
             if name in CASTS and len(args) == 1:
                 return args[0]
             if name in INTEGER_CASTS and len(args) == 1:
-                return Truncate(_number_of(args[0]))
+                return Truncate(number_of(args[0]))
             entry = self.table.by_spelling.get(name or "")
             if entry is None:
                 raise self.fail(node, f"function '{name}' is not in rules/elementwise.toml")
@@ -245,7 +246,7 @@ def _is_truth(value: sympy.Basic) -> bool:
                               sympy.logic.boolalg.BooleanAtom))
 
 
-def _number_of(value: sympy.Basic) -> sympy.Expr:
+def number_of(value: sympy.Basic) -> sympy.Expr:
     """A truth value as the number 1 or 0 (what `int(x > 0)` reads); other values as they are."""
     return sympy.Piecewise((1, value), (0, True)) if _is_truth(value) else value
 
@@ -263,6 +264,10 @@ def _select(test: sympy.Basic, a: sympy.Basic, b: sympy.Basic) -> sympy.Basic:
     if _is_truth(a) and _is_truth(b):
         return sympy.ITE(test, a, b)
     return sympy.Piecewise((a, test), (b, True))
+
+
+#: annotations of a local's declaration without a value that leave later assignments exact
+_FLOAT_TYPES = frozenset({"float", "float16", "float32", "float64", "double"})
 
 
 class _Interpreter:
@@ -320,6 +325,8 @@ class _Interpreter:
             return self.assign([stmt.target], value, env, condition, stmt)
         if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
             return self.assign([stmt.target], stmt.value, env, condition, stmt)
+        if isinstance(stmt, ast.AnnAssign) and (_dotted(stmt.annotation) or "").split(".")[-1] in _FLOAT_TYPES:
+            return env  # `x: dace.float64` declares a floating-point local: nothing is assigned
         if isinstance(stmt, ast.Assign):
             return self.assign(stmt.targets, stmt.value, env, condition, stmt)
         raise self.fail(stmt, f"{type(stmt).__name__} statements are not supported in a tasklet")

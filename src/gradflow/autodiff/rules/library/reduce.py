@@ -53,14 +53,14 @@ def _applies(node) -> bool:
     return _kind(node) is not None
 
 
-def _io(site: OpSite) -> tuple[Operand, Operand]:
+def reduction_io(site: OpSite) -> tuple[Operand, Operand]:
     ins, outs = operands(site)
     if len(ins) != 1 or len(outs) != 1:
         raise NotDifferentiableError(f"{where(site)}: a reduction with {len(ins)} inputs and {len(outs)} outputs")
     return next(iter(ins.values())), next(iter(outs.values()))
 
 
-def _index_maps(site: OpSite, x: Operand, y: Operand):
+def index_maps(site: OpSite, x: Operand, y: Operand):
     """Map ranges over the input and the (input element, output element) subsets for them."""
     node = node_of(site)
     isq = x.squeezed()
@@ -89,7 +89,7 @@ def _index_maps(site: OpSite, x: Operand, y: Operand):
 def _reversed_operands(site: OpSite, ctx: ReverseContext):
     """(input, output, output gradient, input gradient) of a reduction whose output carries a gradient;
     None when it carries none (nothing to reverse)."""
-    x, y = _io(site)
+    x, y = reduction_io(site)
     gy, gx = ctx.grad_of(y.array), ctx.grad_of(x.array)
     if gy is None:
         return None
@@ -103,7 +103,7 @@ class ReduceReverse:
     """Sum, max and min reductions over any axes (module doc)."""
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
-        x, y = _io(site)
+        x, y = reduction_io(site)
         if _kind(node_of(site)) == "sum" or not ctx.grad_of(y.array) or not ctx.grad_of(x.array):
             return frozenset()
         if y.wcr is None and ctx.final_value(site.state, y.array) is not None:
@@ -123,7 +123,7 @@ class ReduceReverse:
             raise NotDifferentiableError(f"{where(site)}: a {kind} reduction that combines with the old output value",
                                          "give the reduction an identity")
         label = f"{site.state.label}_{y.array}"
-        ranges, xi, yo = _index_maps(site, x, y)
+        ranges, xi, yo = index_maps(site, x, y)
         if gx:
             if kind == "sum":
                 add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_sum_{label}", ranges or None,
@@ -222,7 +222,7 @@ class ProductReduceReverse:
     """Product reductions over any axes, zeros handled exactly (module doc)."""
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:
-        x, y = _io(site)
+        x, y = reduction_io(site)
         if not ctx.grad_of(y.array) or not ctx.grad_of(x.array):
             return frozenset()
         return frozenset({x.array})
@@ -239,7 +239,7 @@ class ProductReduceReverse:
                 "products that start at 1 and overwrite their output are differentiated",
                 "give the reduction the identity 1 and multiply the old value in separately")
         label = f"{site.state.label}_{y.array}"
-        ranges, xi, yo = _index_maps(site, x, y)
+        ranges, xi, yo = index_maps(site, x, y)
         if gx:
             xs = sympy.Symbol("__x", real=True)
             values = {"__x": dace.Memlet(f"{ctx.value_of(site.index, x.array)}[{xi}]")}

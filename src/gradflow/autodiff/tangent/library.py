@@ -1,0 +1,202 @@
+"""The built-in `tangent_library` rules: library nodes kept whole by forward mode.
+
+- Linear nodes (a sum `Reduce`, `Transpose`, `TensorTranspose`): the same node applied to the tangent.
+- A max or min `Reduce`: the mean of the tangents of the elements that attain the result (ties split
+  equally, as torch's `amax`).
+- Multilinear nodes (`MatMul`, `Gemm`, `Gemv`, `Dot`, `TensorDot`, `Einsum`): the product rule, one copy of
+  the node per operand that carries a tangent, that operand replaced by its tangent; the first copy writes
+  the output's tangent and keeps the node's accumulation (`beta * C`, through an input connector read from
+  C's tangent, or into the output's memory, as reverse mode's `beta = 1` nodes without one do), the others
+  write temporaries with `beta = 0` that a map adds in. So the tangent of a product is again BLAS calls.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import dace
+from dace import dtypes, subsets
+from dace.sdfg import nodes as nd
+from dace.sdfg.state import SDFGState
+
+from gradflow.autodiff.context import OpSite
+from gradflow.autodiff.emit import subset_elements
+from gradflow.autodiff.rules.library.reduce import index_maps, reduction_io
+from gradflow.autodiff.tangent.context import TangentContext, tangent_library_rule
+from gradflow.autodiff.tangent.zeros import zero_subset
+from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.wcr import SUM, reduction_type
+
+
+def _edges(state: SDFGState, node: nd.LibraryNode):
+    ins = {e.dst_conn: e for e in state.in_edges(node) if not e.data.is_empty()}
+    outs = [e for e in state.out_edges(node) if not e.data.is_empty()]
+    return ins, outs
+
+
+def _clone(state: SDFGState, node: nd.LibraryNode, tag: str) -> nd.LibraryNode:
+    twin = copy.deepcopy(node)
+    twin.name = twin.label = f"{node.label}_{tag}"
+    state.add_node(twin)
+    return twin
+
+
+def _linear(site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+    state = site.state
+    mirror = ctx.mirror(state)
+    ins, outs = _edges(state, node)
+    out = outs[0]
+    if not mirror.has_tangent(out.data.data):
+        return
+    (conn, edge), = ins.items()
+    if not mirror.has_tangent(edge.data.data):
+        zero_subset(state, mirror.node(out.dst), out.data.get_dst_subset(out, state))
+        return
+    twin = _clone(state, node, "tan")
+    state.add_edge(mirror.node(edge.src), None, twin, conn, mirror.memlet(edge.data))
+    state.add_edge(twin, out.src_conn, mirror.node(out.dst), None, mirror.memlet(out.data))
+
+
+def _is_sum(node) -> bool:
+    return reduction_type(node.wcr) == dtypes.ReductionType.Sum
+
+
+@tangent_library_rule("Reduce", applies=_is_sum, name="SumTangent")
+@tangent_library_rule("Transpose", "TensorTranspose", name="LinearTangent")
+class Linear:
+    """The node applied to its operand's tangent."""
+
+    def tangent(self, site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+        _linear(site, node, ctx)
+
+
+def _add_into(state: SDFGState, target: nd.AccessNode, subset: subsets.Range, temp: nd.AccessNode) -> nd.AccessNode:
+    """target[subset] + temp (an array shaped like the subset's extents), written into a new access node of
+    target's array, which it returns."""
+    ranges, params, element = subset_elements(subset, "__t")
+    after = state.add_access(target.data)
+    state.add_mapped_tasklet(
+        f"add_{target.data}", ranges,
+        {"__a": dace.Memlet(f"{target.data}[{element}]"), "__b": dace.Memlet(f"{temp.data}[{', '.join(params)}]")},
+        "__o = __a + __b", {"__o": dace.Memlet(f"{target.data}[{element}]")},
+        input_nodes={target.data: target, temp.data: temp}, output_nodes={target.data: after},
+        external_edges=True)
+    return after
+
+
+def _accumulator(ins: dict, out) -> str | None:
+    """The input connector through which a node reads the old value of its output (`beta * C`): the one
+    named like the output connector (Gemm's `_c`, Gemv's `_y`). An operand that reads another part of the
+    output's array (`x[i] = dot(L[i, :i], x[:i])`) is no accumulator."""
+    return out.src_conn if out.src_conn in ins else None
+
+
+def _drop_accumulator(node: nd.LibraryNode, conn: str) -> None:
+    """The first term of a product whose accumulated old value has no tangent: `beta * 0`."""
+    node.beta = 0
+    node.remove_in_connector(conn)
+
+
+@tangent_library_rule("MatMul", "Gemm", "Gemv", "Dot", "TensorDot", "Einsum")
+class ProductRule:
+    """d(A B) = dA B + A dB (any number of operands), `beta * C` carried by the first term."""
+
+    def tangent(self, site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+        state = site.state
+        mirror = ctx.mirror(state)
+        ins, outs = _edges(state, node)
+        out = outs[0]
+        if not mirror.has_tangent(out.data.data):
+            return
+        acc = _accumulator(ins, out)
+        operands = [c for c in sorted(ins) if c != acc]
+        active = [c for c in operands if mirror.has_tangent(ins[c].data.data)]
+        acc_active = acc is not None and mirror.has_tangent(ins[acc].data.data)
+        target = mirror.node(out.dst)
+        subset = out.data.get_dst_subset(out, state)
+        if not active and not acc_active:
+            zero_subset(state, target, subset)
+            return
+        if not active:  # only the accumulated old value varies: one term with every operand as it is
+            active = [None]
+        for k, which in enumerate(active):
+            twin = _clone(state, node, f"tan{k}")
+            for conn in operands:
+                e = ins[conn]
+                if conn == which:
+                    state.add_edge(mirror.node(e.src), e.src_conn, twin, conn, mirror.memlet(e.data))
+                else:
+                    state.add_edge(e.src, e.src_conn, twin, conn, copy.deepcopy(e.data))
+            if k == 0:
+                if acc is not None:
+                    if acc_active:
+                        e = ins[acc]
+                        state.add_edge(mirror.node(e.src), e.src_conn, twin, acc, mirror.memlet(e.data))
+                    else:
+                        _drop_accumulator(twin, acc)
+                state.add_edge(twin, out.src_conn, target, None, mirror.memlet(out.data))
+                continue
+            # a later term goes to a fresh temporary: it accumulates nothing (a node with `beta` and no
+            # accumulator connector, as reverse mode emits them, adds into its output's memory)
+            if hasattr(twin, "beta"):
+                twin.beta = 0
+            if acc is not None:
+                twin.remove_in_connector(acc)
+            desc = state.sdfg.arrays[out.data.data]
+            name, _ = state.sdfg.add_array(f"gradflow_tterm_{out.data.data}", subset.size(), desc.dtype,
+                                           transient=True, find_new_name=True)
+            temp = state.add_access(name)
+            full = subsets.Range.from_array(state.sdfg.arrays[name])
+            state.add_edge(twin, out.src_conn, temp, None, dace.Memlet(data=name, subset=full))
+            target = _add_into(state, target, subset, temp)
+
+
+def _is_extremum(node) -> bool:
+    return reduction_type(node.wcr) in (dtypes.ReductionType.Max, dtypes.ReductionType.Min)
+
+
+@tangent_library_rule("Reduce", applies=_is_extremum, name="ExtremumTangent")
+class Extremum:
+    """The tangent of a maximum (minimum) is the mean of the tangents of the elements that attain it, as
+    `torch.amax`'s: after the node, count the ties and sum their tangents (`cnt[o] = #{i : x[i] == y[o]}`),
+    then divide, in three states after the node's."""
+
+    def tangent(self, site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+        state = site.state
+        mirror = ctx.mirror(state)
+        x, y = reduction_io(site)
+        if not mirror.has_tangent(y.array):
+            return
+        (out,) = [e for e in state.out_edges(node) if not e.data.is_empty()]
+        if not mirror.has_tangent(x.array):
+            zero_subset(state, mirror.node(out.dst), out.data.get_dst_subset(out, state))
+            return
+        if node.identity is None:
+            raise NotDifferentiableError(
+                f"reduction '{node}' combines its result with the old value of '{y.array}' (no identity)",
+                "reduce into a new array")
+        ranges, xi, yo = index_maps(site, x, y)
+        sdfg, cfg = state.sdfg, state.parent_graph
+        desc = sdfg.arrays[y.array]
+        count, _ = sdfg.add_array(f"gradflow_ties_{y.array}", desc.shape, desc.dtype, transient=True,
+                                  find_new_name=True)
+        total, _ = sdfg.add_array(f"gradflow_tiesum_{y.array}", desc.shape, desc.dtype, transient=True,
+                                  find_new_name=True)
+        clear = cfg.add_state_after(state, f"{state.label}_ties_clear")
+        for temp in (count, total):
+            zero_subset(clear, clear.add_access(temp), y.subset)
+        tally = cfg.add_state_after(clear, f"{state.label}_ties")
+        tx, ty = ctx.tangents[x.array], ctx.tangents[y.array]
+        tally.add_mapped_tasklet(
+            f"ties_{y.array}", ranges,
+            {"__x": dace.Memlet(f"{x.array}[{xi}]"), "__tx": dace.Memlet(f"{tx}[{xi}]"),
+             "__y": dace.Memlet(f"{y.array}[{yo}]")},
+            "__c = 1.0 if __x == __y else 0.0\n__t = __tx if __x == __y else 0.0",
+            {"__c": dace.Memlet(f"{count}[{yo}]", wcr=SUM), "__t": dace.Memlet(f"{total}[{yo}]", wcr=SUM)},
+            external_edges=True)
+        mean = cfg.add_state_after(tally, f"{state.label}_ties_mean")
+        ranges, _, element = subset_elements(y.subset, "__o")
+        mean.add_mapped_tasklet(
+            f"ties_mean_{y.array}", ranges,
+            {"__c": dace.Memlet(f"{count}[{element}]"), "__t": dace.Memlet(f"{total}[{element}]")},
+            "__o = __t / __c", {"__o": dace.Memlet(f"{ty}[{element}]")}, external_edges=True)

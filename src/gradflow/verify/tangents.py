@@ -1,0 +1,92 @@
+"""Checks of forward mode and second order against PyTorch: the tangent of a corpus case's `of` along a
+random direction against `torch.func.jvp` of its torch reference, and Hessian-vector products against
+`torch.func.jvp` of `torch.func.grad` (forward over reverse in torch too). Float64, the tolerances of the
+other program checks."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from gradflow.verify.compare import agree
+from gradflow.verify.corpus.case import Case, to_tensors
+from gradflow.verify.programs import ATOL, RTOL, forwarding_of
+
+
+def direction(case: Case, inputs: Mapping[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """A random tangent for every `wrt` array of `case` (standard normal, drawn from `seed`)."""
+    rng = np.random.default_rng(seed + 7919)
+    return {x: rng.standard_normal(np.shape(inputs[x])) for x in case.wrt}
+
+
+def _torch_of(case: Case, inputs: Mapping[str, np.ndarray]):
+    """(the torch reference as a function of the `wrt` tensors, those tensors)."""
+    tensors = to_tensors(inputs)
+
+    def f(*xs: torch.Tensor) -> torch.Tensor:
+        return case.torch_fn(**{**tensors, **dict(zip(case.wrt, xs))}).reshape(())
+
+    return f, tuple(tensors[x] for x in case.wrt)
+
+
+def torch_jvp(case: Case, inputs: Mapping[str, np.ndarray], tangents: Mapping[str, np.ndarray]) -> float:
+    f, primals = _torch_of(case, inputs)
+    return float(torch.func.jvp(f, primals, tuple(torch.tensor(tangents[x]) for x in case.wrt))[1])
+
+
+def torch_hvp(case: Case, inputs: Mapping[str, np.ndarray], tangents: Mapping[str, np.ndarray]) -> dict:
+    f, primals = _torch_of(case, inputs)
+    grad = torch.func.grad(f, argnums=tuple(range(len(primals))))
+    _, out = torch.func.jvp(grad, primals, tuple(torch.tensor(tangents[x]) for x in case.wrt))
+    return {x: t.detach().numpy() for x, t in zip(case.wrt, out)}
+
+
+def _arguments(case: Case, inputs: Mapping[str, np.ndarray], program_symbols) -> dict[str, Any]:
+    arrays: dict[str, Any] = {k: np.array(v, copy=True) for k, v in inputs.items()}
+    arrays.update({k: v for k, v in case.symbols.items() if k in program_symbols})
+    return arrays
+
+
+_BUILT: dict[tuple[str, str], Any] = {}
+
+
+def _built(case: Case, kind: str):
+    """The built function of `case` (one build per case name and kind in a process)."""
+    from gradflow.forward import hvp, value_and_jvp
+
+    key = (case.name, kind)
+    if key not in _BUILT:
+        if kind == "jvp":
+            _BUILT[key] = value_and_jvp(case.to_sdfg(), wrt=list(case.wrt), of=[case.of])
+        else:
+            _BUILT[key] = hvp(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=forwarding_of(case))
+    return _BUILT[key]
+
+
+def check_jvp(case: Case, seed: int = 0) -> float:
+    """`value_and_jvp` of `case` along a random direction against torch: the worst relative error of the
+    value and the tangent, or `CheckFailure`."""
+    f = _built(case, "jvp")
+    inputs = case.inputs(seed)
+    tangents = direction(case, inputs, seed)
+    symbols = f.arguments
+    value, tangent = f(**_arguments(case, inputs, symbols), **{f"tan_{x}": tangents[x] for x in case.wrt})
+    f_torch, primals = _torch_of(case, inputs)
+    with torch.no_grad():
+        want_value = float(f_torch(*primals))
+    worst = agree(np.asarray(value[case.of]).reshape(-1)[0], want_value, rtol=RTOL, atol=ATOL,
+                  what=f"{case.name}: value of the tangent program")
+    return max(worst, agree(np.asarray(tangent[case.of]).reshape(-1)[0], torch_jvp(case, inputs, tangents),
+                            rtol=RTOL, atol=ATOL, what=f"{case.name}: tangent of {case.of}"))
+
+
+def check_hvp(case: Case, seed: int = 0) -> float:
+    """`hvp` of `case` along a random direction against torch (forward over reverse there too)."""
+    f = _built(case, "hvp")
+    inputs = case.inputs(seed)
+    tangents = direction(case, inputs, seed)
+    got = f(**_arguments(case, inputs, f.arguments), **{f"tan_{x}": tangents[x] for x in case.wrt})
+    want = torch_hvp(case, inputs, tangents)
+    return max(agree(got[x], want[x], rtol=RTOL, atol=ATOL, what=f"{case.name}: (H v) of {x}") for x in case.wrt)

@@ -1,0 +1,78 @@
+"""Forward mode on every program of the dataflow, loop and NPBench corpora: the tangent of `of` along a
+random direction equals `torch.func.jvp` of the torch reference (float64, rtol 1e-9), and Hessian-vector
+products (forward over reverse) equal torch's on a sample of them. Programs forward mode refuses are listed
+with the error they must raise: a typed refusal, never a wrong number. One build per case and kind
+(`verify.tangents`); the data are the case's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradflow.core.errors import NotDifferentiableError
+from gradflow.verify.programs import cases
+from gradflow.verify.tangents import check_hvp, check_jvp
+from tests.corpus.npbench import CASES as NPBENCH
+
+CASES = {c.name: c for c in (*cases(), *NPBENCH)}
+
+#: write-conflict maxima and products written as maps (not `np.max`/`np.prod`): refused with this message
+REFUSED = {
+    "df_softmax_wcr": "write-conflict resolution",
+    "df_prod": "write-conflict resolution",
+    "df_prod_map": "write-conflict resolution",
+}
+
+#: the tangent is not finite: the program's batch normalization takes `sqrt` of a zero variance (the padded
+#: border), whose tangent is 0/0, and `np.maximum(x, 0)` passes half of it on at the tie x = 0; the torch
+#: reference's `relu` drops it. Checked against torch with `torch.maximum` instead, below.
+NOT_FINITE = {"nb_resnet"}
+
+#: a sample of programs for the Hessian-vector products (loops, branches, library nodes, nesting)
+HVP = [n for n in sorted(CASES)[::2] if n not in NOT_FINITE]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if n not in REFUSED and n not in NOT_FINITE))
+def test_jvp_equals_torch(name):
+    check_jvp(CASES[name])  # CheckFailure unless allclose(rtol 1e-9, atol 1e-12) to torch
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refusals_are_typed(name):
+    with pytest.raises(NotDifferentiableError, match=REFUSED[name]):
+        check_jvp(CASES[name])
+
+
+#: while loops without a bound: the gradient program's growable tape is C++ code, which forward mode refuses
+#: (with a hint to bound the loop)
+HVP_REFUSED = {"lp_api_do_while", "lp_bound_from_data", "lp_newton_sqrt"}
+
+
+@pytest.mark.parametrize("name", [n for n in HVP if n not in REFUSED and n not in HVP_REFUSED])
+def test_hvp_equals_torch(name):
+    check_hvp(CASES[name])
+
+
+@pytest.mark.parametrize("name", sorted(HVP_REFUSED))
+def test_hvp_of_an_unbounded_while_loop_asks_for_a_bound(name):
+    with pytest.raises(NotDifferentiableError, match="give the while loop a bound"):
+        check_hvp(CASES[name])
+
+
+def test_resnet_tangent_is_not_finite_as_torch_maximum_gives():
+    import numpy as np
+    import torch
+
+    import tests.corpus.npbench as nb
+    from gradflow.verify import tangents
+
+    case = CASES["nb_resnet"]
+    original = nb.torch.relu
+    try:
+        nb.torch.relu = lambda x: torch.maximum(x, torch.zeros_like(x))
+        inputs = case.inputs(0)
+        want = tangents.torch_jvp(case, inputs, tangents.direction(case, inputs, 0))
+    finally:
+        nb.torch.relu = original
+    with pytest.raises(Exception, match="nan"):
+        check_jvp(case)
+    assert np.isnan(want)

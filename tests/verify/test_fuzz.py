@@ -149,3 +149,25 @@ def test_configurations_may_differ_only_within_the_measured_spread() -> None:
     nudged = _nudged({"x": np.array([1.0, -3.0]), "idx": np.array([2])}, ["x"], 1)
     assert np.all(nudged["x"] != np.array([1.0, -3.0])) and np.all(np.abs(nudged["x"] / [1.0, -3.0] - 1) < 1e-14)
     assert nudged["idx"].tolist() == [2]
+
+
+def test_forward_mode_is_checked_against_the_checked_gradient() -> None:
+    """`_jvp_problem` accepts the gradient's dot product with the direction and flags any other."""
+    import importlib.util
+
+    from gradflow.verify.fuzz.check import _jvp_problem
+
+    spec = spec_of(_program(), (DEFAULT,), seed=1)
+    data = make_data(spec, spec["seed"])
+    path = Path(__import__("tempfile").mkdtemp()) / "fuzz_jvp_program.py"
+    path.write_text(spec["dace"])
+    module_spec = importlib.util.spec_from_file_location("fuzz_jvp_program", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    from gradflow.verify.routes import gradient
+
+    wrt = tuple(spec["wrt"]) + (("S",) if spec.get("reads_S") else ())
+    _, grads = gradient(module.program, wrt, "S", data, spec["symbols"])
+    assert _jvp_problem(module.program, wrt, data, spec["symbols"], grads) is None
+    wrong = {k: v * 1.01 for k, v in grads.items()}
+    assert "jvp" in (_jvp_problem(module.program, wrt, data, spec["symbols"], wrong) or "")

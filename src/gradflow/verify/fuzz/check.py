@@ -17,6 +17,10 @@ Verdicts (`Verdict.kind`):
   stored value against a recomputed one, a vectorized `tanh` against a scalar one) may disagree that much
   with both right. Reported apart, with the measured spread; any disagreement beyond it stays WRONG.
 
+Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
+direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
+crash of forward mode alone is reported under that config.
+
 Gradients are compared element by element with central differences at two step sizes; an element where
 the two disagree (the program is not smooth there: a kink of `abs`, a tie, a jump of an integer
 conversion or of a branch) is not compared with them, only across configurations.
@@ -40,6 +44,8 @@ import numpy as np
 CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
                 for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False))
 DEFAULT = ("grad", "store_all", True)
+#: the config under which forward mode's verdicts are reported
+JVP = ("jvp", "-", True)
 
 REFUSALS = ("NotDifferentiableError", "NoRuleError", "UnsupportedCode", "InvalidArgumentError",
             "UnknownArrayError", "ResourceLimitError")
@@ -289,6 +295,27 @@ def _rerun(program, wrt: tuple, symbols: Mapping, route: str, forwarding, optimi
     return run
 
 
+def _jvp_problem(program, wrt: Sequence[str], data: Mapping[str, Any], symbols: Mapping, grads: Mapping) -> str | None:
+    """Forward mode against a checked gradient: d S . v must equal the gradient dotted with v."""
+    from gradflow.forward import value_and_jvp
+
+    rng = np.random.default_rng(20261201)
+    tangents = {x: rng.standard_normal(np.shape(data[x])) for x in wrt}
+    f = value_and_jvp(program, wrt=list(wrt), of=["S"])
+    given = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    taken = f.arguments
+    extra = {k: v for k, v in symbols.items() if k in taken and k not in given}
+    _, tangent = f(**{k: v for k, v in given.items() if k in taken}, **extra,
+                   **{f"tan_{x}": tangents[x] for x in wrt})
+    got = float(np.asarray(tangent["S"]).reshape(-1)[0])
+    terms = [np.asarray(grads[x], dtype=np.float64) * tangents[x] for x in wrt]
+    want = float(sum(np.sum(t) for t in terms))
+    scale = float(sum(np.sum(np.abs(t)) for t in terms))
+    if not abs(got - want) <= 1e-8 * scale + 1e-12:
+        return f"jvp: the tangent of S is {got!r}, the gradient dotted with the direction {want!r}"
+    return None
+
+
 def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
     """Check one program (see the module docstring); never raises for a program's failure."""
     start = time.perf_counter()
@@ -315,6 +342,7 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
     fd = None
     reference = None
     rerun = None  # the first configuration on other data (set with `reference`)
+    reference_wrt: list[str] = []
     skipped = 0
     for config in map(tuple, spec["configs"]):
         route, policy, optimize = config
@@ -366,6 +394,16 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
         if problem is not None:
             return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
         if reference is None:
-            reference = grads
+            reference, reference_wrt = grads, wrt
             rerun = _rerun(module.program, tuple(wrt), spec["symbols"], route, forwarding, optimize)
+    if reference is not None and spec.get("jvp", True):
+        try:
+            problem = _jvp_problem(module.program, reference_wrt, data, spec["symbols"], reference)
+        except Exception as exc:
+            kind = _classify(exc)
+            tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
+            return Verdict(kind, JVP, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
+                           time.perf_counter() - start, skipped=skipped)
+        if problem is not None:
+            return Verdict("WRONG", JVP, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
     return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)

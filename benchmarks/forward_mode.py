@@ -60,7 +60,7 @@ def measure_kernel(bench, kernel) -> dict:
     arrays = bench.inputs(sdfg)
     symbols = dict(bench.symbols)
     rng = np.random.default_rng(1)
-    tangents = {x: rng.standard_normal(np.shape(arrays[x])) for x in case.wrt}
+    tangents = {x: rng.standard_normal(np.shape(arrays[x])).astype(np.asarray(arrays[x]).dtype) for x in case.wrt}
     wrt, of = list(case.wrt), case.of
     forwarding = STORE_ALL.with_loop_bounds(**LOOP_BOUNDS)
 

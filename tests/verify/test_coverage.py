@@ -5,6 +5,9 @@
 - reverse, library and control tables: a rule counts as tested when a program whose gradient the suite
   checks against torch (dataflow and loop corpora, library cases) applied it, as reported by
   `ADInterface.rules_used` of its differentiation.
+- tangent tables (`tangent`, `tangent_library`): a rule counts as tested when the forward-mode build of a
+  program or library case whose tangent the suite checks against torch applied it
+  (`TangentInterface.rules_used`).
 The report logic itself (`gradflow.verify.rows`) marks a rule without checks `untested`.
 """
 
@@ -45,3 +48,16 @@ def test_a_rule_without_checks_is_reported_untested() -> None:
     assert rows["log"].status == verify.UNTESTED
     failed = [verify.Result(verify.Item("elementwise", "exp"), (("elementwise", "exp"),), False, None, "boom")]
     assert {r.rule: r for r in verify.rows(failed, ("elementwise",))}["exp"].status == verify.FAIL
+
+
+def test_every_tangent_rule_is_used_by_a_verified_program() -> None:
+    from gradflow.verify import tangents
+
+    used = set()
+    for case in programs.cases():
+        if case.name not in tangents.REFUSED:
+            used |= set(tangents.rules_used(case))
+    for name in library.names():
+        used |= set(tangents.library_rules_used(name))
+    untested = [rule for rule in verify.rule_names("tangent") if rule not in used]
+    assert not untested, f"tangent rules no verified program exercises: {untested}"

@@ -200,6 +200,16 @@ def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
     helper0(x0)
     S[0] += np.sum(x0 * w0)
 """, {"N": 7, "M": 5}, ("x0",), {}, ("vjp", "budget", True)),
+    # `--seed 21001` at bbdf990, program 555 (the worker process aborted): `for i3 in range(2, T)` with T = 0
+    # gave the stack of acc1 T - 2 < 0 slots (std::bad_array_new_length); a loop that does not run has none.
+    "loop_that_does_not_run_gets_an_empty_stack": ("""@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], T: dace.int64, S: dace.float64[1]):
+    acc1 = np.zeros((1,), dtype=np.float64)
+    acc1[:] = S[:] * 0.5
+    for i3 in range(2, T):
+        acc1[:] = acc1[:] * np.sum(np.tanh(x0))
+    S[0] += np.sum(x0 * w0) + np.sum(acc1 * 1.0)
+""", {"N": 6, "M": 5}, ("x0",), {"T": 0}, ("vjp", "store_all", True)),
 }
 
 

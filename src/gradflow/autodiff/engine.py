@@ -182,6 +182,9 @@ class Reversal:
             numerator, divisor = counted.trip_count()
             bound = upper_bound(numerator, self._intervals(outer))
             if bound is not None and {str(s) for s in bound.free_symbols} <= self.arguments:
+                # a loop that does not run (`range(2, T)` with T < 2) has a negative numerator: 0 trips, not a
+                # negative stack size (an allocation of negative length aborted the program; fuzz seed 21001)
+                bound = bound if _nonnegative(bound) else sympy.Max(0, bound)
                 return bound if divisor == 1 else symbolic.int_floor(bound, divisor)
         user = self.spec.forwarding.bound_of(loop.label)
         if user is not None and item.counted is None and not loop.loop_variable:
@@ -586,6 +589,11 @@ def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Diffe
     results = [ctx.results_read(site.state) if site.index in active else frozenset() for site in sites]
     return Survey(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev,
                   results)
+
+
+def _nonnegative(expr) -> bool:
+    """`expr` is provably >= 0 for the positive sizes of the program (its symbols are DaCe's, positive)."""
+    return bool(expr.is_nonnegative) or (expr.is_number and expr >= 0)
 
 
 def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,

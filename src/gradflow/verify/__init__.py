@@ -5,7 +5,9 @@
 - `library`: each op-level library rule, two routes (the rule vs differentiating the expansion) and torch;
 - `reverse`, `control`: each reverse and control-flow rule, by the gradient checks of the corpus programs
   that use it (dataflow and loop kernels vs torch.autograd; a program reports the rules it used);
-- `onnx`: each op type of the lowering table, against ONNX's reference outputs.
+- `onnx`: each op type of the lowering table, against ONNX's reference outputs;
+- `tangent`: each rule of forward mode's two tables (`tangent`, `tangent_library`), by the tangents of the
+  corpus programs and library cases that use it, against `torch.func.jvp`.
 A rule no check exercises is reported `untested`, which fails like a wrong result: the tables and their
 checks cannot drift apart. The test suite runs the same checks (tests/verify); `gradflow verify` prints
 the rows. Checks are independent work items, run in a process pool when `jobs > 1`.
@@ -22,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 import attrs
 import numpy as np
 
-TABLES = ("elementwise", "library", "reverse", "control", "onnx")
+TABLES = ("elementwise", "library", "reverse", "control", "onnx", "tangent")
 PASS, FAIL, UNTESTED = "pass", "FAIL", "untested"
 
 
@@ -71,6 +73,13 @@ def items(tables: Sequence[str] = TABLES, quick: bool = False, rules: Sequence[s
     if "reverse" in tables or "control" in tables:
         out += [Item("program", c.name, samples) for c in programs.cases()
                 if wanted is None or wanted & set(programs.rules_used(c.name))]
+    if "tangent" in tables:
+        from gradflow.verify import tangents
+
+        out += [Item("tangent", c.name, samples) for c in programs.cases() if c.name not in tangents.REFUSED
+                and (wanted is None or wanted & set(tangents.rules_used(c)))]
+        out += [Item("tangent_library", n, samples) for n in library.names()
+                if wanted is None or wanted & set(tangents.library_rules_used(n))]
     if "onnx" in tables:
         limit = 1 if quick else 3
         out += [Item("onnx", n) for op in onnx_ops.ops() if wanted is None or op in wanted
@@ -110,6 +119,18 @@ def _run(item: Item) -> tuple[tuple[tuple[str, str], ...], float]:
         return _tagged(programs.rules_used(item.name)), worst
     if item.kind == "onnx":
         return (("onnx", onnx_ops.op_of(item.name)),), onnx_ops.check(item.name)
+    if item.kind == "tangent":
+        from gradflow.verify import tangents
+
+        case = programs.case_named(item.name)
+        worst = max(tangents.check_jvp(case, seed) for seed in range(item.samples))
+        return tuple(("tangent", r) for r in tangents.rules_used(case)), worst
+    if item.kind == "tangent_library":
+        from gradflow.verify import tangents
+
+        worst = max(tangents.check_library_jvp(item.name, library.sizes_for(item.name, rng), int(rng.integers(2**31)))
+                    for _ in range(item.samples))
+        return tuple(("tangent", r) for r in tangents.library_rules_used(item.name)), worst
     raise ValueError(f"unknown check kind {item.kind!r}")
 
 
@@ -149,6 +170,10 @@ def rule_names(table: str) -> list[str]:
         return list(elementwise.names())
     if table == "onnx":
         return list(onnx_ops.ops())
+    if table == "tangent":
+        from gradflow.autodiff.tangent.tables import default_tangent_library_rules, default_tangent_rules
+
+        return [r.name for t in (default_tangent_rules(), default_tangent_library_rules()) for r in t]
     built = {"reverse": rules.default_reverse_rules, "library": rules.default_library_rules,
              "control": rules.default_control_rules}[table]()
     return [r.name for r in built]

@@ -1,7 +1,9 @@
 """Checks of forward mode and second order against PyTorch: the tangent of a corpus case's `of` along a
 random direction against `torch.func.jvp` of its torch reference, and Hessian-vector products against
 `torch.func.jvp` of `torch.func.grad` (forward over reverse in torch too). Float64, the tolerances of the
-other program checks."""
+other program checks. Programs (dataflow and loop corpora) and library cases (`corpus/library.py`, at
+drawn sizes) both report the tangent rules their builds applied (`rules_used`), which `gradflow verify`
+counts per rule."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ import torch
 from gradflow.verify.compare import agree
 from gradflow.verify.corpus.case import Case, to_tensors
 from gradflow.verify.programs import ATOL, RTOL, forwarding_of
+
+#: corpus programs forward mode refuses, with the message: write-conflict maxima and products written as maps
+#: (not `np.max`/`np.prod`)
+REFUSED = {
+    "df_softmax_wcr": "write-conflict resolution",
+    "df_prod": "write-conflict resolution",
+    "df_prod_map": "write-conflict resolution",
+}
 
 
 def direction(case: Case, inputs: Mapping[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
@@ -90,3 +100,54 @@ def check_hvp(case: Case, seed: int = 0) -> float:
     got = f(**_arguments(case, inputs, f.arguments), **{f"tan_{x}": tangents[x] for x in case.wrt})
     want = torch_hvp(case, inputs, tangents)
     return max(agree(got[x], want[x], rtol=RTOL, atol=ATOL, what=f"{case.name}: (H v) of {x}") for x in case.wrt)
+
+
+def rules_used(case: Case) -> tuple[str, ...]:
+    """The tangent rules `jvp` applies to `case` (a build without compilation)."""
+    return _graph(case.name, lambda: case.to_sdfg(), tuple(case.wrt), case.of).meta["tangent"].rules_used
+
+
+_GRAPHS: dict[str, Any] = {}
+
+
+def _graph(name: str, program, wrt: tuple[str, ...], of: str):
+    from gradflow.forward import jvp_graph
+
+    if name not in _GRAPHS:
+        _GRAPHS[name] = jvp_graph(program(), list(wrt), [of])
+    return _GRAPHS[name]
+
+
+def library_rules_used(name: str) -> tuple[str, ...]:
+    """The tangent rules `jvp` applies to library case `name`."""
+    from gradflow.verify.corpus.library import CASES_BY_NAME
+
+    case = CASES_BY_NAME[name]
+    return _graph(f"library:{name}", lambda: case.program.to_sdfg(simplify=True), tuple(case.wrt),
+                  "S").meta["tangent"].rules_used
+
+
+def check_library_jvp(name: str, sizes: Mapping[str, int], seed: int) -> float:
+    """The tangent of library case `name` at `sizes` along a random direction against `torch.func.jvp`."""
+    from gradflow.runtime.invoke import Invoker
+    from gradflow.verify.corpus.library import CASES_BY_NAME
+
+    case = CASES_BY_NAME[name]
+    graph = _graph(f"library:{name}", lambda: case.program.to_sdfg(simplify=True), tuple(case.wrt), "S")
+    rng = np.random.default_rng(seed)
+    inputs = case.make_inputs(rng, dict(sizes))
+    tangents = {x: rng.standard_normal(np.shape(inputs[x])) for x in case.wrt}
+    names = graph.meta["tangent"].arguments()
+    arrays = {k: np.array(v, copy=True) for k, v in inputs.items()}
+    arrays.setdefault("S", np.zeros(1))  # some cases accumulate into S
+    arrays.update({names[x]: tangents[x] for x in case.wrt})
+    taken = set(map(str, graph.sdfg.free_symbols))
+    out, _ = Invoker(graph)(**arrays, **{k: v for k, v in sizes.items() if k in taken})
+    tensors = to_tensors(inputs)
+
+    def f(*xs: torch.Tensor) -> torch.Tensor:
+        return case.torch_fn(**{**tensors, **dict(zip(case.wrt, xs))}).reshape(())
+
+    want = torch.func.jvp(f, tuple(tensors[x] for x in case.wrt), tuple(torch.tensor(tangents[x]) for x in case.wrt))
+    return agree(np.asarray(out[names["S"]]).reshape(-1)[0], float(want[1]), rtol=RTOL, atol=ATOL,
+                 what=f"{name}: tangent of S at sizes {dict(sizes)}")

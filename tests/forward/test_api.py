@@ -143,3 +143,17 @@ def test_hessian_of_the_k_means_objective_equals_torch():
 
     want = torch.autograd.functional.hessian(objective, torch.tensor(C))
     np.testing.assert_allclose(H_gf, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@dace.program
+def product(x: dace.float64[N], S: dace.float64[1]):
+    S[0] = np.prod(x)
+
+
+@pytest.mark.parametrize("x", [[2.0, -1.5, 3.0, 0.5], [2.0, 0.0, 3.0, 0.5], [0.0, 1.0, 0.0, 2.0]])
+def test_product_tangent_is_exact_where_factors_are_zero(x):
+    f = gradflow.value_and_jvp(product, wrt="x", of="S")
+    x, v = np.array(x), np.array([0.3, -1.2, 0.7, 2.0])
+    _, tangents = f(x=x, tan_x=v)
+    want = torch.func.jvp(torch.prod, (torch.tensor(x),), (torch.tensor(v),))[1]
+    np.testing.assert_allclose(tangents["S"][0], want.item(), rtol=1e-14, atol=1e-15)

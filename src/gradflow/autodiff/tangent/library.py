@@ -2,7 +2,7 @@
 
 - Linear nodes (a sum `Reduce`, `Transpose`, `TensorTranspose`): the same node applied to the tangent.
 - A max or min `Reduce`: the mean of the tangents of the elements that attain the result (ties split
-  equally, as torch's `amax`).
+  equally, as torch's `amax`); a product `Reduce`: exact where factors are zero.
 - Multilinear nodes (`MatMul`, `Gemm`, `Gemv`, `Dot`, `TensorDot`, `Einsum`): the product rule, one copy of
   the node per operand that carries a tangent, that operand replaced by its tangent; the first copy writes
   the output's tangent and keeps the node's accumulation (`beta * C`, through an input connector read from
@@ -25,7 +25,7 @@ from gradflow.autodiff.rules.library.reduce import index_maps, reduction_io
 from gradflow.autodiff.tangent.context import TangentContext, tangent_library_rule
 from gradflow.autodiff.tangent.zeros import zero_subset
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.core.wcr import SUM, reduction_type
+from gradflow.core.wcr import PRODUCT, SUM, reduction_type
 
 
 def _edges(state: SDFGState, node: nd.LibraryNode):
@@ -91,10 +91,15 @@ def _accumulator(ins: dict, out) -> str | None:
     return out.src_conn if out.src_conn in ins else None
 
 
-def _drop_accumulator(node: nd.LibraryNode, conn: str) -> None:
-    """The first term of a product whose accumulated old value has no tangent: `beta * 0`."""
-    node.beta = 0
-    node.remove_in_connector(conn)
+def _accumulate_nothing(node: nd.LibraryNode, conn: str | None) -> None:
+    """A term that adds nothing to its output's old value (`beta = 0`, no accumulator connector; Gemm's
+    `cin` cleared too, else its expansion still reads `_c`)."""
+    if hasattr(node, "beta"):
+        node.beta = 0
+    if hasattr(node, "cin"):
+        node.cin = False
+    if conn is not None and conn in node.in_connectors:
+        node.remove_in_connector(conn)
 
 
 @tangent_library_rule("MatMul", "Gemm", "Gemv", "Dot", "TensorDot", "Einsum")
@@ -132,16 +137,13 @@ class ProductRule:
                     if acc_active:
                         e = ins[acc]
                         state.add_edge(mirror.node(e.src), e.src_conn, twin, acc, mirror.memlet(e.data))
-                    else:
-                        _drop_accumulator(twin, acc)
+                    else:  # the old value has no tangent: beta * 0
+                        _accumulate_nothing(twin, acc)
                 state.add_edge(twin, out.src_conn, target, None, mirror.memlet(out.data))
                 continue
             # a later term goes to a fresh temporary: it accumulates nothing (a node with `beta` and no
             # accumulator connector, as reverse mode emits them, adds into its output's memory)
-            if hasattr(twin, "beta"):
-                twin.beta = 0
-            if acc is not None:
-                twin.remove_in_connector(acc)
+            _accumulate_nothing(twin, acc)
             desc = state.sdfg.arrays[out.data.data]
             name, _ = state.sdfg.add_array(f"gradflow_tterm_{out.data.data}", subset.size(), desc.dtype,
                                            transient=True, find_new_name=True)
@@ -200,3 +202,56 @@ class Extremum:
             f"ties_mean_{y.array}", ranges,
             {"__c": dace.Memlet(f"{count}[{element}]"), "__t": dace.Memlet(f"{total}[{element}]")},
             "__o = __t / __c", {"__o": dace.Memlet(f"{ty}[{element}]")}, external_edges=True)
+
+
+def _is_product(node) -> bool:
+    return reduction_type(node.wcr) == dtypes.ReductionType.Product
+
+
+@tangent_library_rule("Reduce", applies=_is_product, name="ProductTangent")
+class Product:
+    """d prod(x) = sum_i t_i prod_{j != i} x_j, exact where factors are zero: per output, the product of the
+    nonzero factors `p`, their number of zeros `z`, `sum t_i / x_i` over the nonzero factors and `sum t_i`
+    over the zero ones; the tangent is `p * sum(t/x)` with no zero, `p * t_zero` with one, 0 with more. In
+    three states after the node's (clear, tally, combine)."""
+
+    def tangent(self, site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+        state = site.state
+        mirror = ctx.mirror(state)
+        x, y = reduction_io(site)
+        if not mirror.has_tangent(y.array):
+            return
+        (out,) = [e for e in state.out_edges(node) if not e.data.is_empty()]
+        if not mirror.has_tangent(x.array):
+            zero_subset(state, mirror.node(out.dst), out.data.get_dst_subset(out, state))
+            return
+        if node.identity is None:
+            raise NotDifferentiableError(
+                f"reduction '{node}' multiplies its result into the old value of '{y.array}' (no identity)",
+                "reduce into a new array")
+        ranges, xi, yo = index_maps(site, x, y)
+        sdfg, cfg = state.sdfg, state.parent_graph
+        desc = sdfg.arrays[y.array]
+        temps = {}
+        for role in ("p", "z", "r", "t"):
+            temps[role], _ = sdfg.add_array(f"gradflow_prod_{role}_{y.array}", desc.shape, desc.dtype,
+                                            transient=True, find_new_name=True)
+        clear = cfg.add_state_after(state, f"{state.label}_prod_clear")
+        ranges_y, _, element = subset_elements(y.subset, "__o")
+        clear.add_mapped_tasklet(
+            f"prod_clear_{y.array}", ranges_y, {}, "__p = 1.0\n__z = 0.0\n__r = 0.0\n__t = 0.0",
+            {f"__{k}": dace.Memlet(f"{v}[{element}]") for k, v in temps.items()}, external_edges=True)
+        tally = cfg.add_state_after(clear, f"{state.label}_prod_tally")
+        tx, ty = ctx.tangents[x.array], ctx.tangents[y.array]
+        code = ("__zero = __x == 0.0\n__p = 1.0 if __zero else __x\n__z = 1.0 if __zero else 0.0\n"
+                "__r = 0.0 if __zero else __tx / __x\n__t = __tx if __zero else 0.0")
+        reads = {"__x": dace.Memlet(f"{x.array}[{xi}]"), "__tx": dace.Memlet(f"{tx}[{xi}]")}
+        tally.add_mapped_tasklet(
+            f"prod_tally_{y.array}", ranges, reads, code, {"__p": dace.Memlet(f"{temps['p']}[{yo}]", wcr=PRODUCT),
+                   **{f"__{k}": dace.Memlet(f"{temps[k]}[{yo}]", wcr=SUM) for k in ("z", "r", "t")}},
+            external_edges=True)
+        combine = cfg.add_state_after(tally, f"{state.label}_prod_combine")
+        combine.add_mapped_tasklet(
+            f"prod_combine_{y.array}", ranges_y, {f"__{k}": dace.Memlet(f"{v}[{element}]") for k, v in temps.items()},
+            "__o = __p * __r if __z == 0.0 else (__p * __t if __z == 1.0 else 0.0)",
+            {"__o": dace.Memlet(f"{ty}[{element}]")}, external_edges=True)

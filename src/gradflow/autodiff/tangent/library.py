@@ -153,6 +153,26 @@ class ProductRule:
             target = _add_into(state, target, subset, temp)
 
 
+def _reduction_operands(site: OpSite, node: nd.LibraryNode, ctx: TangentContext):
+    """(input, output, map ranges over the input, input element, output element) of a reduction whose
+    output carries a tangent; None when there is nothing more to do (no tangent, or zeros written because
+    the input has none)."""
+    state = site.state
+    mirror = ctx.mirror(state)
+    x, y = reduction_io(site)
+    if not mirror.has_tangent(y.array):
+        return None
+    (out,) = [e for e in state.out_edges(node) if not e.data.is_empty()]
+    if not mirror.has_tangent(x.array):
+        zero_subset(state, mirror.node(out.dst), out.data.get_dst_subset(out, state))
+        return None
+    if node.identity is None:
+        raise NotDifferentiableError(
+            f"reduction '{node}' combines its result with the old value of '{y.array}' (no identity)",
+            "reduce into a new array")
+    return (x, y, *index_maps(site, x, y))
+
+
 def _is_extremum(node) -> bool:
     return reduction_type(node.wcr) in (dtypes.ReductionType.Max, dtypes.ReductionType.Min)
 
@@ -164,20 +184,11 @@ class Extremum:
     then divide, in three states after the node's."""
 
     def tangent(self, site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+        operands = _reduction_operands(site, node, ctx)
+        if operands is None:
+            return
+        x, y, ranges, xi, yo = operands
         state = site.state
-        mirror = ctx.mirror(state)
-        x, y = reduction_io(site)
-        if not mirror.has_tangent(y.array):
-            return
-        (out,) = [e for e in state.out_edges(node) if not e.data.is_empty()]
-        if not mirror.has_tangent(x.array):
-            zero_subset(state, mirror.node(out.dst), out.data.get_dst_subset(out, state))
-            return
-        if node.identity is None:
-            raise NotDifferentiableError(
-                f"reduction '{node}' combines its result with the old value of '{y.array}' (no identity)",
-                "reduce into a new array")
-        ranges, xi, yo = index_maps(site, x, y)
         sdfg, cfg = state.sdfg, state.parent_graph
         desc = sdfg.arrays[y.array]
         count, _ = sdfg.add_array(f"gradflow_ties_{y.array}", desc.shape, desc.dtype, transient=True,
@@ -216,20 +227,11 @@ class Product:
     three states after the node's (clear, tally, combine)."""
 
     def tangent(self, site: OpSite, node: nd.LibraryNode, ctx: TangentContext) -> None:
+        operands = _reduction_operands(site, node, ctx)
+        if operands is None:
+            return
+        x, y, ranges, xi, yo = operands
         state = site.state
-        mirror = ctx.mirror(state)
-        x, y = reduction_io(site)
-        if not mirror.has_tangent(y.array):
-            return
-        (out,) = [e for e in state.out_edges(node) if not e.data.is_empty()]
-        if not mirror.has_tangent(x.array):
-            zero_subset(state, mirror.node(out.dst), out.data.get_dst_subset(out, state))
-            return
-        if node.identity is None:
-            raise NotDifferentiableError(
-                f"reduction '{node}' multiplies its result into the old value of '{y.array}' (no identity)",
-                "reduce into a new array")
-        ranges, xi, yo = index_maps(site, x, y)
         sdfg, cfg = state.sdfg, state.parent_graph
         desc = sdfg.arrays[y.array]
         temps = {}

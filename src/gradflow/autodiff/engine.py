@@ -592,8 +592,11 @@ def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Diffe
 
 
 def _nonnegative(expr) -> bool:
-    """`expr` is provably >= 0 for the positive sizes of the program (its symbols are DaCe's, positive)."""
-    return bool(expr.is_nonnegative) or (expr.is_number and expr >= 0)
+    """`expr` is provably >= 0 for any non-negative values of its symbols (sizes, trip counts)."""
+    if expr.is_number:
+        return bool(expr >= 0)
+    plain = {s: sympy.Symbol(f"__nn_{s}", integer=True, nonnegative=True) for s in expr.free_symbols}
+    return bool(expr.xreplace(plain).is_nonnegative)
 
 
 def backward_symbols(sites: list[OpSite], active: set[int], pops: dict, recompute: RecomputePlan | None,

@@ -154,12 +154,11 @@ def hessian(program: Any, wrt: str, of: str | None = None, *, optimize: bool | P
     if not isinstance(wrt, str):
         raise InvalidArgumentError("hessian takes one wrt array name", "e.g. hessian(program, wrt='x')")
     product = hvp(program, wrt, of, optimize=optimize)
-    graph = Graph.of(program)
-    order = [n for n in graph.sdfg.arg_names]
 
     def f(*args: Any, **kwargs: Any) -> Any:
-        given = dict(zip(order, args))
-        given.update(kwargs)
+        # bound by the Hessian-vector program's own argument order (the program is not parsed again)
+        arrays, symbols, _ = product._call.invoker.bind(args, kwargs)
+        given = {**arrays, **symbols}
         if wrt not in given:
             raise ArgumentError(f"argument '{wrt}' is missing")
         x = given[wrt]

@@ -62,13 +62,15 @@ _BUILT: dict[tuple[str, str], Any] = {}
 
 
 def _built(case: Case, kind: str):
-    """The built function of `case` (one build per case name and kind in a process)."""
-    from gradflow.forward import hvp, value_and_jvp
+    """The built function of `case` (one build per case name and kind in a process; the jvp's tangent
+    program is the one `rules_used` reports on)."""
+    from gradflow.forward import ValueAndJVP, _Call, hvp
 
     key = (case.name, kind)
     if key not in _BUILT:
         if kind == "jvp":
-            _BUILT[key] = value_and_jvp(case.to_sdfg(), wrt=list(case.wrt), of=[case.of])
+            graph = _graph(case.name, lambda: case.to_sdfg(), tuple(case.wrt), case.of)
+            _BUILT[key] = ValueAndJVP(_Call(graph, tuple(case.wrt)), [case.of])
         else:
             _BUILT[key] = hvp(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=forwarding_of(case))
     return _BUILT[key]

@@ -173,6 +173,12 @@ def _reduction_operands(site: OpSite, node: nd.LibraryNode, ctx: TangentContext)
     return (x, y, *index_maps(site, x, y))
 
 
+def _like(sdfg: dace.SDFG, array: str, stem: str) -> str:
+    """A new transient shaped and typed like `array` (per-output temporaries of a reduction's tangent)."""
+    desc = sdfg.arrays[array]
+    return sdfg.add_array(stem, desc.shape, desc.dtype, transient=True, find_new_name=True)[0]
+
+
 def _is_extremum(node) -> bool:
     return reduction_type(node.wcr) in (dtypes.ReductionType.Max, dtypes.ReductionType.Min)
 
@@ -190,11 +196,7 @@ class Extremum:
         x, y, ranges, xi, yo = operands
         state = site.state
         sdfg, cfg = state.sdfg, state.parent_graph
-        desc = sdfg.arrays[y.array]
-        count, _ = sdfg.add_array(f"gradflow_ties_{y.array}", desc.shape, desc.dtype, transient=True,
-                                  find_new_name=True)
-        total, _ = sdfg.add_array(f"gradflow_tiesum_{y.array}", desc.shape, desc.dtype, transient=True,
-                                  find_new_name=True)
+        count, total = (_like(sdfg, y.array, f"gradflow_{role}_{y.array}") for role in ("ties", "tiesum"))
         clear = cfg.add_state_after(state, f"{state.label}_ties_clear")
         for temp in (count, total):
             zero_subset(clear, clear.add_access(temp), y.subset)
@@ -233,11 +235,7 @@ class Product:
         x, y, ranges, xi, yo = operands
         state = site.state
         sdfg, cfg = state.sdfg, state.parent_graph
-        desc = sdfg.arrays[y.array]
-        temps = {}
-        for role in ("p", "z", "r", "t"):
-            temps[role], _ = sdfg.add_array(f"gradflow_prod_{role}_{y.array}", desc.shape, desc.dtype,
-                                            transient=True, find_new_name=True)
+        temps = {role: _like(sdfg, y.array, f"gradflow_prod_{role}_{y.array}") for role in ("p", "z", "r", "t")}
         clear = cfg.add_state_after(state, f"{state.label}_prod_clear")
         ranges_y, _, element = subset_elements(y.subset, "__o")
         clear.add_mapped_tasklet(

@@ -1,7 +1,7 @@
 """gradflow: automatic differentiation of DaCe SDFGs as pure graph rewriting.
 
 Public API: `grad`, `vjp`, `value_and_grad` (reverse mode), `jvp`, `value_and_jvp` (forward mode), `hvp`,
-`hessian` (second order), the forwarding policies (`STORE_ALL`,
+`hessian` (second order), `jacfwd`, `jacrev` (dense Jacobians), the forwarding policies (`STORE_ALL`,
 `RECOMPUTE_ALL`, `recompute`, `Forwarding`), `Graph`, `Pass`, `Pipeline` (custom pipelines),
 the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is reachable through the subpackages.
 """
@@ -25,6 +25,7 @@ from gradflow.core import (
 
 from gradflow.api import grad, value_and_grad, vjp
 from gradflow.forward import hessian, hvp, jvp, value_and_jvp
+from gradflow.jacobians import jacfwd, jacrev
 from gradflow.autodiff.forwarding import RECOMPUTE_ALL, STORE_ALL, Forwarding, recompute
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import ad_pipeline
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline", "jvp", "value_and_jvp", "hvp", "hessian",
+    "jacfwd", "jacrev",
     "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
     "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError",
     "LoopBoundError",

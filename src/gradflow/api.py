@@ -56,7 +56,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
 
 def _check_options(prefix: Any, forwarding: Any) -> None:
     """The keyword options every entry point shares: typed errors naming the option."""
-    if not isinstance(prefix, str):
+    if prefix is not None and not isinstance(prefix, str):
         raise InvalidArgumentError(f"prefix must be a string, got {describe(prefix)}", "e.g. prefix='grad_'")
     check_forwarding(forwarding)
 
@@ -105,7 +105,7 @@ def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str,
         if prefix + name in arrays:
             raise InvalidArgumentError(
                 f"the gradient array name '{prefix + name}' is already taken by an array of the SDFG",
-                "pass another prefix=, e.g. prefix='d_'",
+                "pass another prefix=, e.g. prefix='d_', or prefix=None for the first free one of grad_, grad2_, ...",
             )
         problem = identifier_problem(prefix + name)
         if problem is not None:
@@ -115,19 +115,31 @@ def _check(graph: Graph, wrt: tuple[str, ...], of: tuple[str, ...], prefix: str,
             )
 
 
+def free_prefix(sdfg: dace.SDFG, names: Iterable[str]) -> str:
+    """`grad_`, or `grad2_`, `grad3_`, ... when the program has arrays of those names already (it is a
+    gradient program, differentiated again)."""
+    k = 1
+    while any(f"grad{k if k > 1 else ''}_{n}" in sdfg.arrays for n in names):
+        k += 1
+    return f"grad{k if k > 1 else ''}_"
+
+
 def _prepare(program: Any, wrt, of, prefix: Any, forwarding: Any,
-             scalar_of: bool) -> tuple[Graph, tuple[str, ...], tuple[str, ...]]:
+             scalar_of: bool) -> tuple[Graph, tuple[str, ...], tuple[str, ...], str]:
+    """The parsed program, the checked names, and the prefix (`free_prefix` where `prefix` is None)."""
     wrt_names = _names(wrt, "wrt")
     of_names = _names(of, "of") if of is not None else None
     _check_options(prefix, forwarding)
     graph = Graph.of(program)
     check_identifiers(graph.sdfg)
     of_names = of_names if of_names is not None else (infer_of(graph.sdfg),)
+    if prefix is None:
+        prefix = free_prefix(graph.sdfg, set(wrt_names) | (set() if scalar_of else set(of_names)))
     _check(graph, wrt_names, of_names, prefix, scalar_of)
-    return graph, wrt_names, of_names
+    return graph, wrt_names, of_names, prefix
 
 
-def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefix: str = "grad_",
+def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefix: str | None = "grad_",
          pipeline: Pipeline | None = None, forwarding: Forwarding | None = None, optimize: bool | Pipeline = True):
     """A new SDFG computing what `program` computes plus `grad_<x>` = d(of)/d(x) for each x in `wrt`.
 
@@ -138,7 +150,9 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     otherwise is an error. `forwarding` chooses how values reach the backward sweep (default `STORE_ALL`;
     `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds the SDFG has one more output,
     `gradflow_overflow` (see `gradflow.Forwarding`). `optimize` applies `gradflow.optimize.OPTIMIZE` to
-    the result (True, the default), nothing (False) or the given pipeline.
+    the result (True, the default), nothing (False) or the given pipeline. `prefix=None` takes the first
+    of `grad_`, `grad2_`, ... that names no array yet (for the gradient of a gradient program; see
+    "Second order" in the user guide).
     """
     graph = grad_graph(program, wrt, of, prefix, pipeline, forwarding, optimize)
     # The result is a value built for this call that no one else holds: hand its SDFG out without a copy,
@@ -146,11 +160,11 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     return graph.to_sdfg() if graph.sdfg is _sdfg_of(program) else graph.sdfg
 
 
-def grad_graph(program, wrt, of, prefix: str = "grad_", pipeline: Pipeline | None = None,
+def grad_graph(program, wrt, of, prefix: str | None = "grad_", pipeline: Pipeline | None = None,
                forwarding: Forwarding | None = None, optimize: bool | Pipeline = True) -> Graph:
     """`grad` as a frozen `Graph` whose `meta["ad"]` (`ADInterface`) says what was built: gradient names,
     what the tape stores, what is recomputed, which rules were applied."""
-    graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=True)
+    graph, wrt_names, of_names, prefix = _prepare(program, wrt, of, prefix, forwarding, scalar_of=True)
     want = Reverse(wrt_names, of_names, "grad", prefix, forwarding if forwarding is not None else STORE_ALL)
     pipe = ad_pipeline(want) if pipeline is None else bind_pipeline(pipeline, want, forwarding is not None)
     # Values built for this call (the parsed or copied program, the differentiated graph) are lent to the
@@ -241,13 +255,13 @@ def check_loop_bounds(arrays: Any, interface: Any) -> None:
         )
 
 
-def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str = "grad_",
+def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str | None = "grad_",
         forwarding: Forwarding = STORE_ALL, optimize: bool | Pipeline = True) -> VJPResult:
     """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`); `optimize`
     as for `grad`, applied to each of them."""
     if of is None:
         raise InvalidArgumentError("vjp needs of= (the outputs whose cotangents it takes)", "e.g. of='Y'")
-    graph, wrt_names, of_names = _prepare(program, wrt, of, prefix, forwarding, scalar_of=False)
+    graph, wrt_names, of_names, prefix = _prepare(program, wrt, of, prefix, forwarding, scalar_of=False)
     forwarding = forwarding if forwarding is not None else STORE_ALL
     pipe = ad_pipeline(Reverse(wrt_names, of_names, "vjp", prefix, forwarding)) + SplitVJP()
     graph = _run(pipe, graph)
@@ -269,13 +283,15 @@ def value_and_grad(program: Any, wrt: str | Sequence[str], of: str | None = None
     """
     from gradflow.at_call import AtCall, plans_at_call
 
-    _check_options("grad_", forwarding)
+    _check_options(None, forwarding)
     forwarding = forwarding if forwarding is not None else STORE_ALL
+    # the gradients are returned by wrt name: their arrays take a free prefix (`free_prefix`), so the
+    # gradient of a gradient program is one call too
     if not plans_at_call(forwarding):
-        return _ValueAndGrad(wrt, built=_Built.of(grad_graph(program, wrt, of, "grad_", None, forwarding, optimize)))
-    graph, _, _ = _prepare(program, wrt, of, "grad_", forwarding, scalar_of=True)  # errors before any call
+        return _ValueAndGrad(wrt, built=_Built.of(grad_graph(program, wrt, of, None, None, forwarding, optimize)))
+    graph, _, _, _ = _prepare(program, wrt, of, None, forwarding, scalar_of=True)  # errors before any call
     return _ValueAndGrad(wrt, at_call=AtCall(
-        graph, forwarding, lambda policy: _Built.of(grad_graph(graph, wrt, of, "grad_", None, policy, optimize))))
+        graph, forwarding, lambda policy: _Built.of(grad_graph(graph, wrt, of, None, None, policy, optimize))))
 
 
 @attrs.frozen

@@ -124,7 +124,7 @@ def hvp(program: Any, wrt: str | Sequence[str], of: str | None = None, *, forwar
     Forward over reverse: the tangent program of the gradient program (`grad_<x>`, built under
     `forwarding`)."""
     wrt_names = _names(wrt, "wrt")
-    gradient = grad_graph(program, wrt_names, of, "grad_", forwarding=forwarding, optimize=False)
+    gradient = grad_graph(program, wrt_names, of, None, forwarding=forwarding, optimize=False)
     grads = gradient.meta["ad"].grads
     graph = jvp_graph(gradient, wrt_names, [grads[x] for x in wrt_names], optimize=optimize)
     return HVP(_Call(graph, wrt_names), {x: grads[x] for x in wrt_names})

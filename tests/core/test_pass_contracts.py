@@ -17,6 +17,7 @@ from gradflow.autodiff.normalize import NORMALIZE, CollapseMaps, ExpandLibraryNo
 from gradflow.autodiff.passes import Reverse, SplitVJP
 from gradflow.autodiff.tangent.passes import Tangent
 from gradflow.core.graph import Graph
+from gradflow.core.names import made_by_gradflow
 from gradflow.core.passes import registered_passes
 from gradflow.core.rule_table import RuleTable
 from gradflow.optimize.dead_stores import _dead_writes
@@ -312,8 +313,23 @@ def _count_arguments(g: Graph) -> list[str]:
     return count_arguments(g.sdfg)
 
 
+def _gradient_program() -> Graph:
+    from gradflow.api import grad_graph
+
+    return Graph.adopt(grad_graph(loops.lp_jacobi_1d.to_sdfg(), ["A", "B"], "S", optimize=False).to_sdfg())
+
+
+def _made_names(g: Graph) -> int:
+    """Transients and symbols named as gradflow's passes name theirs (the program's own arguments aside)."""
+    return sum(1 for s in g.sdfg.all_sdfgs_recursive() for n in (
+        *(a for a, d in s.arrays.items() if d.transient or s is not g.sdfg), *s.symbols,
+        *(k for e in s.all_interstate_edges() for k in e.data.assignments)) if made_by_gradflow(n)
+        and not n.startswith("gfl"))
+
+
 #: pass name -> (input builder, the pass to run, property of a graph, expected (before, after)).
 CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], object], tuple]] = {
+    "set_aside_internal_names": (_gradient_program, None, _made_names, ("> 0", 0)),
     "count_arguments_to_symbols": (lambda: Graph.of(_steps_as_argument.to_sdfg()), None, _count_arguments,
                                    (["steps"], [])),
     "lift_control_flow": (lambda: Graph.of(unstructured.lp_api_loop_branch()), None, _branching, ("> 0", 0)),

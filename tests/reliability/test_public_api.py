@@ -36,7 +36,7 @@ def _no_line_info():
     (dict(wrt=3), r"wrt must be an array name .* got 3"),
     (dict(wrt=["X", "X"]), r"wrt names 'X' more than once"),
     (dict(wrt="X", of=1), r"of must be an array name .* got 1"),
-    (dict(wrt="X", prefix=None), r"prefix must be a string, got None"),
+    (dict(wrt="X", prefix=3), r"prefix must be a string, got 3"),
     (dict(wrt="X", prefix="1"), r"prefix '1' makes the gradient array name '1X', which is not a C\+\+ identifier"),
     (dict(wrt="X", forwarding="store"), r"forwarding must be a gradflow.Forwarding, got 'store'"),
 ])

@@ -21,8 +21,22 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.names import made_by_gradflow, tape_array
 from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet, stored_as
 from gradflow.core.wcr import reduction_type
+
+
+def foreign_code_hint(state: SDFGState, node: nd.Tasklet) -> str:
+    """What to do about a tasklet in another language than Python that gradflow itself wrote into a program
+    differentiated again ('' for one the user wrote): a growable tape's push or pop (a while loop without
+    a bound), or a tasklet of the optimizer."""
+    if any(e.data.data and tape_array(e.data.data) for e in state.all_edges(node)):
+        return ("it is a growable tape's C++ code (a while loop without a bound): give the while loop a bound "
+                "when building the gradient program (forwarding=gradflow.STORE_ALL.with_loop_bounds(...))")
+    if any(e.data.data and made_by_gradflow(e.data.data) for e in state.all_edges(node)):
+        return ("gradflow's optimizer wrote it: differentiate the gradient program built with optimize=False "
+                "(and optimize the second-order program instead)")
+    return ""
 
 
 @attrs.frozen
@@ -183,7 +197,8 @@ class _Composer:
     def tasklet(self, node: nd.Tasklet, constants: set[str]) -> None:
         state, where = self.state, self.where
         if node.language != dtypes.Language.Python:
-            raise NotDifferentiableError(f"{where}: tasklet '{node}' is written in {node.language.name}, not Python")
+            raise NotDifferentiableError(f"{where}: tasklet '{node}' is written in {node.language.name}, not Python",
+                                         foreign_code_hint(state, node))
         meaning = read_tasklet(node.code.as_string, node.in_connectors, node.out_connectors, f"tasklet '{node}'",
                                constants=constants)
         indexed_in = {el.conn for el in meaning.reads.values()}

@@ -308,14 +308,16 @@ class SplitVJP(Pass):
 
 
 def ad_pipeline(reverse: Reverse | None = None) -> Pipeline:
-    """The default AD pipeline: in grad mode `count_arguments_to_symbols` (trip counts given as arguments
-    become symbols: priced by budgets, sizing fixed stacks; for a whole program only, so not in
+    """The default AD pipeline: `set_aside_internal_names` (a program gradflow made, differentiated again,
+    keeps its tape's names apart from the new one's), in grad mode `count_arguments_to_symbols` (trip counts
+    given as arguments become symbols: priced by budgets, sizing fixed stacks; for a whole program only, so not in
     `NORMALIZE`, which nested SDFGs share; not in vjp mode, whose forward and backward SDFGs keep the
     program's arguments for the torch dispatchers, which pass symbols only as extents), `NORMALIZE` (with
     `reverse`'s library table), then `reverse`."""
     from gradflow.transforms.count_arguments import CountArgumentsToSymbols
+    from gradflow.transforms.internal_names import SetAsideInternalNames
 
     reverse = reverse if reverse is not None else Reverse()
     normalize = normalize_pipeline(reverse.library_rules, reverse.forwarding.checkpoint_loops or ())
-    first = (CountArgumentsToSymbols(),) if reverse.mode == "grad" else ()
+    first = (SetAsideInternalNames(),) + ((CountArgumentsToSymbols(),) if reverse.mode == "grad" else ())
     return Pipeline(first + normalize.steps, normalize.hook, normalize.assumes) + reverse

@@ -38,6 +38,22 @@ M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_
 __state
 """.split())
 
+#: prefixes of the names gradflow's passes make: arrays and blocks, symbols
+MADE = ("gradflow_", "gf_")
+#: the tag a later differentiation gives them (`gradflow.transforms.internal_names`)
+_SET_ASIDE = re.compile(r"gfl\d+_")
+
+
+def made_by_gradflow(name: str) -> bool:
+    """Whether `name` is one a gradflow pass made, as made or as set aside by a later differentiation."""
+    return name.startswith(MADE) or _SET_ASIDE.match(name) is not None
+
+
+def tape_array(name: str) -> bool:
+    """Whether `name` is an array of a gradflow tape, as made or as set aside."""
+    return name.startswith("gradflow_tape") or re.match(r"gfl\d+_tape", name) is not None
+
+
 _CPP_CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 
 

@@ -429,8 +429,9 @@ def parse_tasklet(
 
 
 def derivative(expr: sympy.Expr, wrt: sympy.Symbol) -> sympy.Expr:
-    """d expr / d wrt, with distributions (DiracDelta) replaced by their almost-everywhere value 0."""
-    d = sympy.diff(expr, wrt)
+    """d expr / d wrt, with distributions (DiracDelta) replaced by their almost-everywhere value 0; a truth
+    value (`a == b` stored as a number, as gradients of `max` are) is a step, whose derivative is 0."""
+    d = sympy.diff(number_of(expr), wrt)
     if d.has(sympy.DiracDelta):
         d = d.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.Integer(0))
     if d.has(sympy.Derivative):

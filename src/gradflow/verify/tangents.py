@@ -1,6 +1,7 @@
 """Checks of forward mode and second order against PyTorch: the tangent of a corpus case's `of` along a
 random direction against `torch.func.jvp` of its torch reference, and Hessian-vector products against
-`torch.func.jvp` of `torch.func.grad` (forward over reverse in torch too). Float64, the tolerances of the
+`torch.func.jvp` of `torch.func.grad` (forward over reverse in torch too), and the gradient of a gradient
+program against torch's double backward. Float64, the tolerances of the
 other program checks. Programs (dataflow and loop corpora) and library cases (`corpus/library.py`, at
 drawn sizes) both report the tangent rules their builds applied (`rules_used`), which `gradflow verify`
 counts per rule."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import dace
 import numpy as np
 import torch
 
@@ -52,6 +54,20 @@ def torch_hvp(case: Case, inputs: Mapping[str, np.ndarray], tangents: Mapping[st
     return {x: t.detach().numpy() for x, t in zip(case.wrt, out)}
 
 
+def torch_double_backward(case: Case, inputs: Mapping[str, np.ndarray],
+                          cotangents: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """torch's double backward: the gradient of `sum(w * grad)` over the `wrt` gradients (built with
+    `create_graph=True`), `w` the `cotangents`; a gradient torch finds constant contributes nothing."""
+    f, primals = _torch_of(case, inputs)
+    xs = tuple(p.detach().clone().requires_grad_(True) for p in primals)
+    first = torch.autograd.grad(f(*xs), xs, create_graph=True)
+    varied = [k for k, g in enumerate(first) if g.requires_grad]
+    second = torch.autograd.grad([first[k] for k in varied], xs, allow_unused=True,
+                                 grad_outputs=[torch.tensor(cotangents[case.wrt[k]]) for k in varied]) \
+        if varied else (None,) * len(xs)
+    return {x: np.zeros(np.shape(inputs[x])) if t is None else t.detach().numpy() for x, t in zip(case.wrt, second)}
+
+
 def _arguments(case: Case, inputs: Mapping[str, np.ndarray], program_symbols) -> dict[str, Any]:
     arrays: dict[str, Any] = {k: np.array(v, copy=True) for k, v in inputs.items()}
     arrays.update({k: v for k, v in case.symbols.items() if k in program_symbols})
@@ -64,6 +80,7 @@ _BUILT: dict[tuple[str, str], Any] = {}
 def _built(case: Case, kind: str):
     """The built function of `case` (one build per case name and kind in a process; the jvp's tangent
     program is the one `rules_used` reports on)."""
+    from gradflow.api import grad_graph, vjp
     from gradflow.forward import ValueAndJVP, _Call, hvp
 
     key = (case.name, kind)
@@ -71,8 +88,14 @@ def _built(case: Case, kind: str):
         if kind == "jvp":
             graph = _graph(case.name, lambda: case.to_sdfg(), tuple(case.wrt), case.of)
             _BUILT[key] = ValueAndJVP(_Call(graph, tuple(case.wrt)), [case.of])
-        else:
+        elif kind == "hvp":
             _BUILT[key] = hvp(case.to_sdfg(), wrt=list(case.wrt), of=case.of, forwarding=forwarding_of(case))
+        else:  # grad_of_grad: the split vjp of the gradient program, and its gradients' names
+            gradient = grad_graph(case.to_sdfg(), list(case.wrt), case.of, forwarding=forwarding_of(case),
+                                  optimize=False)
+            grads = gradient.meta["ad"].grads
+            _BUILT[key] = (vjp(gradient.sdfg, wrt=list(case.wrt), of=[grads[x] for x in case.wrt], prefix=None),
+                           grads)
     return _BUILT[key]
 
 
@@ -101,6 +124,27 @@ def check_hvp(case: Case, seed: int = 0) -> float:
     got = f(**_arguments(case, inputs, f.arguments), **{f"tan_{x}": tangents[x] for x in case.wrt})
     want = torch_hvp(case, inputs, tangents)
     return max(agree(got[x], want[x], rtol=RTOL, atol=ATOL, what=f"{case.name}: (H v) of {x}") for x in case.wrt)
+
+
+def check_grad_of_grad(case: Case, seed: int = 0) -> float:
+    """Reverse over reverse: `gradflow.vjp` of `case`'s gradient program (`grad`, built with
+    `optimize=False`, tapes included) with a random cotangent on each gradient `grad_<x>`, against torch's
+    double backward."""
+    from gradflow.verify.routes import run_vjp
+
+    built, grads = _built(case, "grad_of_grad")
+    inputs = case.inputs(seed)
+    cotangents = direction(case, inputs, seed)
+    arrays, symbols = _arguments(case, inputs, ()), dict(case.symbols)
+    for name, desc in built.forward.arrays.items():  # the gradients and flags the gradient program writes
+        if not desc.transient and name not in arrays and name not in symbols and name not in built.saved:
+            shape = tuple(int(dace.symbolic.evaluate(d, {dace.symbol(k): v for k, v in symbols.items()}))
+                          for d in desc.shape)
+            arrays[name] = np.zeros(shape, dtype=desc.dtype.as_numpy_dtype())
+    _, got = run_vjp(built, arrays, symbols, {grads[x]: cotangents[x] for x in case.wrt})
+    want = torch_double_backward(case, inputs, cotangents)
+    return max(agree(got[x], want[x], rtol=RTOL, atol=ATOL, what=f"{case.name}: double backward of {x}")
+               for x in case.wrt)
 
 
 def rules_used(case: Case) -> tuple[str, ...]:

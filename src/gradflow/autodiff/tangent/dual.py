@@ -19,6 +19,7 @@ from dace import dtypes
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
+from gradflow.autodiff.elementfn import foreign_code_hint
 from gradflow.autodiff.tangent.mirror import TAN, StateMirror
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import (
@@ -81,11 +82,8 @@ def dual_tasklet(state: SDFGState, node: nd.Tasklet, mirror: StateMirror, consta
     if not outs:
         return False
     if node.language != dtypes.Language.Python:
-        tape = any(e.data.data and e.data.data.startswith("gradflow_tape") for e in state.all_edges(node))
-        raise NotDifferentiableError(
-            f"{where} is written in {node.language.name}, not Python",
-            "it is a growable tape's C++ code: give the while loop a bound for the gradient program "
-            "(hvp(..., forwarding=gradflow.STORE_ALL.with_loop_bounds(...)))" if tape else "")
+        raise NotDifferentiableError(f"{where} is written in {node.language.name}, not Python",
+                                     foreign_code_hint(state, node))
     ins = []
     for e in state.in_edges(node):
         if e.data.is_empty() or e.dst_conn is None:

@@ -72,6 +72,9 @@ class Tangent(Pass):
 
 
 def jvp_pipeline(tangent: Tangent) -> Pipeline:
-    """NORMALIZE (keeping whole the library nodes `tangent` has rules for), then `tangent`."""
+    """`set_aside_internal_names` (for a program gradflow made), NORMALIZE (keeping whole the library nodes
+    `tangent` has rules for), then `tangent`."""
+    from gradflow.transforms.internal_names import SetAsideInternalNames
+
     normalize = normalize_pipeline(tangent.library_rules)
-    return Pipeline(normalize.steps, normalize.hook, normalize.assumes) + tangent
+    return Pipeline((SetAsideInternalNames(),) + normalize.steps, normalize.hook, normalize.assumes) + tangent

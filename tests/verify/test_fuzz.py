@@ -171,3 +171,32 @@ def test_forward_mode_is_checked_against_the_checked_gradient() -> None:
     assert _jvp_problem(module.program, wrt, data, spec["symbols"], grads) is None
     wrong = {k: v * 1.01 for k, v in grads.items()}
     assert "jvp" in (_jvp_problem(module.program, wrt, data, spec["symbols"], wrong) or "")
+
+
+def test_second_order_is_checked_against_differences_of_the_checked_gradient() -> None:
+    """`_hvp_problem` accepts central differences of the gradient along the direction and flags a gradient
+    whose differences differ (one scaled by how far its point moved)."""
+    import importlib.util
+
+    from gradflow.verify.fuzz.check import _hvp_problem
+
+    spec = spec_of(_program(), (DEFAULT,), seed=1)
+    data = make_data(spec, spec["seed"])
+    path = Path(__import__("tempfile").mkdtemp()) / "fuzz_hvp_program.py"
+    path.write_text(spec["dace"])
+    module_spec = importlib.util.spec_from_file_location("fuzz_hvp_program", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    from gradflow.verify.routes import gradient
+
+    wrt = tuple(spec["wrt"]) + (("S",) if spec.get("reads_S") else ())
+
+    def rerun(d):
+        return gradient(module.program, wrt, "S", d, spec["symbols"])[1]
+
+    def bent(d):  # a gradient that is wrong away from the checked point: its differences are not H v
+        moved = sum(float(np.sum(np.asarray(d[x]) - np.asarray(data[x]))) for x in wrt)
+        return {k: np.asarray(v) * (1.0 + 50.0 * moved) for k, v in rerun(d).items()}
+
+    assert _hvp_problem(module.program, wrt, data, spec["symbols"], rerun) is None
+    assert "hvp" in (_hvp_problem(module.program, wrt, data, spec["symbols"], bent) or "")

@@ -3,11 +3,12 @@
 - Linear nodes (a sum `Reduce`, `Transpose`, `TensorTranspose`): the same node applied to the tangent.
 - A max or min `Reduce`: the mean of the tangents of the elements that attain the result (ties split
   equally, as torch's `amax`); a product `Reduce`: exact where factors are zero.
-- Multilinear nodes (`MatMul`, `Gemm`, `Gemv`, `Dot`, `TensorDot`, `Einsum`): the product rule, one copy of
-  the node per operand that carries a tangent, that operand replaced by its tangent; the first copy writes
+- Multilinear nodes (`MatMul`, `Gemm`, `Gemv`, `Dot`, `TensorDot`, `Einsum`, gradflow's `Convolution`): the
+  product rule, one copy of the node per operand that carries a tangent, that operand replaced by its tangent; the first copy writes
   the output's tangent and keeps the node's accumulation (`beta * C`, through an input connector read from
   C's tangent, or into the output's memory, as reverse mode's `beta = 1` nodes without one do), the others
-  write temporaries with `beta = 0` that a map adds in. So the tangent of a product is again BLAS calls.
+  write temporaries with `beta = 0` that a map adds in. So the tangent of a product is again BLAS calls, of a
+  convolution two convolutions (`conv(dx, w) + conv(x, dw)`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _accumulate_nothing(node: nd.LibraryNode, conn: str | None) -> None:
         node.remove_in_connector(conn)
 
 
-@tangent_library_rule("MatMul", "Gemm", "Gemv", "Dot", "TensorDot", "Einsum")
+@tangent_library_rule("MatMul", "Gemm", "Gemv", "Dot", "TensorDot", "Einsum", "Convolution")
 class ProductRule:
     """d(A B) = dA B + A dB (any number of operands), `beta * C` carried by the first term."""
 

@@ -19,7 +19,9 @@ Verdicts (`Verdict.kind`):
 
 Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
 direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
-crash of forward mode alone is reported under that config.
+crash of forward mode alone is reported under that config. Then second order (config `HVP`): `hvp` along a
+random direction must equal central differences of that gradient along it (its `while` loops bounded as
+the budget configuration bounds them).
 
 Gradients are compared element by element with central differences at two step sizes; an element where
 the two disagree (the program is not smooth there: a kink of `abs`, a tie, a jump of an integer
@@ -44,8 +46,9 @@ import numpy as np
 CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
                 for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False))
 DEFAULT = ("grad", "store_all", True)
-#: the config under which forward mode's verdicts are reported
+#: the configs under which forward mode's and second order's verdicts are reported
 JVP = ("jvp", "-", True)
+HVP = ("hvp", "store_all", True)
 
 REFUSALS = ("NotDifferentiableError", "NoRuleError", "UnsupportedCode", "InvalidArgumentError",
             "UnknownArrayError", "ResourceLimitError")
@@ -316,6 +319,40 @@ def _jvp_problem(program, wrt: Sequence[str], data: Mapping[str, Any], symbols: 
     return None
 
 
+def _hvp_problem(program, wrt: Sequence[str], data: Mapping[str, Any], symbols: Mapping, rerun) -> str | None:
+    """Second order against the checked gradient: `hvp` along a random direction must equal central
+    differences of the first configuration's gradient along it (steps h and 2h; an element where the two
+    disagree, a kink of the gradient, is not compared)."""
+    from gradflow.autodiff.forwarding import STORE_ALL
+    from gradflow.forward import hvp
+
+    rng = np.random.default_rng(20261202)
+    direction = {x: rng.standard_normal(np.shape(data[x])) for x in wrt}
+    f = hvp(program, wrt=list(wrt), of="S", forwarding=STORE_ALL.with_loop_bounds(**{"*": WHILE_BOUND}))
+    taken = f.arguments
+    given = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in data.items() if k in taken}
+    extra = {k: v for k, v in symbols.items() if k in taken and k not in given}
+    got = f(**given, **extra, **{f"tan_{x}": direction[x] for x in wrt})
+    scale = max(1.0, max(float(np.max(np.abs(np.asarray(data[x], dtype=np.float64)), initial=0.0)) for x in wrt))
+
+    def along(step: float) -> dict:
+        moved = [rerun({k: (np.asarray(v) + sign * step * direction[k] if k in direction else v)
+                        for k, v in data.items()}) for sign in (1, -1)]
+        return {x: (np.asarray(moved[0][x]) - np.asarray(moved[1][x])) / (2 * step) for x in wrt}
+
+    h = 1e-5 * scale
+    near, far = along(h), along(2 * h)
+    for x in wrt:
+        a, b, mine = near[x], far[x], np.asarray(got[x])
+        size = max(1.0, float(np.max(np.abs(a), initial=0.0)))
+        smooth = np.abs(a - b) <= 1e-4 * size
+        if np.any(smooth & (np.abs(mine - a) > 1e-4 * size)):
+            k = int(np.argmax(smooth & (np.abs(mine - a) > 1e-4 * size)))
+            return (f"hvp: (H v) of {x} at flat index {k} is {mine.reshape(-1)[k]!r}, central differences of the "
+                    f"gradient along v give {a.reshape(-1)[k]!r}")
+    return None
+
+
 def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
     """Check one program (see the module docstring); never raises for a program's failure."""
     start = time.perf_counter()
@@ -406,4 +443,14 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
                            time.perf_counter() - start, skipped=skipped)
         if problem is not None:
             return Verdict("WRONG", JVP, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
+    if reference is not None and rerun is not None and spec.get("hvp", True):
+        try:
+            problem = _hvp_problem(module.program, reference_wrt, data, spec["symbols"], rerun)
+        except Exception as exc:
+            kind = _classify(exc)
+            tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
+            return Verdict(kind, HVP, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
+                           time.perf_counter() - start, skipped=skipped)
+        if problem is not None:
+            return Verdict("WRONG", HVP, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
     return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)

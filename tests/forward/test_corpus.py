@@ -72,3 +72,19 @@ def test_resnet_tangent_is_not_finite_as_torch_maximum_gives():
     with pytest.raises(Exception, match="nan"):
         check_jvp(case)
     assert np.isnan(want)
+
+
+def test_central_differences_give_the_derivative_and_skip_kinks():
+    """The tangent check's second reference: a smooth function's directional derivative within rounding,
+    None near a kink along the direction (within the steps; one exactly at the point is symmetric, and
+    differences give the mean slope there, as the tangents of max and relu do)."""
+    import numpy as np
+
+    from gradflow.verify.tangents import central_difference
+
+    x, v = np.array([0.3, -1.2]), np.array([1.0, 2.0])
+    smooth = central_difference(lambda a: float(np.sum(np.sin(a["x"]))), {"x": x}, {"x": v})
+    assert smooth is not None and abs(smooth[0] - float(np.cos(x) @ v)) < 1e-9
+    kink = central_difference(lambda a: float(np.max(a["x"] * [1.0, 0.0])), {"x": np.array([0.5e-5, 0.0])},
+                              {"x": v})
+    assert kink is None

@@ -1,5 +1,6 @@
 """Checks of forward mode and second order against PyTorch: the tangent of a corpus case's `of` along a
-random direction against `torch.func.jvp` of its torch reference, and Hessian-vector products against
+random direction against `torch.func.jvp` of its torch reference (and against central differences of the
+tangent program's own values along it, where the program is smooth there), and Hessian-vector products against
 `torch.func.jvp` of `torch.func.grad` (forward over reverse in torch too), and the gradient of a gradient
 program against torch's double backward. Float64, the tolerances of the
 other program checks. Programs (dataflow and loop corpora) and library cases (`corpus/library.py`, at
@@ -99,6 +100,32 @@ def _built(case: Case, kind: str):
     return _BUILT[key]
 
 
+#: central differences: step (times the inputs' scale) and the agreement of steps h and 2h below which the
+#: program counts as smooth along the direction (Richardson: the error at h is then about a third of it)
+FD_STEP, FD_SMOOTH, FD_RTOL = 1e-5, 1e-6, 1e-5
+
+
+def central_difference(value_at, inputs: Mapping[str, np.ndarray],
+                       tangents: Mapping[str, np.ndarray]) -> tuple[float, float] | None:
+    """(d value / d t of `value_at(inputs + t * tangents)` at 0 by central differences, the absolute error
+    rounding allows it), or None where steps h and 2h disagree (a kink or a jump along the direction: a
+    tie of `max`, a branch)."""
+    scale = max([1.0] + [float(np.max(np.abs(inputs[x]), initial=0.0)) for x in tangents])
+    h = FD_STEP * scale
+    values = {}
+
+    def moved(step: float) -> float:
+        values[step] = value_at({**inputs, **{x: np.asarray(inputs[x]) + step * t for x, t in tangents.items()}})
+        return values[step]
+
+    near = (moved(h) - moved(-h)) / (2 * h)
+    far = (moved(2 * h) - moved(-2 * h)) / (4 * h)
+    rounding = 64 * np.finfo(np.float64).eps * max(abs(v) for v in values.values()) / h
+    if abs(near - far) > FD_SMOOTH * max(1.0, abs(near)) + rounding:
+        return None
+    return near, rounding
+
+
 def check_jvp(case: Case, seed: int = 0) -> float:
     """`value_and_jvp` of `case` along a random direction against torch: the worst relative error of the
     value and the tangent, or `CheckFailure`."""
@@ -112,8 +139,19 @@ def check_jvp(case: Case, seed: int = 0) -> float:
         want_value = float(f_torch(*primals))
     worst = agree(np.asarray(value[case.of]).reshape(-1)[0], want_value, rtol=RTOL, atol=ATOL,
                   what=f"{case.name}: value of the tangent program")
-    return max(worst, agree(np.asarray(tangent[case.of]).reshape(-1)[0], torch_jvp(case, inputs, tangents),
-                            rtol=RTOL, atol=ATOL, what=f"{case.name}: tangent of {case.of}"))
+    got = np.asarray(tangent[case.of]).reshape(-1)[0]
+    worst = max(worst, agree(got, torch_jvp(case, inputs, tangents), rtol=RTOL, atol=ATOL,
+                             what=f"{case.name}: tangent of {case.of}"))
+
+    def value_at(moved: Mapping[str, np.ndarray]) -> float:
+        out, _ = f(**_arguments(case, moved, symbols), **{f"tan_{x}": tangents[x] for x in case.wrt})
+        return float(np.asarray(out[case.of]).reshape(-1)[0])
+
+    fd = central_difference(value_at, inputs, tangents)
+    if fd is not None:  # the tangent program's own values, differenced, agree with its tangent
+        agree(got, fd[0], rtol=FD_RTOL, atol=FD_RTOL * 1e-2 + fd[1], what=f"{case.name}: tangent of {case.of} "
+              "against central differences")
+    return worst
 
 
 def check_hvp(case: Case, seed: int = 0) -> float:
@@ -187,12 +225,26 @@ def check_library_jvp(name: str, sizes: Mapping[str, int], seed: int) -> float:
     arrays.setdefault("S", np.zeros(1))  # some cases accumulate into S
     arrays.update({names[x]: tangents[x].copy() for x in case.wrt})  # an in-place program overwrites its tangent
     taken = set(map(str, graph.sdfg.free_symbols))
-    out, _ = Invoker(graph)(**arrays, **{k: v for k, v in sizes.items() if k in taken})
+    invoker, extents = Invoker(graph), {k: v for k, v in sizes.items() if k in taken}
+    out, _ = invoker(**arrays, **extents)
     tensors = to_tensors(inputs)
 
     def f(*xs: torch.Tensor) -> torch.Tensor:
         return case.torch_fn(**{**tensors, **dict(zip(case.wrt, xs))}).reshape(())
 
     want = torch.func.jvp(f, tuple(tensors[x] for x in case.wrt), tuple(torch.tensor(tangents[x]) for x in case.wrt))
-    return agree(np.asarray(out[names["S"]]).reshape(-1)[0], float(want[1]), rtol=RTOL, atol=ATOL,
-                 what=f"{name}: tangent of S at sizes {dict(sizes)}")
+    got = np.asarray(out[names["S"]]).reshape(-1)[0]
+    worst = agree(got, float(want[1]), rtol=RTOL, atol=ATOL, what=f"{name}: tangent of S at sizes {dict(sizes)}")
+
+    def value_at(moved: Mapping[str, np.ndarray]) -> float:
+        given = {k: np.array(v, copy=True) for k, v in moved.items()}
+        given.setdefault("S", np.zeros(1))
+        given.update({names[x]: tangents[x].copy() for x in case.wrt})
+        after, _ = invoker(**given, **extents)
+        return float(np.asarray(after["S"]).reshape(-1)[0])
+
+    fd = central_difference(value_at, inputs, tangents)
+    if fd is not None:
+        agree(got, fd[0], rtol=FD_RTOL, atol=FD_RTOL * 1e-2 + fd[1],
+              what=f"{name}: tangent of S against central differences")
+    return worst

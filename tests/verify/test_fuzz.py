@@ -151,19 +151,26 @@ def test_configurations_may_differ_only_within_the_measured_spread() -> None:
     assert nudged["idx"].tolist() == [2]
 
 
-def test_forward_mode_is_checked_against_the_checked_gradient() -> None:
-    """`_jvp_problem` accepts the gradient's dot product with the direction and flags any other."""
+def _loaded_program():
+    """(spec, data, the DaCe program module) of `_program()`, as a campaign's worker loads it."""
     import importlib.util
-
-    from gradflow.verify.fuzz.check import _jvp_problem
+    import tempfile
 
     spec = spec_of(_program(), (DEFAULT,), seed=1)
     data = make_data(spec, spec["seed"])
-    path = Path(__import__("tempfile").mkdtemp()) / "fuzz_jvp_program.py"
+    path = Path(tempfile.mkdtemp()) / "fuzz_loaded_program.py"
     path.write_text(spec["dace"])
-    module_spec = importlib.util.spec_from_file_location("fuzz_jvp_program", path)
+    module_spec = importlib.util.spec_from_file_location("fuzz_loaded_program", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
+    return spec, data, module
+
+
+def test_forward_mode_is_checked_against_the_checked_gradient() -> None:
+    """`_jvp_problem` accepts the gradient's dot product with the direction and flags any other."""
+    from gradflow.verify.fuzz.check import _jvp_problem
+
+    spec, data, module = _loaded_program()
     from gradflow.verify.routes import gradient
 
     wrt = tuple(spec["wrt"]) + (("S",) if spec.get("reads_S") else ())
@@ -176,17 +183,9 @@ def test_forward_mode_is_checked_against_the_checked_gradient() -> None:
 def test_second_order_is_checked_against_differences_of_the_checked_gradient() -> None:
     """`_hvp_problem` accepts central differences of the gradient along the direction and flags a gradient
     whose differences differ (one scaled by how far its point moved)."""
-    import importlib.util
-
     from gradflow.verify.fuzz.check import _hvp_problem
 
-    spec = spec_of(_program(), (DEFAULT,), seed=1)
-    data = make_data(spec, spec["seed"])
-    path = Path(__import__("tempfile").mkdtemp()) / "fuzz_hvp_program.py"
-    path.write_text(spec["dace"])
-    module_spec = importlib.util.spec_from_file_location("fuzz_hvp_program", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    spec, data, module = _loaded_program()
     from gradflow.verify.routes import gradient
 
     wrt = tuple(spec["wrt"]) + (("S",) if spec.get("reads_S") else ())

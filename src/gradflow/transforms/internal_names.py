@@ -68,21 +68,18 @@ def level_tag(sdfg: dace.SDFG) -> str:
 
 
 def _rename_connectors(node: nd.NestedSDFG, state: dace.SDFGState, renamed: dict[str, str]) -> None:
+    """The nested SDFG node's connectors, their edges and its symbol mapping, after its SDFG's renaming."""
+    sides = ((node.in_connectors, node.remove_in_connector, node.add_in_connector, state.in_edges, "dst_conn"),
+             (node.out_connectors, node.remove_out_connector, node.add_out_connector, state.out_edges, "src_conn"))
     for old, new in renamed.items():
-        if old in node.in_connectors:
-            dtype = node.in_connectors[old]
-            node.remove_in_connector(old)
-            node.add_in_connector(new, dtype, force=True)
-            for edge in state.in_edges(node):
-                if edge.dst_conn == old:
-                    edge.dst_conn = new
-        if old in node.out_connectors:
-            dtype = node.out_connectors[old]
-            node.remove_out_connector(old)
-            node.add_out_connector(new, dtype, force=True)
-            for edge in state.out_edges(node):
-                if edge.src_conn == old:
-                    edge.src_conn = new
+        for connectors, remove, add, edges, end in sides:
+            if old in connectors:
+                dtype = connectors[old]
+                remove(old)
+                add(new, dtype, force=True)
+                for edge in edges(node):
+                    if getattr(edge, end) == old:
+                        setattr(edge, end, new)
         if old in node.symbol_mapping:
             node.symbol_mapping[new] = node.symbol_mapping.pop(old)
 

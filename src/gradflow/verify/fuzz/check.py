@@ -433,24 +433,21 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
         if reference is None:
             reference, reference_wrt = grads, wrt
             rerun = _rerun(module.program, tuple(wrt), spec["symbols"], route, forwarding, optimize)
-    if reference is not None and spec.get("jvp", True):
+    if reference is None:
+        return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)
+    # forward mode and second order, each against the checked gradient
+    later = ((JVP, "jvp", lambda: _jvp_problem(module.program, reference_wrt, data, spec["symbols"], reference)),
+             (HVP, "hvp", lambda: _hvp_problem(module.program, reference_wrt, data, spec["symbols"], rerun)))
+    for config, key, problem_of in later:
+        if not spec.get(key, True):
+            continue
         try:
-            problem = _jvp_problem(module.program, reference_wrt, data, spec["symbols"], reference)
+            problem = problem_of()
         except Exception as exc:
             kind = _classify(exc)
             tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
-            return Verdict(kind, JVP, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
+            return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
                            time.perf_counter() - start, skipped=skipped)
         if problem is not None:
-            return Verdict("WRONG", JVP, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
-    if reference is not None and rerun is not None and spec.get("hvp", True):
-        try:
-            problem = _hvp_problem(module.program, reference_wrt, data, spec["symbols"], rerun)
-        except Exception as exc:
-            kind = _classify(exc)
-            tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
-            return Verdict(kind, HVP, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
-                           time.perf_counter() - start, skipped=skipped)
-        if problem is not None:
-            return Verdict("WRONG", HVP, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
+            return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
     return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)

@@ -109,6 +109,11 @@ class ValueAndJVP:
         """The names the program takes (arrays, scalars and symbols); compiles it on first use."""
         return self._call.arguments
 
+    @property
+    def invoker(self) -> Any:
+        """The tangent program's `Invoker` (binds arguments by the program's order)."""
+        return self._call.invoker
+
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
         arrays = self._call(args, kwargs)
         names = self._call.interface.arguments()
@@ -141,6 +146,11 @@ class HVP:
         """The names the program takes (arrays, scalars and symbols); compiles it on first use."""
         return self._call.arguments
 
+    @property
+    def invoker(self) -> Any:
+        """The Hessian-vector program's `Invoker` (binds arguments by the program's order)."""
+        return self._call.invoker
+
     def __call__(self, *args: Any, **kwargs: Any) -> dict:
         arrays = self._call(args, kwargs)
         names = self._call.interface.arguments()
@@ -154,10 +164,11 @@ def hessian(program: Any, wrt: str, of: str | None = None, *, optimize: bool | P
     if not isinstance(wrt, str):
         raise InvalidArgumentError("hessian takes one wrt array name", "e.g. hessian(program, wrt='x')")
     product = hvp(program, wrt, of, optimize=optimize)
+    assert isinstance(product, HVP)  # (hvp is typed as the callable it returns)
 
     def f(*args: Any, **kwargs: Any) -> Any:
         # bound by the Hessian-vector program's own argument order (the program is not parsed again)
-        arrays, symbols, _ = product._call.invoker.bind(args, kwargs)
+        arrays, symbols, _ = product.invoker.bind(args, kwargs)
         given = {**arrays, **symbols}
         if wrt not in given:
             raise ArgumentError(f"argument '{wrt}' is missing")

@@ -15,7 +15,7 @@ from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline
-from gradflow.forward import value_and_jvp
+from gradflow.forward import ValueAndJVP, value_and_jvp
 
 
 def _one(value: Any, what: str) -> str:
@@ -47,9 +47,10 @@ def jacfwd(program: Any, wrt: str, of: str, *, optimize: bool | Pipeline = True)
     not written."""
     wrt, of = _one(wrt, "wrt"), _one(of, "of")
     tangent = value_and_jvp(program, wrt, of, optimize=optimize)
+    assert isinstance(tangent, ValueAndJVP)  # (value_and_jvp is typed as the callable it returns)
 
     def f(*args: Any, **kwargs: Any) -> Any:
-        given, symbols, as_torch = tangent._call.invoker.bind(args, kwargs)
+        given, symbols, as_torch = tangent.invoker.bind(args, kwargs)
         if wrt not in given:
             raise ArgumentError(f"argument '{wrt}' is missing")
         x = _as_numpy(given[wrt])

@@ -4,11 +4,12 @@
 - A max or min `Reduce`: the mean of the tangents of the elements that attain the result (ties split
   equally, as torch's `amax`); a product `Reduce`: exact where factors are zero.
 - Multilinear nodes (`MatMul`, `Gemm`, `Gemv`, `Dot`, `TensorDot`, `Einsum`, gradflow's `Convolution`): the
-  product rule, one copy of the node per operand that carries a tangent, that operand replaced by its tangent; the first copy writes
-  the output's tangent and keeps the node's accumulation (`beta * C`, through an input connector read from
-  C's tangent, or into the output's memory, as reverse mode's `beta = 1` nodes without one do), the others
-  write temporaries with `beta = 0` that a map adds in. So the tangent of a product is again BLAS calls, of a
-  convolution two convolutions (`conv(dx, w) + conv(x, dw)`).
+  product rule, one copy of the node per operand that carries a tangent, that operand replaced by its
+  tangent; the first copy writes the output's tangent and keeps the node's accumulation (`beta * C`,
+  through an input connector read from C's tangent, or into the output's memory, as reverse mode's
+  `beta = 1` nodes without one do), the others write temporaries with `beta = 0` that a map adds in. So
+  the tangent of a product is again BLAS calls, of a convolution two convolutions (`conv(dx, w) + conv(x,
+  dw)`).
 """
 
 from __future__ import annotations

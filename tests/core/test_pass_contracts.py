@@ -17,7 +17,7 @@ from gradflow.autodiff.normalize import NORMALIZE, CollapseMaps, ExpandLibraryNo
 from gradflow.autodiff.passes import Reverse, SplitVJP
 from gradflow.autodiff.tangent.passes import Tangent
 from gradflow.core.graph import Graph
-from gradflow.core.names import made_by_gradflow
+from gradflow.core.names import MADE
 from gradflow.core.passes import registered_passes
 from gradflow.core.rule_table import RuleTable
 from gradflow.optimize.dead_stores import _dead_writes
@@ -323,8 +323,7 @@ def _made_names(g: Graph) -> int:
     """Transients and symbols named as gradflow's passes name theirs (the program's own arguments aside)."""
     return sum(1 for s in g.sdfg.all_sdfgs_recursive() for n in (
         *(a for a, d in s.arrays.items() if d.transient or s is not g.sdfg), *s.symbols,
-        *(k for e in s.all_interstate_edges() for k in e.data.assignments)) if made_by_gradflow(n)
-        and not n.startswith("gfl"))
+        *(k for e in s.all_interstate_edges() for k in e.data.assignments)) if n.startswith(MADE))
 
 
 #: pass name -> (input builder, the pass to run, property of a graph, expected (before, after)).

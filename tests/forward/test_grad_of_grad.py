@@ -138,3 +138,12 @@ def test_gradflow_names_are_set_aside_and_arguments_kept():
 def test_a_users_program_keeps_its_names():
     graph = Graph.of(smooth)
     assert SetAsideInternalNames()(graph).unwrap() is graph  # loop labels stay as users name them
+
+
+def test_optimized_gradient_program_is_refused_with_what_to_do():
+    """The optimizer's accumulations are C++ tasklets: the refusal says to differentiate the unoptimized
+    gradient program (no compilation: it is refused while building)."""
+    case = CASES["lp_strided_step2"]
+    g = gradflow.grad(case.to_sdfg(), wrt=list(case.wrt), of=case.of)  # optimized, as grad returns it
+    with pytest.raises(NotDifferentiableError, match="optimize=False"):
+        gradflow.vjp(g, wrt=list(case.wrt), of=[f"grad_{x}" for x in case.wrt], prefix=None)

@@ -21,7 +21,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.core.names import made_by_gradflow, tape_array
+from gradflow.core.names import tape_array
 from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet, stored_as
 from gradflow.core.wcr import reduction_type
 
@@ -33,7 +33,7 @@ def foreign_code_hint(state: SDFGState, node: nd.Tasklet) -> str:
     if any(e.data.data and tape_array(e.data.data) for e in state.all_edges(node)):
         return ("it is a growable tape's C++ code (a while loop without a bound): give the while loop a bound "
                 "when building the gradient program (forwarding=gradflow.STORE_ALL.with_loop_bounds(...))")
-    if any(e.data.data and made_by_gradflow(e.data.data) for e in state.all_edges(node)):
+    if "gradflow_" in node.label:  # the optimizer's tasklets are named after the accumulator they clear or fold
         return ("gradflow's optimizer wrote it: differentiate the gradient program built with optimize=False "
                 "(and optimize the second-order program instead)")
     return ""

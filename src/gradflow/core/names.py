@@ -40,17 +40,11 @@ __state
 
 #: prefixes of the names gradflow's passes make: arrays and blocks, symbols
 MADE = ("gradflow_", "gf_")
-#: the tag a later differentiation gives them (`gradflow.transforms.internal_names`)
-_SET_ASIDE = re.compile(r"gfl\d+_")
-
-
-def made_by_gradflow(name: str) -> bool:
-    """Whether `name` is one a gradflow pass made, as made or as set aside by a later differentiation."""
-    return name.startswith(MADE) or _SET_ASIDE.match(name) is not None
 
 
 def tape_array(name: str) -> bool:
-    """Whether `name` is an array of a gradflow tape, as made or as set aside."""
+    """Whether `name` is an array of a gradflow tape, as made or as set aside by a later differentiation
+    (`gfl<k>_tape...`, `gradflow.transforms.internal_names`)."""
     return name.startswith("gradflow_tape") or re.match(r"gfl\d+_tape", name) is not None
 
 

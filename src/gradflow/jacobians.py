@@ -83,11 +83,9 @@ def jacrev(program: Any, wrt: str, of: str, *, forwarding: Forwarding = STORE_AL
         if wrt not in given:
             raise ArgumentError(f"argument '{wrt}' is missing")
         given = {k: np.array(_as_numpy(v), copy=True) if hasattr(v, "shape") else v for k, v in given.items()}
-        runner = forward.runner
-        values = runner.symbols_for({n: v for n, v in given.items() if hasattr(v, "shape")}, symbols)
-        for spec in runner.plan.arrays:  # what the forward saves for the backward: the caller's to allocate
-            if spec.name in result.saved and spec.name not in given:
-                given[spec.name] = np.zeros(tuple(d.evaluate(values) for d in spec.shape), dtype=spec.dtype)
+        values = forward.symbol_values(given, symbols)
+        # what the forward saves for the backward: the caller's to allocate
+        given.update(forward.zeros({n for n in result.saved if n not in given}, values))
         after, _ = forward(**given, **symbols)
         out = _as_numpy(after[of])
         taken = set(backward.runner.plan.names)

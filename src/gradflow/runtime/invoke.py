@@ -85,6 +85,24 @@ class Invoker:
                 given[spec.name] = _one_element(given[spec.name], tuple(1 for _ in spec.shape))
         return given, symbols, as_torch
 
+    def symbol_values(self, given: dict[str, Any], symbols: dict[str, int]) -> dict[str, int]:
+        """Every symbol's value at a call: the ones given and the ones the given arrays' shapes fix
+        (checked to be in range)."""
+        runner = self.runner
+        values = runner.symbols_for({n: v for n, v in given.items() if hasattr(v, "shape")}, symbols)
+        check_symbol_range(values, (runner.plan,))
+        return values
+
+    def zeros(self, names: Any, values: dict[str, int], as_torch: bool = False) -> dict[str, Any]:
+        """Zero-filled arrays for the program's array arguments among `names`, sized by the symbol `values`."""
+        made: dict[str, Any] = {}
+        for spec in self.runner.plan.arrays:
+            if spec.name in names:
+                shape = tuple(d.evaluate(values) for d in spec.shape)
+                made[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch
+                                   else np.zeros(shape, dtype=spec.dtype))
+        return made
+
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], bool]:
         """Run the SDFG; returns every array argument by name (the given ones and the allocated ones,
         written in place) and whether torch tensors were given."""
@@ -99,11 +117,6 @@ class Invoker:
                     "writing all of them, so gradflow does not allocate them",
                     "pass them (e.g. np.zeros(...) where zeros are meant); only arrays the program certainly "
                     "overwrites before reading (outputs, gradients) may be left out")
-            values = runner.symbols_for({n: v for n, v in given.items() if hasattr(v, "shape")}, symbols)
-            check_symbol_range(values, (runner.plan,))
-            for spec in omitted:
-                shape = tuple(d.evaluate(values) for d in spec.shape)
-                given[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch
-                                    else np.zeros(shape, dtype=spec.dtype))
+            given.update(self.zeros({a.name for a in omitted}, self.symbol_values(given, symbols), as_torch))
         runner(**given, **symbols)
         return {a.name: given[a.name] for a in runner.plan.arrays if a.kind == ARRAY}, as_torch

@@ -111,7 +111,7 @@ def _product_alphas(g: Graph) -> list:
 def _broadcasts(g: Graph) -> int:
     from gradflow.optimize.broadcasts import _candidates
 
-    return sum(len(_candidates(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
+    return sum(len(list(_candidates(sdfg))) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
 def _sum_gradient() -> Graph:

@@ -47,7 +47,7 @@ def test_readers_read_the_repeated_element() -> None:
     x = rng.standard_normal((N, M))
     for row in (False, True):
         graph = Graph.of(_broadcast_program(row))
-        assert sum(len(_candidates(s)) for s in graph.sdfg.all_sdfgs_recursive()) == 1
+        assert sum(len(list(_candidates(s))) for s in graph.sdfg.all_sdfgs_recursive()) == 1
         out_graph = ForwardBroadcasts()(graph).unwrap()
         assert "T" not in out_graph.sdfg.arrays
         out_graph.sdfg.validate()
@@ -61,7 +61,7 @@ def test_readers_read_the_repeated_element() -> None:
 
 def test_not_across_a_write_of_the_repeated_array() -> None:
     graph = Graph.of(_broadcast_program(row=False, rewrite_source=True))
-    assert sum(len(_candidates(s)) for s in graph.sdfg.all_sdfgs_recursive()) == 0
+    assert sum(len(list(_candidates(s))) for s in graph.sdfg.all_sdfgs_recursive()) == 0
     assert ForwardBroadcasts()(graph).unwrap() is graph
 
 

@@ -56,6 +56,20 @@ def named_by_control(sdfg: dace.SDFG, name: str) -> bool:
             or named_in_code(sdfg, name))
 
 
+def control_names(sdfg: dace.SDFG) -> frozenset[str]:
+    """Every name `named_by_control(sdfg, name)` is true of, found in one walk (for passes that ask it of
+    many names): the free symbols of every interstate edge and the words of loops' and conditionals' code."""
+    names = {str(s) for e in sdfg.all_interstate_edges(recursive=True) for s in e.data.free_symbols}
+    for region in sdfg.all_control_flow_regions():  # as `named_in_code`: this SDFG's own regions
+        codes = []
+        if isinstance(region, LoopRegion):
+            codes = [region.loop_condition, region.init_statement, region.update_statement]
+        elif isinstance(region, ConditionalBlock):
+            codes = [condition for condition, _ in region.branches]
+        names.update(w for code in codes if code is not None for w in re.findall(r"\w+", code.as_string))
+    return frozenset(names)
+
+
 def touches(block, name: str) -> bool:
     """`block` (a state, or a region with everything in it) names `name`: an access node, a symbol of an
     interstate edge, a loop's or a conditional's own code."""

@@ -8,7 +8,7 @@ a copy), the caller's graph is never touched, and the rewrite sees matches found
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar, Iterable
 
 import dace
 from returns.result import Success
@@ -32,8 +32,9 @@ class RewritePass(Pass):
     #: renumber the control-flow graphs afterwards (for rewrites that add or remove regions)
     resets_cfg: ClassVar[bool] = False
 
-    def matches(self, sdfg: dace.SDFG) -> Sequence[Any]:
-        """The places in `sdfg` (not in its nested SDFGs) where the rewrite applies."""
+    def matches(self, sdfg: dace.SDFG) -> Iterable[Any]:
+        """The places in `sdfg` (not in its nested SDFGs) where the rewrite applies: a sequence, or for
+        `ONE_AT_A_TIME` also a generator (only its first match is taken before matching again)."""
         raise NotImplementedError
 
     def rewrite(self, sdfg: dace.SDFG, match: Any) -> None:
@@ -48,17 +49,22 @@ def _sdfgs(sdfg: dace.SDFG, nested: bool) -> Iterable[dace.SDFG]:
     return sdfg.all_sdfgs_recursive() if nested else (sdfg,)
 
 
+def _first(matches: Iterable[Any]) -> Any:
+    """The first match (None when there is none), without finding the others when `matches` is lazy."""
+    return next(iter(matches), None)
+
+
 def drive(graph: Graph, rewriter: RewritePass) -> PassResult:
     """Run `rewriter` over `graph` (see the module doc)."""
-    if not any(rewriter.matches(sub) for sub in _sdfgs(graph.sdfg, rewriter.nested)):
+    if not any(_first(rewriter.matches(sub)) is not None for sub in _sdfgs(graph.sdfg, rewriter.nested)):
         return Success(graph)
     sdfg = graph.editable()
     for sub in _sdfgs(sdfg, rewriter.nested):
-        if rewriter.strategy == ONE_AT_A_TIME:
-            while found := rewriter.matches(sub):
-                rewriter.rewrite(sub, found[0])
+        if rewriter.strategy == ONE_AT_A_TIME:  # only the first match is used: `matches` may be lazy
+            while (found := _first(rewriter.matches(sub))) is not None:
+                rewriter.rewrite(sub, found)
         else:
-            for match in rewriter.matches(sub):
+            for match in list(rewriter.matches(sub)):  # all found before the first rewrite
                 rewriter.rewrite(sub, match)
     if rewriter.resets_cfg:
         sdfg.reset_cfg_list()

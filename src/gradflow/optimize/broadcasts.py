@@ -21,7 +21,7 @@ names it.
 from __future__ import annotations
 
 import ast
-from typing import ClassVar
+from typing import ClassVar, Iterator
 
 import attrs
 import dace
@@ -32,7 +32,7 @@ from dace.properties import CodeBlock
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ControlFlowRegion
 
-from gradflow.analysis.access import accesses, chained_states, named_by_control, touches
+from gradflow.analysis.access import accesses, chained_states, control_names, touches
 from gradflow.analysis.loops import in_loop
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
@@ -150,8 +150,11 @@ def _readers(order: list, k: int, region: ControlFlowRegion, name: str, source: 
     return found
 
 
-def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
-    found = []
+def _candidates(sdfg: dace.SDFG) -> Iterator[Broadcast]:
+    """The broadcasts to forward, in program order (lazily: the driver takes the first, then matches again).
+    Where arrays are named is indexed once per call, so each candidate costs the blocks it scans."""
+    named: dict[str, int] | None = None
+    by_control: frozenset[str] | None = None
     for region, order, k, block in chained_states(sdfg):
         for entry, target, source, index, adds in _producers(block):
             name = target.data
@@ -160,16 +163,25 @@ def _candidates(sdfg: dace.SDFG) -> list[Broadcast]:
                     or accesses(block, name) != [target] or block.out_degree(target) or _writes(block, source)):
                 continue
             readers = _readers(order, k, region, name, source)
-            everywhere = _named(sdfg, name)
+            if not readers:
+                continue
+            if named is None:
+                named, by_control = _access_counts(sdfg), control_names(sdfg)
             # accesses before the broadcast: it overwrites or adds to what they leave, once (no loop runs
             # them again after it); an addition needs what they wrote
             before = [n for b in order[:k] for n in _named(b, name)] if not in_loop(block) else []
-            if (not readers or len(everywhere) != len(readers) + 1 + len(before) or (adds and not before)
-                    or named_by_control(sdfg, name)):
+            if named.get(name, 0) != len(readers) + 1 + len(before) or (adds and not before) or name in by_control:
                 continue
-            found.append(Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers),
-                                   adds))
-    return found
+            yield Broadcast(block, entry, target, source, index, tuple(entry.map.params), tuple(readers), adds)
+
+
+def _access_counts(sdfg: dace.SDFG) -> dict[str, int]:
+    """How many access nodes name each array, in `sdfg` and everything nested in it."""
+    counts: dict[str, int] = {}
+    for n, _ in sdfg.all_nodes_recursive():
+        if isinstance(n, nd.AccessNode):
+            counts[n.data] = counts.get(n.data, 0) + 1
+    return counts
 
 
 def _element_of_source(b: Broadcast, subset) -> dace.Memlet:
@@ -245,7 +257,7 @@ class ForwardBroadcasts(RewritePass):
     strategy: ClassVar[str] = ONE_AT_A_TIME  # a forwarded broadcast may be the source of the next
     resets_cfg: ClassVar[bool] = True
 
-    def matches(self, sdfg: dace.SDFG) -> list:
+    def matches(self, sdfg: dace.SDFG) -> Iterator[Broadcast]:
         return _candidates(sdfg)
 
     def rewrite(self, sdfg: dace.SDFG, match) -> None:

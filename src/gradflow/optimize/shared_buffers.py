@@ -58,7 +58,7 @@ from dace import symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
-from gradflow.analysis.access import chain_of, named_by_control
+from gradflow.analysis.access import chain_of, control_names
 from gradflow.analysis.writes import overwrites_first
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
@@ -113,11 +113,12 @@ def candidates(sdfg: dace.SDFG) -> set[str]:
     # fused map's temporary); used in a second state too, it would be one array for the whole call, which
     # the map's iterations share: slower, and a race once the map runs in parallel.
     scoped = {n.data for state in sdfg.states() for n in state.data_nodes() if state.entry_node(n) is not None}
+    by_control = control_names(sdfg)
     return {name for name, desc in sdfg.arrays.items()
             if type(desc) is dace.data.Array and desc.transient and desc.lifetime == dace.AllocationLifetime.Scope
             and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
             and name not in viewed and name not in scoped and name not in words and name not in sdfg.constants_prop
-            and not named_by_control(sdfg, name) and not set(map(str, desc.free_symbols)) & varying}
+            and name not in by_control and not set(map(str, desc.free_symbols)) & varying}
 
 
 class Positions:

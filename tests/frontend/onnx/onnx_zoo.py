@@ -101,6 +101,32 @@ class BiLSTM(nn.Module):
         return self.head(out[:, 0] + out[:, -1])
 
 
+class StackedGRU(nn.Module):
+    """A two-layer bidirectional nn.GRU (torch's gates: linear before reset), a classifier on the last step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(3, 4, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
+
+
+class ReluRNN(nn.Module):
+    """An Elman nn.RNN with ReLU (ONNX's RNN with activations [Relu]), classifying its last state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.RNN(3, 5, nonlinearity="relu", batch_first=True)
+        self.head = nn.Linear(5, CLASSES)
+
+    def forward(self, x):
+        _, h = self.rnn(x)
+        return self.head(h[0])
+
+
 def _mlp():
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, CLASSES)), torch.randn(3, 6)
 
@@ -163,6 +189,8 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
 #: models beyond the issue's eight, for ops the eight use in one form only
 EXTRA: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
     "bidirectional_lstm": lambda: (BiLSTM(), torch.randn(2, 3, 3)),
+    "stacked_gru": lambda: (StackedGRU(), torch.randn(2, 2, 3)),
+    "relu_rnn": lambda: (ReluRNN(), torch.randn(2, 4, 3)),
 }
 
 

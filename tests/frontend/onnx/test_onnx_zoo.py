@@ -20,7 +20,8 @@ import gradflow
 import gradflow.onnx
 import onnx_zoo
 
-CASES = [(name, False) for name in onnx_zoo.MODELS] + [("embedding_lstmcell", True), ("bidirectional_lstm", False)]
+CASES = [(name, False) for name in onnx_zoo.MODELS] + [("embedding_lstmcell", True), ("bidirectional_lstm", False),
+                                                   ("stacked_gru", False), ("relu_rnn", False)]
 
 
 @functools.cache

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, InvalidArgumentError, describe
+from gradflow.torch.dropout import DropoutCall, Mask, record_calls
 from gradflow.torch.export import BatchStats, Exported, ExportError, adopt_model, export_module
 
 
@@ -114,11 +115,13 @@ class _Lowered:
         self.signature = sig
         self.inputs = [(k, p.array) for k, name in enumerate(exported.inputs) if name is not None
                        for p in sig.inputs if p.onnx_name == name]
-        tensors = set(exported.tensors)
-        #: per weight array: the slot of a module tensor, or the value of a constant initializer
-        self.weights: list[tuple[str, _Slot | torch.Tensor]] = [
-            (w.array, _Slot(source, w.onnx_name) if w.onnx_name in tensors
-             else torch.from_numpy(np.array(sig.params[w.array]))) for w in sig.weights]
+        masks = {m.name: m for m in exported.masks}
+        tensors = set(exported.tensors) - set(masks)
+        #: per weight array: the slot of a module tensor, a dropout mask drawn per call, or the value of a
+        #: constant initializer
+        self.weights: list[tuple[str, _Slot | Mask | torch.Tensor]] = [
+            (w.array, _Slot(source, w.onnx_name) if w.onnx_name in tensors else masks[w.onnx_name]
+             if w.onnx_name in masks else torch.from_numpy(np.array(sig.params[w.array]))) for w in sig.weights]
 
     def needs_grad(self, args: Sequence[torch.Tensor]) -> tuple[bool, ...] | None:
         """Per input array (inputs, then weights): whether torch wants its gradient; None if none is wanted."""
@@ -166,8 +169,11 @@ class _Program:
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         vals = [args[k] for k, _ in self.lowered.inputs]
+        drawn = {m.name: m.draw() for m in self.lowered.exported.masks}  # in the order the forward uses them
         for _, slot in self.lowered.weights:
-            if not isinstance(slot, _Slot):
+            if isinstance(slot, Mask):
+                vals.append(drawn[slot.name])
+            elif not isinstance(slot, _Slot):
                 vals.append(slot)
             elif (id(slot.owner), slot.attr) in self.updated:
                 vals.append(slot.get().detach().clone())
@@ -234,8 +240,10 @@ class CompiledModule(torch.nn.Module):
         self._gf_example = tuple(tuple(x.shape) for x in example_inputs)
         self.__dict__["_gf_names"] = _positional_names(module)
         self._gf_modules = tuple(m for m in module.modules() if m is not module)
-        with _untouched(module), torch.no_grad():
+        calls: list[DropoutCall] = []
+        with _untouched(module), torch.no_grad(), record_calls(module, calls):
             out = module(*example_inputs)
+        self._gf_dropouts = tuple(calls)
         leaves, self._gf_spec = pytree.tree_flatten(out)
         if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
             raise InvalidArgumentError(
@@ -277,14 +285,9 @@ class CompiledModule(torch.nn.Module):
             exported = adopt_model(self._gf_given, source, len(args), self._gf_shapes)
             found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
             return found
-        for name, m in source.named_modules():
-            if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
-                raise ExportError(
-                    f"Dropout '{name}' is in training mode: gradflow cannot replay torch's random mask yet",
-                    "call .eval() on the compiled module (or on that Dropout), or set its p to 0")
         with _untouched(source):
             source.training = self.training
-            exported = export_module(source, [x.detach() for x in args], self._gf_shapes)
+            exported = export_module(source, [x.detach() for x in args], self._gf_shapes, self._gf_dropouts)
         found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
         return found
 

@@ -29,22 +29,13 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from gradflow.core.errors import GradflowError
+from gradflow.torch.dropout import DropoutCall, Mask, masks_as_inputs
+from gradflow.torch.errors import ExportError, LostParameterError
+from gradflow.torch.precision import undo_scalar_downcasts
 
 #: the opset the TorchScript exporter writes (its newest); gradflow's rules cover it
 OPSET = 20
 INPUT_PREFIX, OUTPUT_PREFIX, STATS_PREFIX = "gradflow_input_", "gradflow_output_", "gradflow_stats_"
-
-
-@attrs.frozen(eq=False)
-class ExportError(GradflowError):
-    """A module could not be exported to ONNX as `gradflow.torch.compile` needs it."""
-
-
-@attrs.frozen(eq=False)
-class LostParameterError(ExportError):
-    """The ONNX model does not hold a parameter or buffer of the module as an initializer of the same name
-    and shape (folded, merged, transposed or renamed by the export): training it would train another model."""
 
 
 @attrs.frozen
@@ -68,6 +59,8 @@ class Exported:
     outputs: tuple[str, ...]
     tensors: tuple[str, ...]
     stats: tuple[BatchStats, ...]
+    #: the training-mode Dropouts' masks, inputs drawn at every call, in the order the forward uses them
+    masks: tuple[Mask, ...] = ()
 
 
 def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str]) -> bytes:
@@ -147,27 +140,33 @@ def _check_outputs(model: onnx.ModelProto, shapes: Sequence[tuple[int, ...]], ow
                               f"tensor {k} has shape {shape}", "return tensors, or tuples/lists/dicts of tensors")
 
 
-def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]]) -> Exported:
+def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]],
+                  dropouts: Sequence[DropoutCall] = ()) -> Exported:
     """Export `module(*args)` (in the train/eval modes its submodules have now) and check its initializers
-    and that its outputs have the `shapes` of the forward's output tensors."""
+    and that its outputs have the `shapes` of the forward's output tensors. `dropouts`: the Dropout calls
+    of a forward (`dropout.record_calls`); those in training mode multiply by mask inputs."""
     input_names = [f"{INPUT_PREFIX}{k}" for k in range(len(args))]
     output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(len(shapes))]
-    try:
-        with _all_buffers_persistent(module), _traceable_attention():
-            data = _quiet_export(module, tuple(args), input_names, output_names)
-    except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
-        raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
-                          "gradflow.torch.compile traces the module with torch.onnx.export(dynamo=False); "
-                          "make its forward traceable (tensors in, tensors out)") from exc
-    model = onnx.load_from_string(data)
-    tensors = named_tensors(module)
-    matched = check_initializers(model, tensors, type(module).__name__)
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()),
+                 next((a.dtype for a in args if a.is_floating_point()), torch.get_default_dtype()))
+    with masks_as_inputs(module, dropouts, dtype) as masks:
+        try:
+            with _all_buffers_persistent(module), _traceable_attention():
+                data = _quiet_export(module, tuple(args), input_names, output_names)
+        except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
+            raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
+                              "gradflow.torch.compile traces the module with torch.onnx.export(dynamo=False); "
+                              "make its forward traceable (tensors in, tensors out)") from exc
+        model = onnx.load_from_string(data)
+        undo_scalar_downcasts(model)
+        matched = check_initializers(model, named_tensors(module), type(module).__name__)
     graph_inputs = {vi.name for vi in model.graph.input}
     _check_outputs(model, shapes, type(module).__name__, "the ONNX export")
     outputs = tuple(o.name for o in model.graph.output)
     stats = expose_batch_stats(model, module)
+    inits = {t.name for t in model.graph.initializer}
     return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs,
-                    matched, stats)
+                    matched, stats, tuple(m for m in masks if m.name in inits))
 
 
 def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int,

@@ -21,141 +21,11 @@ import gradflow.torch as gt
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
 from gradflow.frontend.onnx.errors import UnsupportedOpError
 from gradflow.torch.export import ExportError, LostParameterError, check_initializers, named_tensors
+from tests.torch.zoo import NAMES, fresh, inputs, mlp
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 F32 = dict(rtol=1e-5, atol=1e-5)
 STEPS = 5
-
-
-class TwoHeads(torch.nn.Module):
-    """Two inputs, two outputs (a tuple), a root-level parameter and a non-persistent buffer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.left = torch.nn.Linear(3, 4)
-        self.right = torch.nn.Linear(2, 4)
-        self.scale = torch.nn.Parameter(torch.randn(4))
-        self.register_buffer("offset", torch.randn(4), persistent=False)
-
-    def forward(self, a, b):
-        h = torch.tanh(self.left(a) + self.right(b))
-        return h * self.scale, h.sum(dim=1) + self.offset.sum()
-
-
-def _mlp():
-    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
-
-
-def _lenet():
-    return torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                               torch.nn.Flatten(), torch.nn.Linear(2 * 3 * 3, 3))
-
-
-def _conv_bn():
-    # no Conv bias before the BatchNorm (as in ResNets): its exact gradient is 0, and Adam would turn the
-    # rounding noise of that 0 into steps of size lr
-    return torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, bias=False), torch.nn.BatchNorm2d(3), torch.nn.ReLU())
-
-
-def _transformer():
-    # attention is exported written out (gradflow.torch.export._attention_math): MatMul, Softmax, masks. The
-    # head matters: the sum of a LayerNorm's outputs is ~0 whatever its input, so without it the loss and its
-    # gradient are rounding noise, on which two correct implementations part ways within a few steps.
-    return torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
-                               torch.nn.Linear(8, 3))
-
-
-class _ResidualBlock(torch.nn.Module):
-    """A ResNet-style block: Conv/BatchNorm/ReLU stem, a residual Conv/BatchNorm branch, pooling, a head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1, bias=False), torch.nn.BatchNorm2d(3),
-                                        torch.nn.ReLU())
-        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3, padding=1, bias=False), torch.nn.BatchNorm2d(3))
-        self.head = torch.nn.Linear(3, 2)
-
-    def forward(self, x):
-        h = self.stem(x)
-        return self.head(torch.relu(h + self.body(h)).mean(dim=(2, 3)))
-
-
-def _mobilenet():
-    # depthwise-separable: a grouped (depthwise) convolution, ReLU6 (ONNX Clip with min/max inputs)
-    return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 1, bias=False), torch.nn.BatchNorm2d(4), torch.nn.ReLU6(),
-                               torch.nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False), torch.nn.BatchNorm2d(4),
-                               torch.nn.ReLU6(), torch.nn.Conv2d(4, 3, 1), torch.nn.Flatten(),
-                               torch.nn.Linear(3 * 5 * 5, 2))
-
-
-def _layernorm_gelu():
-    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.LayerNorm(6), torch.nn.GELU(), torch.nn.Linear(6, 3))
-
-
-class _EmbedLSTM(torch.nn.Module):
-    """A trainable Embedding, nn.LSTM over the sequence, a head on the last step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(7, 3)
-        self.lstm = torch.nn.LSTM(3, 4, batch_first=True)
-        self.head = torch.nn.Linear(4, 2)
-
-    def forward(self, tokens):
-        out, _ = self.lstm(self.embed(tokens))
-        return self.head(out[:, -1])
-
-
-class _EmbedLSTMCell(torch.nn.Module):
-    """A trainable Embedding and an LSTMCell unrolled over the sequence in Python."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(7, 3)
-        self.cell = torch.nn.LSTMCell(3, 4)
-        self.head = torch.nn.Linear(4, 2)
-
-    def forward(self, tokens):
-        e = self.embed(tokens)
-        h = c = torch.zeros(tokens.shape[0], 4, dtype=e.dtype)
-        for t in range(tokens.shape[1]):
-            h, c = self.cell(e[:, t], (h, c))
-        return self.head(h)
-
-
-TOKENS = "tokens"  # an input shape marked so is integer tokens in [0, 7), not floats
-
-#: name -> (constructor, input shapes)
-MODELS = {
-    "mlp": (_mlp, [(2, 4)]),
-    "lenet": (_lenet, [(2, 1, 8, 8)]),
-    "conv_bn": (_conv_bn, [(3, 2, 5, 5)]),
-    "two_heads": (TwoHeads, [(2, 3), (2, 2)]),
-    "transformer": (_transformer, [(2, 3, 8)]),
-    "resnet_block": (_ResidualBlock, [(2, 2, 4, 4)]),
-    "mobilenet": (_mobilenet, [(2, 2, 5, 5)]),
-    "layernorm_gelu": (_layernorm_gelu, [(3, 4)]),
-    "embedding_lstm": (_EmbedLSTM, [(TOKENS, 2, 3)]),
-    "embedding_lstmcell": (_EmbedLSTMCell, [(TOKENS, 2, 3)]),
-}
-NAMES = sorted(MODELS)
-
-
-def fresh(name: str, dtype=torch.float64, seed: int = 0) -> torch.nn.Module:
-    """A new torch model with random weights (and, for BatchNorm, non-trivial running statistics)."""
-    torch.manual_seed(seed)
-    model = MODELS[name][0]().to(dtype)
-    with torch.no_grad():
-        for b in model.buffers():
-            if b.is_floating_point():
-                b.copy_(torch.rand_like(b) + 0.5)
-    return model
-
-
-def inputs(name: str, dtype=torch.float64, seed: int = 1) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randint(0, 7, shape[1:], generator=gen) if shape[0] == TOKENS else
-                 torch.randn(*shape, generator=gen, dtype=dtype) for shape in MODELS[name][1])
 
 
 @functools.cache
@@ -421,29 +291,100 @@ def test_inputs_torch_accepts_need_no_copy_by_the_caller():
 
 def test_an_empty_example_batch_is_refused():
     with pytest.raises(InvalidArgumentError, match=r"example_inputs\[0\] has no elements \(shape \(0, 4\)\)"):
-        gt.compile(_mlp().double(), (torch.randn(0, 4, dtype=torch.float64),))
+        gt.compile(mlp().double(), (torch.randn(0, 4, dtype=torch.float64),))
 
 
 def test_bad_arguments_of_compile():
     with pytest.raises(InvalidArgumentError, match="unknown option 'dispatch'"):
-        gt.compile(_mlp(), torch.randn(2, 4), dispatch="cpp")
+        gt.compile(mlp(), torch.randn(2, 4), dispatch="cpp")
     with pytest.raises(InvalidArgumentError, match="module must be a torch.nn.Module"):
         gt.compile(lambda x: x, torch.randn(2, 4))
     with pytest.raises(InvalidArgumentError, match=r"example_inputs\[1\] must be a tensor"):
-        gt.compile(_mlp(), (torch.randn(2, 4), 3))
+        gt.compile(mlp(), (torch.randn(2, 4), 3))
 
 
-def test_dropout_in_training_mode_is_refused_and_leaves_the_module_as_it_was():
+class _TwoDropouts(torch.nn.Module):
+    """Dropouts after two layers (p 0.3 and 0.5) and a third Dropout left in eval mode by the tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+        self.drop_a, self.drop_b, self.drop_c = torch.nn.Dropout(0.3), torch.nn.Dropout(0.5), torch.nn.Dropout(0.9)
+
+    def forward(self, x):
+        h = self.drop_a(torch.relu(self.a(x)))
+        return self.c(self.drop_c(self.drop_b(torch.tanh(self.b(h)))))
+
+
+@functools.cache
+def _dropout_pair():
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5)).double()
+    ref = _TwoDropouts().double()
+    ref.drop_c.eval()
+    model = copy.deepcopy(ref)
+    return gt.compile(model, (torch.randn(5, 4, dtype=torch.float64),)), ref
+
+
+def test_dropout_draws_eager_torchs_masks_and_trains_the_same():
+    """Seeded alike, the compiled module draws the masks eager torch draws (the same generator draws, in the
+    same order) and its backward is exact for them: 5 SGD steps follow torch's trajectory; in eval mode
+    every Dropout is the identity."""
+    model, ref = _dropout_pair()
+    model.load_state_dict(ref.state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, ref)]
+    gen = torch.Generator().manual_seed(3)
+    for step in range(STEPS):
+        x = torch.randn(5, 4, dtype=torch.float64, generator=gen)
+        for m, opt in zip((model, ref), opts):
+            torch.manual_seed(step)
+            opt.zero_grad()
+            y = m(x)
+            y.square().sum().backward()
+            opt.step()
+            m.out = y.detach()
+        torch.testing.assert_close(model.out, ref.out, **F64)
+        assert_same_state(model, ref, F64)
+    assert (model.out != 0).any()
+    model.eval()
+    ref.eval()
+    try:
+        x = torch.randn(5, 4, dtype=torch.float64, generator=gen)
+        torch.testing.assert_close(model(x), ref(x), **F64)
+    finally:
+        model.train()
+        model.drop_c.eval()
+        ref.train()
+        ref.drop_c.eval()
+
+
+def test_dropout_masks_differ_between_calls_and_scale_the_kept_values():
+    model, _ = _dropout_pair()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    torch.manual_seed(1)
+    first = model(x)
+    second = model(x)
+    assert not torch.equal(first, second)  # a new mask per call
+    torch.manual_seed(1)
+    torch.testing.assert_close(model(x), first, rtol=0, atol=0)  # the same seed, the same masks
+
+
+@pytest.mark.parametrize("layer, why", [(torch.nn.Dropout2d(0.5), "torch.nn.Dropout only"),
+                                        ("twice", "more than once per forward")])
+def test_dropouts_without_a_mask_rule_are_refused_and_leave_the_module_as_it_was(layer, why):
+    torch.manual_seed(0)
+    if layer == "twice":
+        drop = torch.nn.Dropout(0.5)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), drop, torch.nn.Linear(4, 4), drop).double()
+    else:
+        net = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), layer).double()
+    x = torch.randn(2, 4, dtype=torch.float64) if layer == "twice" else torch.randn(1, 2, 3, 3, dtype=torch.float64)
     state = copy.deepcopy(net.state_dict())
-    x = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     rng = torch.random.get_rng_state()
-    with pytest.raises(ExportError, match="Dropout '1' is in training mode"):
+    with pytest.raises(ExportError, match=why):
         gt.compile(net, x)
     assert torch.equal(torch.random.get_rng_state(), rng)
-    assert net.training and net[1].training
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+    assert not any("gradflow" in n for n, _ in net.named_buffers()) and "forward" not in vars(net[1])
     torch.testing.assert_close(gt.compile(net.eval(), x)(x), net(x), **F64)  # eval: Dropout is the identity
 
 

@@ -1,0 +1,192 @@
+"""`torch.compile(model, backend="gradflow")`: gradflow as a TorchDynamo backend.
+
+Dynamo captures the forward as FX graphs (Python it cannot trace becomes a graph break, run by torch) and
+hands each graph to a backend. gradflow's backend (`backend`) runs each graph through
+`gradflow.torch.compile`: the graph, as a module (`Captured`), is exported to ONNX, lowered, differentiated
+by gradflow's AD and run by its dispatcher; torch's autograd then chains the graphs' backwards and torch's
+own code between them.
+
+What Dynamo gives and how it is taken:
+- Parameters and buffers arrive as graph inputs (lifted). The `nn.Parameter` inputs become the parameters of
+  the `Captured` module (the very same objects, so their gradients reach the user's optimizer); the other
+  tensors stay inputs.
+- A training-mode `F.batch_norm` updates its running statistics in place, and the graph also has
+  `num_batches_tracked.add_(1)`: each such batch norm becomes a BatchNorm submodule holding the user's
+  buffers, which `gradflow.torch.compile` updates as torch does. Any other in-place update of a graph
+  input is refused (`BackendError`).
+- A training-mode `F.dropout` (what `nn.Dropout` becomes in the graph) becomes an `nn.Dropout` submodule:
+  its masks are drawn at each call as eager torch draws them (`gradflow/torch/dropout.py`).
+- Integer inputs (Dynamo's symbolic sizes, after it sees a second batch size) and input shapes key a cache:
+  one compiled program per combination, built at the first call with it (the example tensors Dynamo gives
+  the backend are fake). So a smaller last batch costs one more export, not an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gradflow.core.errors import GradflowError
+from gradflow.torch.compiled import CompiledModule, CompileOptions
+
+
+class BackendError(GradflowError):
+    """A graph Dynamo captured that gradflow's backend cannot run as it is."""
+
+
+class _AnyRankBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """A BatchNorm module for an input of any rank (the functional call it stands for did not check)."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        return None
+
+
+def _is_batch_norm(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in (torch.nn.functional.batch_norm, torch.batch_norm)
+
+
+def _argument(node: torch.fx.Node, k: int, name: str, default: Any = None) -> Any:
+    return node.args[k] if len(node.args) > k else node.kwargs.get(name, default)
+
+
+class Captured(torch.nn.Module):
+    """One Dynamo graph as a module: its parameter inputs as parameters, its training-mode batch norms as
+    BatchNorm submodules, its integer inputs fixed, and `forward` taking the remaining tensor inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+        super().__init__()
+        gm = torch.fx.GraphModule(gm, gm.graph.__deepcopy__())  # the rewrite below edits a private copy
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(args):
+            raise BackendError(f"the captured graph has {len(placeholders)} inputs, but was called with {len(args)}")
+        value = dict(zip(placeholders, args))
+        self._adopt_batch_norms(gm, value)
+        self._adopt_dropouts(gm)
+        self._fixed: dict[int, Any] = {}
+        self._inputs: list[int] = []
+        for k, (node, arg) in enumerate(zip(placeholders, args)):
+            if not node.users:
+                self._fixed[k] = arg if not isinstance(arg, torch.Tensor) else None
+            elif isinstance(arg, torch.nn.Parameter):
+                self.register_parameter(f"p{k}", arg)
+            elif isinstance(arg, torch.Tensor):
+                self._inputs.append(k)
+            else:
+                self._fixed[k] = arg
+        _refuse_input_updates(gm)
+        gm.recompile()
+        self.__dict__["_gm"] = gm  # traced through, not registered: its tensors are the ones above
+        self._n = len(placeholders)
+        self._params = {k: f"p{k}" for k in range(len(args)) if f"p{k}" in self._parameters}
+
+    def _adopt_batch_norms(self, gm: torch.fx.GraphModule, value: dict) -> None:
+        """Each training-mode batch norm on graph-input statistics becomes a call of a BatchNorm submodule
+        holding those very tensors; the graph's own `num_batches_tracked.add_(1)` goes (the module counts)."""
+        placeholders = {n.name: n for n in value}
+        for k, node in enumerate([n for n in gm.graph.nodes if _is_batch_norm(n)]):
+            x, mean, var = (_argument(node, i, name) for i, name in enumerate(("input", "running_mean",
+                                                                                    "running_var")))
+            weight, bias = _argument(node, 3, "weight"), _argument(node, 4, "bias")
+            training, momentum = _argument(node, 5, "training", False), _argument(node, 6, "momentum", 0.1)
+            eps = _argument(node, 7, "eps", 1e-5)
+            if not training or not isinstance(mean, torch.fx.Node) or mean.op != "placeholder":
+                continue  # eval mode, or statistics of the batch only: a pure function of its inputs
+            if not isinstance(momentum, float):
+                raise BackendError("a training-mode batch norm whose momentum is computed in the graph "
+                                   "(momentum=None)", "give the BatchNorm a numeric momentum")
+            bn = _AnyRankBatchNorm(value[mean].shape[0], eps=eps, momentum=momentum, affine=weight is not None)
+            bn.weight, bn.bias = (value[weight], value[bias]) if weight is not None else (None, None)
+            bn.running_mean, bn.running_var = value[mean], value[var]
+            counter = placeholders.get(mean.name.replace("running_mean", "num_batches_tracked"))
+            if counter is not None and counter is not mean:
+                bn.num_batches_tracked = value[counter]
+                for user in list(counter.users):
+                    if user.op == "call_method" and user.target == "add_" and not user.users:
+                        gm.graph.erase_node(user)
+            self.add_module(f"bn{k}", bn)
+            gm.add_submodule(f"bn{k}", bn)
+            with gm.graph.inserting_before(node):
+                call = gm.graph.call_module(f"bn{k}", (x,))
+            node.replace_all_uses_with(call)
+            gm.graph.erase_node(node)
+
+    def _adopt_dropouts(self, gm: torch.fx.GraphModule) -> None:
+        """Each training-mode `F.dropout` becomes a call of an `nn.Dropout` submodule, whose masks
+        `gradflow.torch.compile` draws as eager torch does (`gradflow.torch.dropout`)."""
+        for k, node in enumerate([n for n in gm.graph.nodes if n.op == "call_function"
+                                  and n.target is torch.nn.functional.dropout]):
+            p, training = _argument(node, 1, "p", 0.5), _argument(node, 2, "training", True)
+            inplace = _argument(node, 3, "inplace", False)
+            if not training or p == 0 or not isinstance(p, float) or inplace:
+                continue
+            drop = torch.nn.Dropout(p)
+            self.add_module(f"dropout{k}", drop)
+            gm.add_submodule(f"dropout{k}", drop)
+            with gm.graph.inserting_before(node):
+                call = gm.graph.call_module(f"dropout{k}", (_argument(node, 0, "input"),))
+            node.replace_all_uses_with(call)
+            gm.graph.erase_node(node)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        args: list[Any] = [None] * self._n
+        for k, v in self._fixed.items():
+            args[k] = v
+        for k, name in self._params.items():
+            args[k] = self._parameters[name]
+        for k, x in zip(self._inputs, inputs):
+            args[k] = x
+        return self._gm(*args)
+
+    def inputs_of(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+        return tuple(args[k] for k in self._inputs)
+
+
+def _refuse_input_updates(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op != "call_method" or not str(node.target).endswith("_") or str(node.target).startswith("__"):
+            continue
+        target = node.args[0] if node.args else None
+        if isinstance(target, torch.fx.Node) and target.op == "placeholder":
+            raise BackendError(f"the captured graph updates its input '{target.target}' in place "
+                               f"({node.target}); gradflow's programs do not write their inputs",
+                               "keep the update outside the compiled function, or use gradflow.torch.compile")
+
+
+class _Backend:
+    """What Dynamo calls in place of one graph: a `CompiledModule` per (integer inputs, input shapes)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions) -> None:
+        self.gm, self.options = gm, options
+        self.compiled: dict[tuple, tuple[Captured, CompiledModule]] = {}
+
+    def _key(self, args: Sequence[Any]) -> tuple:
+        return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self._key(args)
+        found = self.compiled.get(key)
+        if found is None:
+            module = Captured(self.gm, args)
+            found = self.compiled[key] = (module, CompiledModule(module, module.inputs_of(args), self.options))
+        module, compiled = found
+        return compiled(*module.inputs_of(args))
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable[..., Any]:
+    """The Dynamo backend: `torch.compile(model, backend="gradflow")`, or this function itself as the
+    backend (`functools.partial(backend, optimize=False)` passes `gradflow.torch.compile`'s options).
+    Each captured graph is compiled by gradflow at its first call with each set of input shapes."""
+    del example_inputs  # fake tensors: the first real call decides
+    return _Backend(gm, CompileOptions.of(options))
+
+
+def register() -> None:
+    """Make "gradflow" a name `torch.compile` knows (once per process)."""
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "gradflow" not in _COMPILER_FNS:
+        register_backend(backend, name="gradflow")
+
+
+__all__ = ["BackendError", "Captured", "backend", "register"]

@@ -1,0 +1,145 @@
+"""`torch.compile(model, backend="gradflow")`: every graph TorchDynamo captures runs through gradflow.
+
+The zoo of `test_compile.py` (`tests/torch/zoo.py`) trains 5 steps through the backend next to eager torch;
+graph breaks, a last smaller batch, and the refusal of an in-place update of an input are checked too.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+
+import gradflow.torch as gt
+from gradflow.torch.dynamo import BackendError
+from tests.torch.zoo import NAMES, fresh, inputs
+
+F64 = dict(rtol=1e-9, atol=1e-9)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()  # no graph of another test is reused
+    yield
+    torch._dynamo.reset()
+
+
+def _outputs(y) -> tuple[torch.Tensor, ...]:
+    return tuple(y) if isinstance(y, tuple) else (y,)
+
+
+def _same_state(model, ref) -> None:
+    for (n, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, **F64, msg=lambda s, n=n: f"{n}: {s}")
+
+
+def test_the_backend_is_registered_by_name():
+    assert "gradflow" in torch._dynamo.list_backends(exclude_tags=())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@torch._dynamo.config.patch(allow_rnn=True)  # else Dynamo leaves a model with nn.LSTM to eager torch
+def test_zoo_trains_like_eager_torch(name):
+    """5 SGD steps on a linear loss (random cotangents), then the eval-mode outputs; every graph Dynamo
+    captured ran through gradflow. The transformer's key bias is frozen: its exact gradient is 0, see
+    `test_compile.test_zoo_training_follows_torch_trajectory`."""
+    ref = fresh(name)
+    model = copy.deepcopy(ref)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gt.backend(gm, example_inputs)
+
+    run = torch.compile(model, backend=counting)
+    frozen = [m[0].self_attn.in_proj_bias for m in (model, ref)] if name == "transformer" else []
+    for p in frozen:
+        p.requires_grad_(False)
+    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
+            for m in (model, ref)]
+    gen = torch.Generator().manual_seed(5)
+    for step in range(5):
+        xs = inputs(name, seed=100 + step)
+        outs = run(*xs), ref(*xs)
+        cot = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in _outputs(outs[1])]
+        for out, opt in zip(outs, opts):
+            opt.zero_grad()
+            sum((o * g).sum() for o, g in zip(_outputs(out), cot)).backward()
+            opt.step()
+        _same_state(model, ref)
+    model.eval()
+    ref.eval()
+    xs = inputs(name, seed=200)
+    for a, b in zip(_outputs(run(*xs)), _outputs(ref(*xs))):
+        torch.testing.assert_close(a, b, **F64)
+    assert graphs, "Dynamo captured no graph: the model ran in eager torch"
+
+
+class _Breaks(torch.nn.Module):
+    """Two graphs: Dynamo breaks the graph at the data-dependent Python branch, which torch runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 5), torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if h.sum().item() > 0:
+            h = h * 2
+        return self.b(h)
+
+
+def test_graph_breaks_and_a_smaller_last_batch():
+    torch.manual_seed(0)
+    ref = _Breaks().double()
+    model = copy.deepcopy(ref)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gt.backend(gm, example_inputs)
+
+    run = torch.compile(model, backend=counting)
+    for batch in (6, 6, 2):  # the last, smaller batch recompiles (Dynamo marks the batch dynamic)
+        x = torch.randn(batch, 4, dtype=torch.float64)
+        y, want = run(x), ref(x)
+        torch.testing.assert_close(y, want, **F64)
+        y.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **F64)
+    assert len(graphs) >= 2
+
+
+def test_an_in_place_update_of_an_input_is_refused():
+    def bump(x, y):
+        x.add_(1.0)
+        return x * y
+
+    run = torch.compile(bump, backend="gradflow")
+    with pytest.raises(BackendError, match="updates its input"):
+        run(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
+
+
+def test_dropout_draws_eager_torchs_masks():
+    """Dynamo writes nn.Dropout as F.dropout; the backend draws its masks as eager torch does (same seed,
+    same masks), so outputs and gradients agree with eager torch's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                              torch.nn.Linear(8, 2)).double()
+    model = copy.deepcopy(ref)
+    run = torch.compile(model, backend="gradflow")
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        y = run(x)
+        torch.manual_seed(seed)
+        want = ref(x)
+        torch.testing.assert_close(y, want, **F64)
+        y.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **F64)
+            p.grad = q.grad = None

@@ -23,6 +23,7 @@ from gradflow.core import (
     registered_passes,
 )
 
+from gradflow.core.dace_warnings import ignore_tape_pushes
 from gradflow.api import grad, value_and_grad, vjp
 from gradflow.forward import hessian, hvp, jvp, value_and_jvp
 from gradflow.jacobians import jacfwd, jacrev
@@ -34,6 +35,8 @@ import gradflow.onnx  # noqa: E402,F401  - `gradflow.onnx.load`; registers the `
 import gradflow.frontend.numpy_prod  # noqa: E402,F401  - `np.prod` in DaCe programs (a product Reduce)
 
 __version__ = "0.1.0"
+
+ignore_tape_pushes()  # DaCe's warning about the first tape push of a loop (see core/dace_warnings.py)
 
 __all__ = [
     "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline", "jvp", "value_and_jvp", "hvp", "hessian",

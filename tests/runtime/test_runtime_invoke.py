@@ -83,3 +83,8 @@ def test_one_element_arrays_accept_numbers_and_other_ranks(rows):
     S = np.zeros(2)
     arrays, _ = rows(A, b, np.float64(2.0), S=S)  # a numpy scalar for the scalar input
     np.testing.assert_allclose(arrays["Z"], 2.0 * A * b)
+
+
+def test_an_omitted_array_larger_than_the_machine_is_a_typed_error_before_allocating(sq):
+    with pytest.raises(ArgumentError, match=r"array '[YT]' would need 8192.0 GiB \(shape \(1099511627776,\), from N = "):
+        sq.zeros(["Y", "T"], {"N": 2**40})

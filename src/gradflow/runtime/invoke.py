@@ -21,6 +21,7 @@ import torch
 from gradflow.analysis.writes import may_read_before_write
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
+from gradflow.runtime.allocation import check_fits
 from gradflow.runtime.calling import Runner
 from gradflow.runtime.plan import ARRAY, positional_names
 from gradflow.runtime.validate import check_symbol_range, symbol_value, torch_dtype
@@ -96,11 +97,13 @@ class Invoker:
     def zeros(self, names: Any, values: dict[str, int], as_torch: bool = False) -> dict[str, Any]:
         """Zero-filled arrays for the program's array arguments among `names`, sized by the symbol `values`."""
         made: dict[str, Any] = {}
-        for spec in self.runner.plan.arrays:
-            if spec.name in names:
-                shape = tuple(d.evaluate(values) for d in spec.shape)
-                made[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch
-                                   else np.zeros(shape, dtype=spec.dtype))
+        specs = [(spec, tuple(d.evaluate(values) for d in spec.shape)) for spec in self.runner.plan.arrays
+                 if spec.name in names]
+        for spec, shape in specs:  # all checked before any is allocated
+            check_fits(f"array '{spec.name}'", shape, spec.dtype, values)
+        for spec, shape in specs:
+            made[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch
+                               else np.zeros(shape, dtype=spec.dtype))
         return made
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], bool]:

@@ -132,3 +132,16 @@ def test_sequence_and_optional_inputs_are_typed_errors():
     with pytest.raises(UnsupportedTypeError, match="'s' is a sequence value") as info:
         load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     assert info.value.type_name == "sequence"
+
+
+def test_a_declared_output_type_the_node_does_not_compute_is_named_with_both_types():
+    model = single_node_model("Add", [("a", F, [3]), ("b", F, [3])], [("c", TensorProto.DOUBLE, [3])])
+    with pytest.raises(MalformedModelError, match="graph output 'c' is declared double, but its node computes float"):
+        load(model)
+
+
+def test_an_allocation_larger_than_the_machine_is_a_typed_error_before_allocating():
+    prog = load(single_node_model("Add", [("a", F, ["N"]), ("b", F, ["N"])], [("c", F, ["N"])]))
+    huge = np.broadcast_to(np.ones(1, np.float32), (2**40,))  # 4 TiB once copied to a dense layout
+    with pytest.raises(ArgumentError, match=r"input 'a' \(copied to a dense layout\) would need 4096.0 GiB"):
+        prog(huge, huge)

@@ -93,7 +93,8 @@ def read_model(model: Any, *, base_dir: str | os.PathLike | None = None,
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        raise MalformedModelError(f"ONNX shape inference failed: {exc}", "fix or re-export the model") from None
+        raise MalformedModelError(_declared_type_conflict(proto) or f"ONNX shape inference failed: {exc}",
+                                  "fix or re-export the model") from None
     _check_declared(inferred, limit)
     return OnnxModel(inferred.SerializeToString(), default_opset(inferred))
 
@@ -157,3 +158,32 @@ def _itemsize(elem_type: int) -> np.dtype:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
         return np.dtype(np.uint8)
+
+
+def _declared_type_conflict(proto: onnx.ModelProto) -> str:
+    """When strict inference failed: the first value whose declared element type (a graph output or a
+    value_info) differs from the one its node computes, by name and both types; '' when none does."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_without_declared_types(proto))
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return ""
+    computed = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    for what, vi in [("graph output", vi) for vi in proto.graph.output] + \
+            [("value", vi) for vi in proto.graph.value_info]:
+        declared, got = vi.type.tensor_type.elem_type, computed.get(vi.name, 0)
+        if declared and got and declared != got:
+            name = onnx.TensorProto.DataType.Name
+            return (f"{what} '{vi.name}' is declared {name(declared).lower()}, but its node computes "
+                    f"{name(got).lower()}")
+    return ""
+
+
+def _without_declared_types(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose outputs and value_infos carry no types, so inference says what the nodes compute."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(proto)
+    del bare.graph.value_info[:]
+    outputs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in bare.graph.output]
+    del bare.graph.output[:]
+    bare.graph.output.extend(outputs)
+    return bare

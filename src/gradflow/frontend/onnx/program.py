@@ -29,6 +29,7 @@ from gradflow.frontend.onnx.dtypes import elem_dtype, storage_dtype
 from gradflow.frontend.onnx.errors import InputMismatchError, OnnxError
 from gradflow.frontend.onnx.lower import InputDecidesShapeError, OnnxLower, Port, Signature, model_graph
 from gradflow.frontend.onnx.model import OnnxModel, read_model
+from gradflow.runtime.allocation import check_fits
 
 
 def _torch():
@@ -98,13 +99,18 @@ class _Specialized:
         for port in sig.inputs:
             a = arrays[port.onnx_name]
             _check(port, a, bindings)
+            if not a.flags.c_contiguous:  # copied into the dense layout the program reads
+                check_fits(f"input '{port.onnx_name}' (copied to a dense layout)", a.shape,
+                           storage_dtype(port.dtype), {})
             a = np.ascontiguousarray(a.astype(storage_dtype(port.dtype), copy=False))
             kwargs[port.array] = a if port.shape else a.reshape(1)
         if self._sized:
             self._check_sizes(bindings)
         outs = []
-        for port in sig.outputs:
-            shape = [_concrete(d, bindings, port) for d in port.shape]
+        shapes = [[_concrete(d, bindings, port) for d in port.shape] for port in sig.outputs]
+        for port, shape in zip(sig.outputs, shapes):  # all checked before any is allocated
+            check_fits(f"output '{port.onnx_name}'", shape, storage_dtype(port.dtype), {})
+        for port, shape in zip(sig.outputs, shapes):
             buf = np.zeros(shape if shape else (1,), dtype=storage_dtype(port.dtype))
             kwargs[port.array or f"__empty{len(outs)}"] = buf
             outs.append(buf if shape else buf.reshape(()))

@@ -113,16 +113,6 @@ def test_graph_breaks_and_a_smaller_last_batch():
     assert len(graphs) >= 2
 
 
-def test_an_in_place_update_of_an_input_is_refused():
-    def bump(x, y):
-        x.add_(1.0)
-        return x * y
-
-    run = torch.compile(bump, backend="gradflow")
-    with pytest.raises(BackendError, match="updates its input"):
-        run(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
-
-
 def test_dropout_draws_eager_torchs_masks():
     """Dynamo writes nn.Dropout as F.dropout; the backend draws its masks as eager torch does (same seed,
     same masks), so outputs and gradients agree with eager torch's."""
@@ -143,3 +133,37 @@ def test_dropout_draws_eager_torchs_masks():
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **F64)
             p.grad = q.grad = None
+
+
+def test_two_instances_of_one_model_train_their_own_parameters():
+    """Dynamo serves both instances with one graph (parameters are its inputs): each must get a program
+    holding its own parameters, not the first instance's."""
+    torch.manual_seed(0)
+    refs = [torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).double() for _ in range(2)]
+    models = [copy.deepcopy(r) for r in refs]
+    runs = [torch.compile(m, backend="gradflow") for m in models]
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for run, model, ref in zip(runs, models, refs):
+        y, want = run(x), ref(x)
+        torch.testing.assert_close(y, want, **F64)
+        y.sum().backward()
+        want.sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **F64)
+        _same_state(model, ref)
+
+
+@pytest.mark.parametrize("update", ["method", "item", "inplace_relu"])
+def test_in_place_updates_of_inputs_are_refused(update):
+    def bump(x, y):
+        if update == "method":
+            x.mul_(2.0)
+        elif update == "item":
+            x[0] = 1.0
+        else:
+            torch.nn.functional.relu(x, inplace=True)
+        return x * y
+
+    run = torch.compile(bump, backend="gradflow")
+    with pytest.raises(BackendError, match="updates its input"):
+        run(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))

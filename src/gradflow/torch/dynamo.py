@@ -23,6 +23,7 @@ What Dynamo gives and how it is taken:
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -43,7 +44,7 @@ class _AnyRankBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
 
 def _is_batch_norm(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in (torch.nn.functional.batch_norm, torch.batch_norm)
+    return node.op == "call_function" and node.target is torch.nn.functional.batch_norm
 
 
 def _argument(node: torch.fx.Node, k: int, name: str, default: Any = None) -> Any:
@@ -79,6 +80,10 @@ class Captured(torch.nn.Module):
         self.__dict__["_gm"] = gm  # traced through, not registered: its tensors are the ones above
         self._n = len(placeholders)
         self._params = {k: f"p{k}" for k in range(len(args)) if f"p{k}" in self._parameters}
+        held = {id(t) for t in (*self.parameters(), *self.buffers())}
+        #: the positions of the arguments this module holds (its parameters and BatchNorm buffers): the
+        #: same graph serves another module instance with other tensors there, which needs its own module
+        self.held = tuple(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and id(a) in held)
 
     def _adopt_batch_norms(self, gm: torch.fx.GraphModule, value: dict) -> None:
         """Each training-mode batch norm on graph-input statistics becomes a call of a BatchNorm submodule
@@ -142,14 +147,31 @@ class Captured(torch.nn.Module):
         return tuple(args[k] for k in self._inputs)
 
 
+def _updates_in_place(node: torch.fx.Node) -> tuple[torch.fx.Node, str] | None:
+    """(the input, how) when `node` writes a graph input in place: a method `x.add_(...)`, an item
+    assignment `x[i] = v`, an `inplace=True` function, or a training-mode `torch.batch_norm` on input
+    statistics (what `_adopt_batch_norms` left)."""
+    first = node.args[0] if node.args else None
+    how = ""
+    if node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).startswith("__"):
+        how = str(node.target)
+    elif node.op == "call_function" and node.target is operator.setitem:
+        how = "item assignment"
+    elif node.op == "call_function" and node.kwargs.get("inplace") is True:
+        how = f"{getattr(node.target, '__name__', node.target)}(inplace=True)"
+    elif node.op == "call_function" and node.target is torch.batch_norm and _argument(node, 5, "training"):
+        first, how = _argument(node, 3, "running_mean"), "batch norm statistics"
+    if how and isinstance(first, torch.fx.Node) and first.op == "placeholder":
+        return first, how
+    return None
+
+
 def _refuse_input_updates(gm: torch.fx.GraphModule) -> None:
     for node in gm.graph.nodes:
-        if node.op != "call_method" or not str(node.target).endswith("_") or str(node.target).startswith("__"):
-            continue
-        target = node.args[0] if node.args else None
-        if isinstance(target, torch.fx.Node) and target.op == "placeholder":
-            raise BackendError(f"the captured graph updates its input '{target.target}' in place "
-                               f"({node.target}); gradflow's programs do not write their inputs",
+        found = _updates_in_place(node)
+        if found is not None:
+            raise BackendError(f"the captured graph updates its input '{found[0].target}' in place "
+                               f"({found[1]}); gradflow's programs do not write their inputs",
                                "keep the update outside the compiled function, or use gradflow.torch.compile")
 
 
@@ -159,15 +181,22 @@ class _Backend:
     def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions) -> None:
         self.gm, self.options = gm, options
         self.compiled: dict[tuple, tuple[Captured, CompiledModule]] = {}
+        self.held: tuple[int, ...] | None = None  # positions of held tensors (the same for every call)
 
     def _key(self, args: Sequence[Any]) -> tuple:
-        return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
+        """Shapes, dtypes and integer values, and the identity of the tensors a `Captured` holds (cached
+        modules keep them alive, so an identity is never reused while it is a key)."""
+        shapes = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
+        return shapes, tuple(id(args[k]) for k in self.held or ())
 
     def __call__(self, *args: Any) -> Any:
         key = self._key(args)
         found = self.compiled.get(key)
         if found is None:
             module = Captured(self.gm, args)
+            if self.held is None:
+                self.held = module.held
+                key = self._key(args)
             found = self.compiled[key] = (module, CompiledModule(module, module.inputs_of(args), self.options))
         module, compiled = found
         return compiled(*module.inputs_of(args))

@@ -357,6 +357,30 @@ def test_dropout_draws_eager_torchs_masks_and_trains_the_same():
         ref.drop_c.eval()
 
 
+def test_a_transformer_layer_with_dropout_trains_like_eager_torch():
+    """`TransformerEncoderLayer`'s default dropout 0.1: its attention weights' mask and three Dropouts (one
+    on a transposed input, whose mask torch fills in the input's memory order) drawn as eager torch draws
+    them; 3 SGD steps follow torch's trajectory."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True),
+                              torch.nn.Linear(8, 3)).double()
+    model = copy.deepcopy(ref)
+    gen = torch.Generator().manual_seed(4)
+    compiled = gt.compile(model, (torch.randn(2, 5, 8, dtype=torch.float64),))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (compiled, ref)]
+    for step in range(3):
+        x = torch.randn(2, 5, 8, dtype=torch.float64, generator=gen)
+        outs = []
+        for m, opt in zip((compiled, ref), opts):
+            torch.manual_seed(step)
+            opt.zero_grad()
+            outs.append(m(x))
+            outs[-1].square().sum().backward()
+            opt.step()
+        torch.testing.assert_close(outs[0], outs[1], **F64)
+        assert_same_state(compiled, ref, F64)
+
+
 def test_dropout_masks_differ_between_calls_and_scale_the_kept_values():
     model, _ = _dropout_pair()
     x = torch.randn(5, 4, dtype=torch.float64)

@@ -29,7 +29,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from gradflow.torch.dropout import DropoutCall, Mask, masks_as_inputs
+from gradflow.torch.dropout import DropoutCall, Mask, attention_mask, masks_as_inputs
 from gradflow.torch.errors import ExportError, LostParameterError
 from gradflow.torch.precision import undo_scalar_downcasts
 
@@ -86,8 +86,10 @@ def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     as a tensor), while these ops (MatMul, Softmax, Where/Add) it exports and gradflow lowers."""
     if isinstance(is_causal, torch.Tensor):
         is_causal = bool(is_causal)  # a traced constant
-    if dropout_p:
-        raise ExportError("attention with dropout in training mode: gradflow cannot replay torch's random mask yet",
+    mask = attention_mask() if dropout_p else None
+    if dropout_p and mask is None:
+        raise ExportError("attention with dropout in training mode outside torch.nn.MultiheadAttention: gradflow "
+                          "draws attention masks for nn.MultiheadAttention only",
                           "call .eval() on the module, or give it dropout=0")
     if enable_gqa:
         raise ExportError("grouped-query attention (enable_gqa=True) is not exported by gradflow yet")
@@ -98,7 +100,8 @@ def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     if attn_mask is not None:
         weights = (weights.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool
                    else weights + attn_mask)
-    return torch.matmul(torch.softmax(weights, dim=-1), value)
+    weights = torch.softmax(weights, dim=-1)
+    return torch.matmul(weights if mask is None else weights * mask, value)
 
 
 @contextlib.contextmanager

@@ -254,12 +254,28 @@ def test_dict_and_list_outputs_keep_their_structure():
 
 
 # -- errors ---------------------------------------------------------------------------------------------------
-def test_wrong_input_shape_is_an_argument_error():
+def test_a_smaller_last_batch_builds_once_more_and_matches_torch():
+    """Other input shapes than the example's (the last batch of an epoch): one more export, lowering and
+    build for them, reused at the next call of those shapes; the outputs and gradients are torch's."""
+    model, ref = pair("conv_bn", "train")
+    for batch in (1, 1, 3):
+        x = torch.randn(batch, 2, 5, 5, dtype=torch.float64)
+        y, want = model(x), ref(x)
+        torch.testing.assert_close(y, want, **F64)
+        y.sum().backward()
+        want.sum().backward()
+        assert_same_grads(model, ref, F64)
+        assert_same_state(model, ref, F64)  # BatchNorm statistics of the smaller batch, unbiased by its count
+    small = [key for key in model._gf_exports if key[2] == ((1, 2, 5, 5),)]
+    assert len(small) == 1  # exported once for batch 1; batch 3 is the example's
+
+
+def test_wrong_inputs_are_argument_errors():
     model = compiled("mlp")
-    with pytest.raises(ArgumentError, match=r"input 0 \('input'\) of the compiled Sequential: expected shape \(2, 4\)"):
-        model(torch.randn(3, 4, dtype=torch.float64))
     with pytest.raises(ArgumentError, match="takes 1 inputs, got 2"):
         model(*inputs("two_heads"))
+    with pytest.raises(ArgumentError, match=r"input 0 \('input'\) of the compiled Sequential has no elements"):
+        model(torch.randn(0, 4, dtype=torch.float64))
 
 
 def test_inputs_torch_accepts_need_no_copy_by_the_caller():

@@ -5,10 +5,11 @@ buffers under the same names (no prefix), so `named_parameters()`, `state_dict()
 `load_state_dict` see exactly the original's tensors. Its forward runs the module's ONNX export, lowered
 and differentiated by gradflow, with those live tensors bound to the initializers of the same name.
 
-One program per (train/eval modes of the modules, dtype, which tensors need a gradient): exported, lowered
-and compiled on first use, so switching `train()`/`eval()` or freezing a parameter re-exports once, and a
-call under `torch.no_grad()` runs a forward-only program. BatchNorm running statistics are updated after
-each training-mode call exactly as torch updates them (`_update_batch_stats`).
+One program per (train/eval modes of the modules, dtype, input shapes, which tensors need a gradient):
+exported, lowered and compiled on first use, so switching `train()`/`eval()`, freezing a parameter or a
+smaller last batch re-exports once, and a call under `torch.no_grad()` runs a forward-only program.
+BatchNorm running statistics are updated after each training-mode call exactly as torch updates them
+(`_update_batch_stats`).
 """
 
 from __future__ import annotations
@@ -237,19 +238,11 @@ class CompiledModule(torch.nn.Module):
         # plain attributes (not submodules): the original is traced, never registered twice
         self.__dict__["_gf_source"] = module
         self._gf_options = options
-        self._gf_example = tuple(tuple(x.shape) for x in example_inputs)
+        self._gf_arity = len(example_inputs)
         self.__dict__["_gf_names"] = _positional_names(module)
         self._gf_modules = tuple(m for m in module.modules() if m is not module)
-        calls: list[DropoutCall] = []
-        with _untouched(module), torch.no_grad(), record_calls(module, calls):
-            out = module(*example_inputs)
-        self._gf_dropouts = tuple(calls)
-        leaves, self._gf_spec = pytree.tree_flatten(out)
-        if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
-            raise InvalidArgumentError(
-                f"{type(module).__name__}'s forward returns {describe(out)}; gradflow.torch.compile needs tensors "
-                "(or tuples, lists, dicts of tensors)")
-        self._gf_shapes = tuple(tuple(t.shape) for t in leaves)
+        self._gf_traced: dict[tuple, _Traced] = {}
+        self._traced(example_inputs)  # a forward that returns no tensors is refused here
         self._gf_exports: dict[tuple, _Lowered] = {}
         self._gf_programs: dict[tuple, _Program] = {}
         self._gf_given = None
@@ -268,26 +261,45 @@ class CompiledModule(torch.nn.Module):
     def _modes(self) -> tuple[bool, ...]:
         return (self.training, *(m.training for m in self._gf_modules))
 
+    def _traced(self, args: Sequence[torch.Tensor]) -> _Traced:
+        """What a forward of the module at the shapes of `args` returns and meets, from one eager forward
+        that leaves no trace (once per set of shapes)."""
+        key = _shapes(args)
+        found = self._gf_traced.get(key)
+        if found is None:
+            module = self._gf_source
+            calls: list[DropoutCall] = []
+            with _untouched(module), torch.no_grad(), record_calls(module, calls):
+                out = module(*[x.detach() for x in args])
+            leaves, spec = pytree.tree_flatten(out)
+            if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+                raise InvalidArgumentError(
+                    f"{type(module).__name__}'s forward returns {describe(out)}; gradflow.torch.compile needs "
+                    "tensors (or tuples, lists, dicts of tensors)")
+            found = self._gf_traced[key] = _Traced(spec, tuple(tuple(t.shape) for t in leaves), tuple(calls))
+        return found
+
     def _export(self, modes: tuple[bool, ...], args: Sequence[torch.Tensor]) -> _Lowered:
-        key = (modes, tuple(x.dtype for x in args))
+        key = (modes, tuple(x.dtype for x in args), _shapes(args))
         found = self._gf_exports.get(key)
         if found is not None:
             return found
         import gradflow.onnx
 
         source = self._gf_source
+        traced = self._traced(args)
         if self._gf_given is not None:
             if self._gf_exports:
                 raise ExportError(
-                    f"the ONNX model given to gradflow.torch.compile serves the train/eval modes and dtype "
-                    f"{type(source).__name__} had when compiled; it is now called in others",
-                    "compile without onnx_model= to let gradflow export the module once per mode")
-            exported = adopt_model(self._gf_given, source, len(args), self._gf_shapes)
+                    f"the ONNX model given to gradflow.torch.compile serves the train/eval modes, dtype and input "
+                    f"shapes {type(source).__name__} had when compiled; it is now called with others",
+                    "compile without onnx_model= to let gradflow export the module once per mode and shapes")
+            exported = adopt_model(self._gf_given, source, len(args), traced.shapes)
             found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
             return found
         with _untouched(source):
             source.training = self.training
-            exported = export_module(source, [x.detach() for x in args], self._gf_shapes, self._gf_dropouts)
+            exported = export_module(source, [x.detach() for x in args], traced.shapes, traced.dropouts)
         found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
         return found
 
@@ -295,7 +307,7 @@ class CompiledModule(torch.nn.Module):
         modes = self._modes()
         lowered = self._export(modes, args)
         needs = lowered.needs_grad(args)
-        key = (modes, tuple(x.dtype for x in args), needs)
+        key = (modes, tuple(x.dtype for x in args), _shapes(args), needs)
         program = self._gf_programs.get(key)
         if program is None:
             program = self._gf_programs[key] = _Program(self._gf_source, lowered, needs, self._gf_options)
@@ -308,7 +320,7 @@ class CompiledModule(torch.nn.Module):
         # dense layout the program reads; torch's `contiguous` passes the gradient back to the caller's tensor
         args = tuple(x.contiguous() for x in args)
         outs = self._program(args)(args)
-        return pytree.tree_unflatten(outs, self._gf_spec)
+        return pytree.tree_unflatten(outs, self._traced(args).spec)
 
     def _input(self, k: int) -> str:
         """How the user knows input `k`: its position and, when `forward` names it, its name."""
@@ -317,18 +329,31 @@ class CompiledModule(torch.nn.Module):
 
     def _check_inputs(self, args: tuple) -> None:
         name = type(self._gf_source).__name__
-        if len(args) != len(self._gf_example):
-            raise ArgumentError(f"the compiled {name} takes {len(self._gf_example)} inputs, got {len(args)}")
-        for k, (x, shape) in enumerate(zip(args, self._gf_example)):
+        if len(args) != self._gf_arity:
+            raise ArgumentError(f"the compiled {name} takes {self._gf_arity} inputs, got {len(args)}")
+        for k, x in enumerate(args):
             if not isinstance(x, torch.Tensor):
                 raise ArgumentError(f"{self._input(k)} of the compiled {name}: expected a tensor, got {describe(x)}")
-            if tuple(x.shape) != shape:
-                raise ArgumentError(
-                    f"{self._input(k)} of the compiled {name}: expected shape {shape} (the example input's), got "
-                    f"{tuple(x.shape)}", "compile with example inputs of the shape you call it with")
+            if x.numel() == 0:
+                raise ArgumentError(f"{self._input(k)} of the compiled {name} has no elements (shape "
+                                    f"{tuple(x.shape)})", "call it with a batch of at least one")
 
     def extra_repr(self) -> str:
         return f"gradflow.torch.compile of {type(self._gf_source).__name__}"
+
+
+@attrs.frozen
+class _Traced:
+    """One eager forward of the module at some input shapes: its output structure and the shapes of its
+    output tensors (what the export must return), and the dropout sites it met."""
+
+    spec: Any
+    shapes: tuple[tuple[int, ...], ...]
+    dropouts: tuple[DropoutCall, ...]
+
+
+def _shapes(args: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(x.shape) for x in args)
 
 
 def _positional_names(module: torch.nn.Module) -> tuple[str, ...]:
@@ -357,22 +382,23 @@ def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
         if x.device.type != "cpu":
             raise InvalidArgumentError(f"example_inputs[{k}] is on {x.device}; gradflow runs on the CPU")
         if x.numel() == 0:
-            raise InvalidArgumentError(f"example_inputs[{k}] has no elements (shape {tuple(x.shape)}); every call "
-                                       "must have the example's shapes", "compile with a batch of at least one")
+            raise InvalidArgumentError(f"example_inputs[{k}] has no elements (shape {tuple(x.shape)})",
+                                       "compile with a batch of at least one")
     return tuple(inputs)
 
 
 def compile(module: torch.nn.Module, example_inputs: Any, **options: Any) -> CompiledModule:  # noqa: A001
     """A drop-in `nn.Module` for `module` whose forward and backward are gradflow-compiled.
 
-    `example_inputs`: a tensor or tuple of tensors `module` is called with (the shapes every call must have).
+    `example_inputs`: a tensor or tuple of tensors `module` is called with (the program for their shapes is
+    built here; calls with other shapes, e.g. a smaller last batch, build one more program each, once).
     Options: `dispatcher` ('ctypes' or 'cpp', see `gradflow.torch.function`), `optimize` (as for
     `gradflow.vjp`), `forwarding` (a `gradflow.Forwarding`: what the backward keeps, e.g. a byte budget,
-    planned for the example's sizes), `onnx_model` (a path, bytes or `onnx.ModelProto` exported from this
-    module, used instead of exporting; it serves the modes the module is in now, and must hold the module's
+    planned for each call's sizes), `onnx_model` (a path, bytes or `onnx.ModelProto` exported from this
+    module, used instead of exporting; it serves the modes and shapes the module has now, and must hold the module's
     tensors as initializers: `LostParameterError` otherwise). The module is exported with
     `torch.onnx.export(dynamo=False)` (a trace: Python control flow is fixed by the example inputs) once per
-    combination of train/eval modes and dtype, lazily; see docs/torch.md for what is shared, updated and
+    combination of train/eval modes, dtype and input shapes, lazily; see docs/torch.md for what is shared, updated and
     rejected.
     """
     if not isinstance(module, torch.nn.Module):

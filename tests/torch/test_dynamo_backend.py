@@ -39,6 +39,14 @@ def test_the_backend_is_registered_by_name():
     assert "gradflow" in torch._dynamo.list_backends(exclude_tags=())
 
 
+def _counting(graphs: list):
+    """gradflow's backend, appending each graph Dynamo hands it to `graphs`."""
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gt.backend(gm, example_inputs)
+    return backend
+
+
 @pytest.mark.parametrize("name", NAMES)
 @torch._dynamo.config.patch(allow_rnn=True)  # else Dynamo leaves a model with nn.LSTM to eager torch
 def test_zoo_trains_like_eager_torch(name):
@@ -47,13 +55,8 @@ def test_zoo_trains_like_eager_torch(name):
     `test_compile.test_zoo_training_follows_torch_trajectory`."""
     ref = fresh(name)
     model = copy.deepcopy(ref)
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gt.backend(gm, example_inputs)
-
-    run = torch.compile(model, backend=counting)
+    graphs: list = []
+    run = torch.compile(model, backend=_counting(graphs))
     frozen = [m[0].self_attn.in_proj_bias for m in (model, ref)] if name == "transformer" else []
     for p in frozen:
         p.requires_grad_(False)
@@ -95,13 +98,8 @@ def test_graph_breaks_and_a_smaller_last_batch():
     torch.manual_seed(0)
     ref = _Breaks().double()
     model = copy.deepcopy(ref)
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gt.backend(gm, example_inputs)
-
-    run = torch.compile(model, backend=counting)
+    graphs: list = []
+    run = torch.compile(model, backend=_counting(graphs))
     for batch in (6, 6, 2):  # the last, smaller batch recompiles (Dynamo marks the batch dynamic)
         x = torch.randn(batch, 4, dtype=torch.float64)
         y, want = run(x), ref(x)

@@ -55,12 +55,15 @@ def jacfwd(program: Any, wrt: str, of: str, *, optimize: bool | Pipeline = True)
             raise ArgumentError(f"argument '{wrt}' is missing")
         x = _as_numpy(given[wrt])
         columns = []
-        for k in range(x.size):
+        for k in range(max(x.size, 1)):  # an empty `wrt` still takes one sweep, for the output's shape
             direction = np.zeros(x.size, dtype=x.dtype)
-            direction[k] = 1.0
+            if x.size:
+                direction[k] = 1.0
             _, tangents = tangent(**_copies(given), **symbols, **{f"tan_{wrt}": direction.reshape(x.shape)})
             columns.append(_as_numpy(tangents[of]).reshape(-1))
-        out_shape = _as_numpy(tangents[of]).shape if columns else ()
+        out_shape = _as_numpy(tangents[of]).shape
+        if not x.size:  # the Jacobian with respect to nothing: no columns
+            return _returned(np.zeros(out_shape + x.shape, dtype=columns[0].dtype), as_torch)
         return _returned(np.stack(columns, axis=-1).reshape(out_shape + x.shape), as_torch)
 
     return f
@@ -98,6 +101,8 @@ def jacrev(program: Any, wrt: str, of: str, *, forwarding: Forwarding = STORE_AL
             grads, _ = backward(**forwarded, **extents, **{result.cotangents[of]: seed.reshape(out.shape)})
             rows.append(_as_numpy(grads[result.grads[wrt]]).reshape(-1))
         x = _as_numpy(given[wrt])
+        if not rows:  # the Jacobian of no outputs: no rows
+            return _returned(np.zeros(out.shape + x.shape, dtype=out.dtype), as_torch)
         return _returned(np.stack(rows).reshape(out.shape + x.shape), as_torch)
 
     return f

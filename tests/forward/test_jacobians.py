@@ -64,3 +64,20 @@ def test_torch_tensors_in_a_tensor_out():
 def test_one_name_each():
     with pytest.raises(InvalidArgumentError, match="wrt takes one array name"):
         gradflow.jacfwd(mix, wrt=["x", "W"], of="y")
+
+
+@pytest.mark.parametrize("kind", ["fwd", "rev"])
+def test_a_function_of_no_outputs_has_an_empty_jacobian(kind):
+    x, W = np.linspace(-1, 1, 5), np.ones((0, 5))
+    J = _built(kind)(x=x, W=W)
+    assert J.shape == (0, 5)
+
+
+@dace.program
+def spread(x: dace.float64[N], a: dace.float64[M], y: dace.float64[M]):
+    y[:] = a * np.sum(x * x)
+
+
+def test_a_jacobian_with_respect_to_an_empty_array_has_no_columns():
+    J = gradflow.jacfwd(spread, wrt="x", of="y")(x=np.zeros(0), a=np.arange(3.0))
+    assert J.shape == (3, 0)

@@ -165,3 +165,33 @@ def test_in_place_updates_of_inputs_are_refused(update):
     run = torch.compile(bump, backend="gradflow")
     with pytest.raises(BackendError, match="updates its input"):
         run(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
+
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(8, 2, dropout=0.2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def test_attention_dropout_draws_eager_torchs_masks():
+    """Dynamo writes nn.MultiheadAttention as F.multi_head_attention_forward; its dropout on the attention
+    weights gets eager torch's masks through the backend too."""
+    torch.manual_seed(0)
+    ref = _SelfAttention().double()
+    model = copy.deepcopy(ref)
+    run = torch.compile(model, backend="gradflow")
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        y = run(x)
+        torch.manual_seed(seed)
+        want = ref(x)
+        torch.testing.assert_close(y, want, **F64)
+        y.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **F64)
+            p.grad = q.grad = None

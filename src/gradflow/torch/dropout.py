@@ -27,7 +27,23 @@ import torch
 from gradflow.torch.errors import ExportError
 
 MASK, ATTENTION_MASK = "gradflow_dropout_mask", "gradflow_attention_mask"
-_ATTENTION = torch.nn.MultiheadAttention
+
+
+class AttentionCall(torch.nn.Module):
+    """A call of `F.multi_head_attention_forward` as a module with the `dropout` of an
+    `nn.MultiheadAttention`: what a captured graph's attention becomes (`gradflow.torch.dynamo`), so its
+    dropout gets masks like the module's."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return torch.nn.functional.multi_head_attention_forward(*args, **kwargs)
+
+
+#: the modules whose attention weights get dropout masks (their `dropout` is the p)
+_ATTENTION = (torch.nn.MultiheadAttention, AttentionCall)
 
 
 @attrs.frozen

@@ -14,8 +14,10 @@ What Dynamo gives and how it is taken:
   `num_batches_tracked.add_(1)`: each such batch norm becomes a BatchNorm submodule holding the user's
   buffers, which `gradflow.torch.compile` updates as torch does. Any other in-place update of a graph
   input is refused (`BackendError`).
-- A training-mode `F.dropout` (what `nn.Dropout` becomes in the graph) becomes an `nn.Dropout` submodule:
-  its masks are drawn at each call as eager torch draws them (`gradflow/torch/dropout.py`).
+- A training-mode `F.dropout` (what `nn.Dropout` becomes in the graph) becomes an `nn.Dropout` submodule,
+  and an `F.multi_head_attention_forward` with dropout (what `nn.MultiheadAttention` becomes) an
+  `AttentionCall` submodule: their masks are drawn at each call as eager torch draws them
+  (`gradflow/torch/dropout.py`).
 - Integer inputs (Dynamo's symbolic sizes, after it sees a second batch size) and input shapes key a cache:
   one compiled program per combination, built at the first call with it (the example tensors Dynamo gives
   the backend are fake). So a smaller last batch costs one more export, not an error.
@@ -30,6 +32,7 @@ import torch
 
 from gradflow.core.errors import GradflowError
 from gradflow.torch.compiled import CompiledModule, CompileOptions
+from gradflow.torch.dropout import AttentionCall
 
 
 class BackendError(GradflowError):
@@ -117,19 +120,26 @@ class Captured(torch.nn.Module):
             gm.graph.erase_node(node)
 
     def _adopt_dropouts(self, gm: torch.fx.GraphModule) -> None:
-        """Each training-mode `F.dropout` becomes a call of an `nn.Dropout` submodule, whose masks
+        """Each training-mode `F.dropout` becomes a call of an `nn.Dropout` submodule, and each
+        `F.multi_head_attention_forward` with dropout a call of an `AttentionCall` submodule: their masks
         `gradflow.torch.compile` draws as eager torch does (`gradflow.torch.dropout`)."""
+        functional = torch.nn.functional
         for k, node in enumerate([n for n in gm.graph.nodes if n.op == "call_function"
-                                  and n.target is torch.nn.functional.dropout]):
-            p, training = _argument(node, 1, "p", 0.5), _argument(node, 2, "training", True)
-            inplace = _argument(node, 3, "inplace", False)
-            if not training or p == 0 or not isinstance(p, float) or inplace:
+                                  and n.target in (functional.dropout, functional.multi_head_attention_forward)]):
+            if node.target is functional.dropout:
+                p, training = _argument(node, 1, "p", 0.5), _argument(node, 2, "training", True)
+                if _argument(node, 3, "inplace", False):
+                    continue
+                make, args, kwargs = (lambda p=p: torch.nn.Dropout(p)), (_argument(node, 0, "input"),), {}
+            else:
+                p, training = _argument(node, 10, "dropout_p", 0.0), node.kwargs.get("training", True)
+                make, args, kwargs = (lambda p=p: AttentionCall(p)), node.args, dict(node.kwargs)
+            if not training or not isinstance(p, float) or p == 0:
                 continue
-            drop = torch.nn.Dropout(p)
-            self.add_module(f"dropout{k}", drop)
-            gm.add_submodule(f"dropout{k}", drop)
+            self.add_module(f"dropout{k}", make())
+            gm.add_submodule(f"dropout{k}", self.get_submodule(f"dropout{k}"))
             with gm.graph.inserting_before(node):
-                call = gm.graph.call_module(f"dropout{k}", (_argument(node, 0, "input"),))
+                call = gm.graph.call_module(f"dropout{k}", args, kwargs)
             node.replace_all_uses_with(call)
             gm.graph.erase_node(node)
 

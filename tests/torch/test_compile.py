@@ -408,23 +408,37 @@ def test_dropout_masks_differ_between_calls_and_scale_the_kept_values():
     torch.testing.assert_close(model(x), first, rtol=0, atol=0)  # the same seed, the same masks
 
 
+class _StackedGRU(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(4, 3, num_layers=2, dropout=0.2)
+
+    def forward(self, x):
+        return self.gru(x)[0]
+
+
 @pytest.mark.parametrize("layer, why", [(torch.nn.Dropout2d(0.5), "torch.nn.Dropout only"),
-                                        ("twice", "more than once per forward")])
+                                        ("twice", "more than once per forward"),
+                                        ("gru", "GRU 'gru' drops values between its layers")])
 def test_dropouts_without_a_mask_rule_are_refused_and_leave_the_module_as_it_was(layer, why):
     torch.manual_seed(0)
+    x = torch.randn(2, 4, dtype=torch.float64)
     if layer == "twice":
         drop = torch.nn.Dropout(0.5)
         net = torch.nn.Sequential(torch.nn.Linear(4, 4), drop, torch.nn.Linear(4, 4), drop).double()
+    elif layer == "gru":
+        net, x = _StackedGRU().double(), torch.randn(3, 2, 4, dtype=torch.float64)
     else:
         net = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), layer).double()
-    x = torch.randn(2, 4, dtype=torch.float64) if layer == "twice" else torch.randn(1, 2, 3, 3, dtype=torch.float64)
+        x = torch.randn(1, 2, 3, 3, dtype=torch.float64)
     state = copy.deepcopy(net.state_dict())
     rng = torch.random.get_rng_state()
     with pytest.raises(ExportError, match=why):
         gt.compile(net, x)
     assert torch.equal(torch.random.get_rng_state(), rng)
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
-    assert not any("gradflow" in n for n, _ in net.named_buffers()) and "forward" not in vars(net[1])
+    assert not any("gradflow" in n for n, _ in net.named_buffers())
+    assert not any("forward" in vars(m) for m in net.modules())
     torch.testing.assert_close(gt.compile(net.eval(), x)(x), net(x), **F64)  # eval: Dropout is the identity
 
 

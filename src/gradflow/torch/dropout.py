@@ -12,8 +12,9 @@ draws the same masks as eager torch when the forward draws no other random numbe
 exact for the masks used (they are constants of the products).
 
 The masks' shapes are those the example forward saw (`record_calls`); a module called more than once per
-forward, a feature dropout (`Dropout1d/2d/3d`, `AlphaDropout`), and attention dropout outside
-`nn.MultiheadAttention` are refused in training mode (`ExportError` naming the module).
+forward, a feature dropout (`Dropout1d/2d/3d`, `AlphaDropout`), attention dropout outside
+`nn.MultiheadAttention`, and the dropout between the layers of a multi-layer `nn.LSTM`/`GRU`/`RNN` are
+refused in training mode (`ExportError` naming the module).
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ def record_calls(module: torch.nn.Module, calls: list[DropoutCall]) -> Iterator[
 
 def _training(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> list[tuple[str, torch.nn.Module, DropoutCall]]:
     """The dropout sites that drop in the modules' current modes, in call order, checked (module doc)."""
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.RNNBase) and m.training and m.dropout > 0 and m.num_layers > 1:
+            raise ExportError(f"{type(m).__name__} '{name}' drops values between its layers in training mode "
+                              f"(dropout={m.dropout}): gradflow draws no masks inside a recurrent module yet",
+                              "stack single-layer modules with an nn.Dropout between them, or set its dropout to 0")
     found, seen = [], set()
     for call in calls:
         m = module.get_submodule(call.module)

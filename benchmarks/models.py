@@ -93,6 +93,78 @@ def _mobilenet():
                                torch.nn.Linear(32, 10))
 
 
+class BasicBlock(torch.nn.Module):
+    """ResNet's basic block: two 3x3 Conv+BatchNorm, a 1x1 Conv+BatchNorm shortcut where the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.shortcut = torch.nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                torch.nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet18(torch.nn.Module):
+    """ResNet-18 for 3x32x32 images (CIFAR style: a 3x3 stem, no max pool), 10 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(64),
+                                        torch.nn.ReLU())
+        blocks, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.blocks = torch.nn.Sequential(*blocks)
+        self.head = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+class GPT(torch.nn.Module):
+    """A 2-layer pre-norm decoder: width 128, 4 heads, context 64, vocabulary 512, dropout 0.1, tied head."""
+
+    def __init__(self, vocab: int = 512, width: int = 128, heads: int = 4, context: int = 64) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(vocab, width)
+        torch.nn.init.normal_(self.tokens.weight, std=0.02)
+        self.positions = torch.nn.Parameter(torch.randn(context, width) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.1, batch_first=True,
+                                                 norm_first=True, activation="gelu")
+        self.blocks = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight
+        self.register_buffer("causal", torch.nn.Transformer.generate_square_subsequent_mask(context),
+                             persistent=False)
+
+    def forward(self, idx):
+        return self.head(self.norm(self.blocks(self.tokens(idx) + self.positions, mask=self.causal,
+                                               is_causal=True)))
+
+
+class GRULanguageModel(torch.nn.Module):
+    """Embedding(512, 128), a 2-layer nn.GRU(128, 128), a head to the 512 tokens at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(512, 128)
+        self.gru = torch.nn.GRU(128, 128, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(128, 512)
+
+    def forward(self, idx):
+        return self.head(self.gru(self.embed(idx))[0])
+
+
 def _tokens(shape):
     return lambda dtype: torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(3))
 
@@ -122,7 +194,14 @@ MODELS = {
     "transformer_layer": (lambda: torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
                           _floats((BATCH, 8, 32)), "TransformerEncoderLayer(32, 4 heads, 64), dropout 0"),
     "embedding_lstm": (EmbedLSTM, _tokens((BATCH, 8)), "frozen Embedding(100, 32), nn.LSTM(32, 64)"),
+    # real sizes (issue 32)
+    "resnet18": (ResNet18, _floats((64, 3, 32, 32)), "ResNet-18 (CIFAR style) on 3x32x32, batch 64"),
+    "gpt2layer": (GPT, _tokens((16, 64)), "2-layer GPT, width 128, 4 heads, context 64, vocabulary 512, "
+                  "dropout 0.1, batch 16"),
+    "gru_lm": (GRULanguageModel, _tokens((16, 32)), "2-layer GRU language model, 128 wide, 32 steps, batch 16"),
 }
+#: models that are not run unless named (`--only`): their builds take minutes
+LARGE = ("resnet18", "gpt2layer", "gru_lm")
 
 
 # -- worker ------------------------------------------------------------------------------------------------
@@ -142,7 +221,7 @@ def _max_rel_err(got, want) -> float:
     return max(((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for a, b in pairs)
 
 
-def worker(name: str, threads: int, dtype: torch.dtype, budget: float) -> dict:
+def worker(name: str, threads: int, dtype: torch.dtype, budget: float, inductor: bool = False) -> dict:
     torch.set_num_threads(threads)
     import copy
 
@@ -162,23 +241,36 @@ def worker(name: str, threads: int, dtype: torch.dtype, budget: float) -> dict:
     with torch.no_grad():
         g = torch.randn(eager(x).shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
     start = time.perf_counter()
+    torch.manual_seed(5)  # each side checked below draws the same dropout masks
     got = _fwd_bwd(fast, params, x, g)
     rec["first_call_s"] = time.perf_counter() - start
     # both sides against eager torch in float64: gradflow may differ by rounding, as much as torch's own float32
     ref_model = copy.deepcopy(eager).double()
+    torch.manual_seed(5)
     ref = _fwd_bwd(ref_model, [p for p in ref_model.parameters() if p.requires_grad], _double(x), g.double())
     rec["gradflow_err"] = _max_rel_err(got, ref)
+    torch.manual_seed(5)
     rec["torch_err"] = _max_rel_err(_fwd_bwd(eager, eparams, x, g), ref)
     rec["allowed_err"] = max(10 * rec["torch_err"], 1e-4 if dtype == torch.float32 else 1e-9)
     sides = {"gradflow": (fast, params), "torch": (eager, eparams)}
-    one = {s: min(_time(lambda: _fwd_bwd(m, p, x, g)) for _ in range(3)) for s, (m, p) in sides.items()}
+    if inductor:
+        other = copy.deepcopy(eager)
+        compiled = torch.compile(other)
+        oparams = [p for p in other.parameters() if p.requires_grad]
+        start = time.perf_counter()
+        _fwd_bwd(compiled, oparams, x, g)
+        rec["inductor_cold_s"] = time.perf_counter() - start
+        sides["inductor"] = (compiled, oparams)
+    one = {s: min(_time(lambda m=m, p=p: _fwd_bwd(m, p, x, g)) for _ in range(3)) for s, (m, p) in sides.items()}
     reps = max(7, min(500, int(budget / max(one.values()))))
     times: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(reps):  # interleaved
         for s, (m, p) in sides.items():
-            times[s].append(_time(lambda: _fwd_bwd(m, p, x, g)))
+            times[s].append(_time(lambda m=m, p=p: _fwd_bwd(m, p, x, g)))
     rec.update({f"{s}_ms": 1e3 * statistics.median(t) for s, t in times.items()}, repeats=reps)
     rec["ratio"] = rec["gradflow_ms"] / rec["torch_ms"]
+    if inductor:
+        rec["inductor_ratio"] = rec["gradflow_ms"] / rec["inductor_ms"]
     return rec
 
 
@@ -192,7 +284,7 @@ def _time(fn) -> float:
 def _run_worker(name: str, threads: int, cache: str, args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), GRADFLOW_CACHE=cache)
     cmd = [sys.executable, __file__, "--worker", name, "--threads", str(threads), "--dtype", args.dtype,
-           "--budget", str(args.budget)]
+           "--budget", str(args.budget)] + (["--inductor"] if args.inductor else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -221,15 +313,17 @@ def _environment() -> str:
 
 def _report(records: list[dict], args) -> str:
     lines = ["# Models through `gradflow.torch.compile` vs eager torch", "",
-             f"`python benchmarks/models.py` ({args.dtype}, batch {BATCH}, train mode). Forward+backward: median "
+             f"`python benchmarks/models.py` ({args.dtype}, batch {BATCH} where the model list says no other, train "
+             "mode, dropout masks drawn alike for the error check). Forward+backward: median "
              "of single calls of `torch.autograd.grad(module(x), parameters, g)`, sides interleaved; build: a cold "
              "`compile` (export + lower) plus the first forward+backward (differentiate + compile) with an empty "
              "GRADFLOW_CACHE, in the 1-thread worker. Relative errors: largest over the output and the parameter "
              "gradients of max |x - ref| / max |ref|, ref = eager torch in float64 (gradflow's may be up to 10x "
              "torch's own, or 1e-4 in float32; **(!)** marks a larger one: timed, but not computing what torch "
              "computes).", "", _environment(),
-             "| model | threads | gradflow ms | torch ms | gradflow / torch | cold build s (compile + first call) | "
-             "rel. error gradflow | rel. error torch |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | threads | gradflow ms | torch ms | gradflow / torch | torch.compile ms | gradflow / "
+             "torch.compile | cold build s (compile + first call) | torch.compile cold s | rel. error gradflow | "
+             "rel. error torch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     failures = []
     for r in records:
         if "error" in r:
@@ -238,8 +332,11 @@ def _report(records: list[dict], args) -> str:
         build = f"{r['compile_s'] + r['first_call_s']:.1f} ({r['compile_s']:.1f} + {r['first_call_s']:.1f})" \
             if r.get("cold") else ""
         flag = " **(!)**" if r["gradflow_err"] > r["allowed_err"] else ""
+        inductor = (f"{r['inductor_ms']:.3f} | {r['inductor_ratio']:.2f}" if "inductor_ms" in r else " | ")
+        cold = f"{r['inductor_cold_s']:.1f}" if "inductor_cold_s" in r else ""
         lines.append(f"| {r['model']} | {r['threads']} | {r['gradflow_ms']:.3f} | {r['torch_ms']:.3f} | "
-                     f"{r['ratio']:.2f} | {build} | {r['gradflow_err']:.1e}{flag} | {r['torch_err']:.1e} |")
+                     f"{r['ratio']:.2f} | {inductor} | {build} | {cold} | {r['gradflow_err']:.1e}{flag} | "
+                     f"{r['torch_err']:.1e} |")
     if failures:
         lines += ["", "## Failures", "", "| model | threads | error |", "|---|---:|---|"]
         lines += [f"| {r['model']} | {r['threads']} | {r['error'].replace('|', '/')} |" for r in failures]
@@ -249,7 +346,9 @@ def _report(records: list[dict], args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default=",".join(MODELS), help="comma-separated model names")
+    ap.add_argument("--only", default=",".join(m for m in MODELS if m not in LARGE),
+                    help=f"comma-separated model names (the large ones, {', '.join(LARGE)}, only when named)")
+    ap.add_argument("--inductor", action="store_true", help="also time torch.compile (inductor) in each worker")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, one worker each")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timed calls per side (about)")
@@ -258,7 +357,8 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, int(args.threads), getattr(torch, args.dtype), args.budget)))
+        print(json.dumps(worker(args.worker, int(args.threads), getattr(torch, args.dtype), args.budget,
+                                args.inductor)))
         return
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]
     unknown = sorted(set(args.only) - set(MODELS))

@@ -452,9 +452,9 @@ def test_compiling_in_training_mode_leaves_the_batchnorm_statistics_alone():
 
 
 def test_an_op_without_a_rule_is_reported_at_compile():
-    gru = torch.nn.GRU(3, 4, batch_first=True).double()  # (LSTM has a lowering now; GRU does not yet)
-    with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'GRU'"):
-        gt.compile(gru, torch.randn(2, 5, 3, dtype=torch.float64))
+    shuffle = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.PixelShuffle(2)).double()  # DepthToSpace
+    with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'DepthToSpace'"):
+        gt.compile(shuffle, torch.randn(1, 4, 3, 3, dtype=torch.float64))
 
 
 def _legacy_export(module, x, **kwargs) -> onnx.ModelProto:

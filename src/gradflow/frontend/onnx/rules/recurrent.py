@@ -23,7 +23,14 @@ from dace.libraries.blas import Gemm
 from gradflow.core.elementwise import elementwise_table
 from gradflow.core.wcr import SUM
 from gradflow.frontend.onnx.builder import (
-    InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, norm_dim, same_extent,
+    Dim,
+    InvalidNode,
+    Lowering,
+    RuleUnsupported,
+    Tensor,
+    dstr,
+    norm_dim,
+    same_extent,
 )
 from gradflow.frontend.onnx.rules.elementwise import printer
 from gradflow.frontend.onnx.rules.linalg import library_product, on_blas
@@ -36,7 +43,7 @@ Term = tuple[Tensor, list[str]]
 
 @attrs.frozen
 class _Recurrence:
-    """What RNN, GRU and LSTM nodes share, checked: X (T, B, I) or batch first, W (D, G*H, I), R (D, G*H, H),
+    """What RNN, GRU and LSTM nodes share, checked: X (T, B, K) or batch first, W (D, G*H, K), R (D, G*H, H),
     B (D, 2*G*H), initial_h, the direction(s) and per direction the activations."""
 
     x: Tensor
@@ -45,9 +52,9 @@ class _Recurrence:
     bias: Tensor | None
     h0: Tensor | None
     T: int
-    B: object
+    B: Dim
     H: int
-    I: object
+    K: Dim  # input features
     G: int
     layout: int
     directions: tuple[bool, ...]  # per direction: whether it runs from the last step back
@@ -121,8 +128,8 @@ def _recurrence(lw: Lowering, node: Node, G: int, defaults: tuple[str, ...]) -> 
         lens = np.asarray(lw.value(node.input(4))).reshape(-1)
         if any(int(v) != T for v in lens):
             raise RuleUnsupported(f"sequence_lens {lens.tolist()} shorter than the sequence ({T} steps)")
-    I = x.shape[2]
-    for what, t, shape in (("W", w, (D, G * H, I)), ("R", r, (D, G * H, H))):
+    K = x.shape[2]
+    for what, t, shape in (("W", w, (D, G * H, K)), ("R", r, (D, G * H, H))):
         for a, b in zip(t.shape, shape):
             same_extent(a, b, f"input {what} of shape {tuple(t.shape)} (expected {shape})")
     bias = lw.get(node.input(3)) if node.input(3) else None
@@ -131,7 +138,7 @@ def _recurrence(lw: Lowering, node: Node, G: int, defaults: tuple[str, ...]) -> 
                     f"input B of shape {tuple(bias.shape)} (expected ({D}, {2 * G * H}))")
     h0 = lw.get(node.input(5)) if node.input(5) else None
     directions = (True,) if direction == "reverse" else (False, True)[:D]
-    rec = _Recurrence(x, w, r, bias, h0, T, B, H, I, G, layout, directions,
+    rec = _Recurrence(x, w, r, bias, h0, T, B, H, K, G, layout, directions,
                       _activations(node, defaults, D, x.dtype))
     rec.check_state("initial_h", h0)
     return rec
@@ -149,18 +156,18 @@ class _Projections:
 
     def __init__(self, lw: Lowering, label: str, s: _Recurrence, d: int, merged: frozenset[int]):
         self.lw, self.label, self.s, self.d = lw, label, s, d
-        T, B, H, I, G = s.T, s.B, s.H, s.I, s.G
-        self.blas = (on_blas(s.x, s.w, s.r, matrices=(norm_dim(T * B), I, G * H, B, H))
+        T, B, H, K, G = s.T, s.B, s.H, s.K, s.G
+        self.blas = (on_blas(s.x, s.w, s.r, matrices=(norm_dim(T * B), K, G * H, B, H))
                      and (s.bias is None or on_blas(s.bias, s.x, matrices=())))
         self.rows = norm_dim(T * B)
         bsum = self._bias_sum(merged)
         g = lw.temp((self.rows, G * H), s.x.dtype, "gates")
         row = f"t * ({dstr(B)}) + b"
         if self.blas:
-            xs = lw.temp((self.rows, I), s.x.dtype, "steps")
-            lw.map(label, [("t", T), ("b", B), ("k", I)], {"a": (s.x, s.at_x("t"))}, "o = a",
+            xs = lw.temp((self.rows, K), s.x.dtype, "steps")
+            lw.map(label, [("t", T), ("b", B), ("k", K)], {"a": (s.x, s.at_x("t"))}, "o = a",
                    {"o": (xs, [row, "k"], None)})
-            wd = self._rows_of(s.w, 0, G * H, I)
+            wd = self._rows_of(s.w, 0, G * H, K)
             product = g if bsum is None else lw.temp((self.rows, G * H), s.x.dtype, "gates")
             library_product(lw, label, Gemm("gemm", alpha=1, beta=0, cin=False, transB=True),
                             {"_a": xs, "_b": wd}, product)
@@ -173,7 +180,7 @@ class _Projections:
             else:
                 lw.map(label, [("s", self.rows), ("q", G * H)], {"c": (bsum, ["q"])}, "o = c",
                        {"o": (g, ["s", "q"], None)})
-            lw.map(label, [("t", T), ("b", B), ("q", G * H), ("k", I)],
+            lw.map(label, [("t", T), ("b", B), ("q", G * H), ("k", K)],
                    {"a": (s.x, s.at_x("t")), "w": (s.w, [str(d), "q", "k"])}, "o = a * w",
                    {"o": (g, [row, "q"], SUM)})
         self.g = g

@@ -130,13 +130,16 @@ def block_chain(region: ControlFlowRegion) -> list:
 
 def assigned_types(sdfg: dace.SDFG) -> dict[str, dace.typeclass]:
     """The type DaCe infers for every symbol assigned on an interstate edge of `sdfg` (int64 when it cannot
-    tell)."""
+    tell). An edge's inference that cannot tell (`None`, e.g. for `sinh(t)`) leaves the type the SDFG
+    declares: DaCe's frontend declares a scalar it turned into a symbol with the scalar's type (taking the
+    `None` for int64 hid a float64 symbol computed from the inputs, whose gradient was then dropped)."""
     types: dict[str, dace.typeclass] = dict(sdfg.symbols)
     edges = list(sdfg.all_interstate_edges())
     for _ in range(2):  # a symbol may be assigned from one assigned on a later edge
         for edge in edges:
             for name, dtype in edge.data.new_symbols(sdfg, types).items():
-                types[name] = dtype
+                if isinstance(dtype, dace.typeclass) or name not in sdfg.symbols:
+                    types[name] = dtype
     return {k: (v if isinstance(v, dace.typeclass) and v in _TYPES else dace.int64)
             for k, v in types.items() if any(k in e.data.assignments for e in edges)}
 
@@ -262,8 +265,9 @@ def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], restor
                 f"state '{site.state.label}' reads symbol '{used[0]}', which holds a floating-point value computed "
                 f"from '{carriers[used[0]]}' (an array that depends on the differentiated inputs); gradflow does not "
                 "differentiate through symbols",
-                "keep the value in an array (a tasklet or a one-element transient) instead of an interstate "
-                "assignment",
+                "keep the value in an array instead of an interstate assignment; DaCe's frontend also makes a "
+                "scalar variable that a condition reads a symbol: write it into a one-element array "
+                f"(`{used[0]} = np.zeros(1); {used[0]}[0] = ...`)",
             )
 
 

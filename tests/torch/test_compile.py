@@ -451,6 +451,43 @@ def test_compiling_in_training_mode_leaves_the_batchnorm_statistics_alone():
         assert torch.equal(value, state[key]), key
 
 
+class _Recurrent(torch.nn.Module):
+    """A recurrent layer's outputs and last states, both used."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        out, last = self.layer(x)
+        last = last[0] if isinstance(last, tuple) else last
+        return out, last
+
+
+@pytest.mark.parametrize("layer", [
+    # each layer is a node of its own, lowered alike for GRU and LSTM (a 2-layer bidirectional GRU and a
+    # bidirectional LSTM are in the ONNX zoo)
+    lambda: torch.nn.GRU(3, 4, num_layers=2, batch_first=True),
+    lambda: torch.nn.RNN(3, 4, nonlinearity="relu", bidirectional=True),
+], ids=["gru_2_layers", "rnn_relu_bidirectional"])
+def test_recurrent_layers_match_torch(layer):
+    """Outputs, last states and the gradients of the input and every parameter (two steps: the program
+    grows with the steps, and two already chain a step's state into the next)."""
+    torch.manual_seed(0)
+    ref = _Recurrent(layer()).double()
+    model = gt.compile(copy.deepcopy(ref), (torch.randn(2, 2, 3, dtype=torch.float64),))
+    x = torch.randn(2, 2, 3, dtype=torch.float64, requires_grad=True)
+    outs, want = model(x), ref(x)
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in want]
+    for a, b in zip(outs, want):
+        torch.testing.assert_close(a, b, **F64)
+    got = torch.autograd.grad(outs, [x, *model.parameters()], cot)
+    expected = torch.autograd.grad(want, [x, *ref.parameters()], cot)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, **F64)
+
+
 def test_an_op_without_a_rule_is_reported_at_compile():
     shuffle = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.PixelShuffle(2)).double()  # DepthToSpace
     with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'DepthToSpace'"):

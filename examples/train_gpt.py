@@ -23,18 +23,22 @@ VOCAB, WIDTH, HEADS, CONTEXT, LAYERS = 50, 32, 4, 16, 2
 
 
 class GPT(torch.nn.Module):
-    def __init__(self) -> None:
+    """A pre-norm decoder: token and position embeddings, `layers` Transformer layers under a causal mask,
+    LayerNorm, and a head tied to the token embedding (also `benchmarks/models.py`'s GPT, at other sizes)."""
+
+    def __init__(self, vocab: int = VOCAB, width: int = WIDTH, heads: int = HEADS, context: int = CONTEXT,
+                 layers: int = LAYERS, dropout: float = 0.1) -> None:
         super().__init__()
-        self.tokens = torch.nn.Embedding(VOCAB, WIDTH)
+        self.tokens = torch.nn.Embedding(vocab, width)
         torch.nn.init.normal_(self.tokens.weight, std=0.02)
-        self.positions = torch.nn.Parameter(torch.randn(CONTEXT, WIDTH) * 0.02)
-        layer = torch.nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.1, batch_first=True,
+        self.positions = torch.nn.Parameter(torch.randn(context, width) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=dropout, batch_first=True,
                                                  norm_first=True, activation="gelu")
-        self.blocks = torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+        self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tokens.weight  # tied
-        self.register_buffer("causal", torch.nn.Transformer.generate_square_subsequent_mask(CONTEXT),
+        self.register_buffer("causal", torch.nn.Transformer.generate_square_subsequent_mask(context),
                              persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -111,16 +111,11 @@ def test_graph_breaks_and_a_smaller_last_batch():
     assert len(graphs) >= 2
 
 
-def test_dropout_draws_eager_torchs_masks():
-    """Dynamo writes nn.Dropout as F.dropout; the backend draws its masks as eager torch does (same seed,
-    same masks), so outputs and gradients agree with eager torch's."""
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                              torch.nn.Linear(8, 2)).double()
-    model = copy.deepcopy(ref)
+def _seeded_alike(model, ref, x, seeds: int) -> None:
+    """`model` through the backend and `ref` in eager torch, seeded alike before each call (so both draw the
+    same dropout masks): outputs and gradients equal."""
     run = torch.compile(model, backend="gradflow")
-    x = torch.randn(5, 4, dtype=torch.float64)
-    for seed in range(3):
+    for seed in range(seeds):
         torch.manual_seed(seed)
         y = run(x)
         torch.manual_seed(seed)
@@ -131,6 +126,16 @@ def test_dropout_draws_eager_torchs_masks():
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **F64)
             p.grad = q.grad = None
+
+
+def test_dropout_draws_eager_torchs_masks():
+    """Dynamo writes nn.Dropout as F.dropout; the backend draws its masks as eager torch does (same seed,
+    same masks), so outputs and gradients agree with eager torch's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                              torch.nn.Linear(8, 2)).double()
+    model = copy.deepcopy(ref)
+    _seeded_alike(model, ref, torch.randn(5, 4, dtype=torch.float64), seeds=3)
 
 
 def test_two_instances_of_one_model_train_their_own_parameters():
@@ -182,16 +187,4 @@ def test_attention_dropout_draws_eager_torchs_masks():
     torch.manual_seed(0)
     ref = _SelfAttention().double()
     model = copy.deepcopy(ref)
-    run = torch.compile(model, backend="gradflow")
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    for seed in range(2):
-        torch.manual_seed(seed)
-        y = run(x)
-        torch.manual_seed(seed)
-        want = ref(x)
-        torch.testing.assert_close(y, want, **F64)
-        y.square().sum().backward()
-        want.square().sum().backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, **F64)
-            p.grad = q.grad = None
+    _seeded_alike(model, ref, torch.randn(2, 5, 8, dtype=torch.float64), seeds=2)

@@ -18,6 +18,7 @@ from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
 from gradflow.autodiff.spec import OVERFLOW, ADInterface
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
+from gradflow.core.dace_warnings import ignore_tape_pushes
 from gradflow.core.errors import (
     ORIGINS,
     InvalidArgumentError,
@@ -127,6 +128,7 @@ def free_prefix(sdfg: dace.SDFG, names: Iterable[str]) -> str:
 def _prepare(program: Any, wrt, of, prefix: Any, forwarding: Any,
              scalar_of: bool) -> tuple[Graph, tuple[str, ...], tuple[str, ...], str]:
     """The parsed program, the checked names, and the prefix (`free_prefix` where `prefix` is None)."""
+    ignore_tape_pushes()  # again: a test runner restores the warning filters its collection phase changed
     wrt_names = _names(wrt, "wrt")
     of_names = _names(of, "of") if of is not None else None
     _check_options(prefix, forwarding)

@@ -21,6 +21,7 @@ import gradflow.torch as gt
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
 from gradflow.frontend.onnx.errors import UnsupportedOpError
 from gradflow.torch.export import ExportError, LostParameterError, check_initializers, named_tensors
+from tests.torch.agreement import assert_output_and_gradients_agree
 from tests.torch.zoo import NAMES, fresh, inputs, mlp
 
 F64 = dict(rtol=1e-9, atol=1e-9)
@@ -639,11 +640,6 @@ def _attention_layer():
     return model, gt.compile(copy.deepcopy(model), (x,))
 
 
-def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| over max |b| (elementwise relative errors of entries near 0 measure summation order)."""
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
 def test_a_float64_attention_layer_computes_in_float64(seed):
@@ -653,9 +649,4 @@ def test_a_float64_attention_layer_computes_in_float64(seed):
     model, compiled = _attention_layer()
     x = torch.randn(3, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     g = torch.randn(3, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    out, want_out = compiled(x), model(x)
-    assert _relative_error(out, want_out) < 1e-12
-    got = torch.autograd.grad(out, list(compiled.parameters()), g)
-    want = torch.autograd.grad(want_out, list(model.parameters()), g)
-    for (name, _), a, b in zip(model.named_parameters(), got, want):
-        assert _relative_error(a, b) < 1e-12, name
+    assert_output_and_gradients_agree(model, compiled, x, g, 1e-12)

@@ -19,6 +19,7 @@ from onnx import TensorProto
 
 import gradflow.torch as gt
 from gradflow.torch.export import export_module
+from tests.torch.agreement import assert_output_and_gradients_agree
 
 
 class ScalarArithmetic(torch.nn.Module):
@@ -53,10 +54,6 @@ def _compiled(cls):
     return model, gt.compile(copy.deepcopy(model), (torch.randn(5, 4, dtype=torch.float64),))
 
 
-def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 def _casts_to_float(model: onnx.ModelProto) -> int:
     return sum(1 for n in model.graph.node if n.op_type == "Cast"
                and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute))
@@ -77,9 +74,4 @@ def test_float64_models_match_eager_torch_to_1e12(seed: int, cls) -> None:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(5, 4, dtype=torch.float64, generator=gen)
     g = torch.randn(5, 3, dtype=torch.float64, generator=gen)
-    out, want = compiled(x), model(x)
-    assert _relative_error(out, want) < 1e-12
-    got = torch.autograd.grad(out, list(compiled.parameters()), g)
-    expected = torch.autograd.grad(want, list(model.parameters()), g)
-    for (name, _), a, b in zip(model.named_parameters(), got, expected):
-        assert _relative_error(a, b) < 1e-12, name
+    assert_output_and_gradients_agree(model, compiled, x, g, 1e-12)

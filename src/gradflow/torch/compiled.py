@@ -109,8 +109,9 @@ class _Slot:
 class _Lowered:
     """One export of the module, lowered: which array is which input, and where each weight's value lives."""
 
-    def __init__(self, source: torch.nn.Module, exported: Exported, program: Any) -> None:
+    def __init__(self, source: torch.nn.Module, exported: Exported, program: Any, spec: Any) -> None:
         sig = program.signature
+        self.spec = spec  # the structure of the forward's output, its leaves the program's outputs
         self.exported = exported
         self.graph = program.graph
         self.signature = sig
@@ -242,7 +243,6 @@ class CompiledModule(torch.nn.Module):
         self.__dict__["_gf_names"] = _positional_names(module)
         self._gf_modules = tuple(m for m in module.modules() if m is not module)
         self._gf_traced: dict[tuple, _Traced] = {}
-        self._traced(example_inputs)  # a forward that returns no tensors is refused here
         self._gf_exports: dict[tuple, _Lowered] = {}
         self._gf_programs: dict[tuple, _Program] = {}
         self._gf_given = None
@@ -250,7 +250,8 @@ class CompiledModule(torch.nn.Module):
             from gradflow.frontend.onnx.model import read_model
 
             self._gf_given = read_model(options.onnx_model).proto()
-        self._export(self._modes(), example_inputs)  # unsupported models fail here, not at the first call
+        # unsupported models (and a forward that returns no tensors) fail here, not at the first call
+        self._export(self._modes(), example_inputs, _shapes(example_inputs))
 
     @property
     def original(self) -> torch.nn.Module:
@@ -261,10 +262,9 @@ class CompiledModule(torch.nn.Module):
     def _modes(self) -> tuple[bool, ...]:
         return (self.training, *(m.training for m in self._gf_modules))
 
-    def _traced(self, args: Sequence[torch.Tensor]) -> _Traced:
-        """What a forward of the module at the shapes of `args` returns and meets, from one eager forward
-        that leaves no trace (once per set of shapes)."""
-        key = _shapes(args)
+    def _traced(self, args: Sequence[torch.Tensor], key: tuple) -> _Traced:
+        """What a forward of the module at the shapes of `args` (`key`) returns and meets, from one eager
+        forward that leaves no trace (once per set of shapes)."""
         found = self._gf_traced.get(key)
         if found is None:
             module = self._gf_source
@@ -279,15 +279,15 @@ class CompiledModule(torch.nn.Module):
             found = self._gf_traced[key] = _Traced(spec, tuple(tuple(t.shape) for t in leaves), tuple(calls))
         return found
 
-    def _export(self, modes: tuple[bool, ...], args: Sequence[torch.Tensor]) -> _Lowered:
-        key = (modes, tuple(x.dtype for x in args), _shapes(args))
+    def _export(self, modes: tuple[bool, ...], args: Sequence[torch.Tensor], shapes: tuple) -> _Lowered:
+        key = (modes, tuple(x.dtype for x in args), shapes)
         found = self._gf_exports.get(key)
         if found is not None:
             return found
         import gradflow.onnx
 
         source = self._gf_source
-        traced = self._traced(args)
+        traced = self._traced(args, shapes)
         if self._gf_given is not None:
             if self._gf_exports:
                 raise ExportError(
@@ -295,19 +295,20 @@ class CompiledModule(torch.nn.Module):
                     f"shapes {type(source).__name__} had when compiled; it is now called with others",
                     "compile without onnx_model= to let gradflow export the module once per mode and shapes")
             exported = adopt_model(self._gf_given, source, len(args), traced.shapes)
-            found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
+            found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model),
+                                                     traced.spec)
             return found
         with _untouched(source):
             source.training = self.training
             exported = export_module(source, [x.detach() for x in args], traced.shapes, traced.dropouts)
-        found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model))
+        found = self._gf_exports[key] = _Lowered(source, exported, gradflow.onnx.load(exported.model), traced.spec)
         return found
 
     def _program(self, args: Sequence[torch.Tensor]) -> _Program:
-        modes = self._modes()
-        lowered = self._export(modes, args)
+        modes, shapes = self._modes(), _shapes(args)
+        lowered = self._export(modes, args, shapes)
         needs = lowered.needs_grad(args)
-        key = (modes, tuple(x.dtype for x in args), _shapes(args), needs)
+        key = (modes, tuple(x.dtype for x in args), shapes, needs)
         program = self._gf_programs.get(key)
         if program is None:
             program = self._gf_programs[key] = _Program(self._gf_source, lowered, needs, self._gf_options)
@@ -319,8 +320,8 @@ class CompiledModule(torch.nn.Module):
         # as torch accepts them: a transposed, sliced or broadcast (stride 0) input is copied once into the
         # dense layout the program reads; torch's `contiguous` passes the gradient back to the caller's tensor
         args = tuple(x.contiguous() for x in args)
-        outs = self._program(args)(args)
-        return pytree.tree_unflatten(outs, self._traced(args).spec)
+        program = self._program(args)
+        return pytree.tree_unflatten(program(args), program.lowered.spec)
 
     def _input(self, k: int) -> str:
         """How the user knows input `k`: its position and, when `forward` names it, its name."""

@@ -134,8 +134,10 @@ def record_calls(module: torch.nn.Module, calls: list[DropoutCall]) -> Iterator[
             h.remove()
 
 
-def _training(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> list[tuple[str, torch.nn.Module, DropoutCall]]:
-    """The dropout sites that drop in the modules' current modes, in call order, checked (module doc)."""
+def _training(module: torch.nn.Module,
+              calls: Sequence[DropoutCall]) -> list[tuple[str, torch.nn.Module, DropoutCall, float]]:
+    """The dropout sites that drop in the modules' current modes, in call order, with their p, checked
+    (module doc)."""
     for name, m in module.named_modules():
         if isinstance(m, torch.nn.RNNBase) and m.training and m.dropout > 0 and m.num_layers > 1:
             raise ExportError(f"{type(m).__name__} '{name}' drops values between its layers in training mode "
@@ -154,7 +156,7 @@ def _training(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> list[tup
             raise ExportError(f"{type(m).__name__} '{call.module}' drops values more than once per forward in "
                               "training mode: each would need a mask of its own", "use one module per call")
         seen.add(call.module)
-        found.append((call.module, m, call))
+        found.append((call.module, m, call, float(p)))
     return found
 
 
@@ -165,7 +167,7 @@ def masks_as_inputs(module: torch.nn.Module, calls: Sequence[DropoutCall], dtype
     order). The module is as before afterwards."""
     masks, patched, owners = [], [], {}
     try:
-        for name, m, call in _training(module, calls):
+        for name, m, call, p in _training(module, calls):
             buffer = ATTENTION_MASK if call.attention else MASK
             m.register_buffer(buffer, torch.ones(call.shape, dtype=dtype))
             patched.append((m, buffer))
@@ -173,8 +175,7 @@ def masks_as_inputs(module: torch.nn.Module, calls: Sequence[DropoutCall], dtype
                 owners[m] = getattr(m, buffer)
             else:
                 m.forward = (lambda mod: lambda x: x * getattr(mod, MASK))(m)
-            masks.append(Mask(f"{name}.{buffer}" if name else buffer, float(m.dropout if call.attention else m.p),
-                              call.shape, dtype, call.strides))
+            masks.append(Mask(f"{name}.{buffer}" if name else buffer, p, call.shape, dtype, call.strides))
         with _innermost_attention(module) as stack:
             _ACTIVE.append((stack, owners))
             try:

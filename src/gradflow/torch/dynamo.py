@@ -18,9 +18,10 @@ What Dynamo gives and how it is taken:
   and an `F.multi_head_attention_forward` with dropout (what `nn.MultiheadAttention` becomes) an
   `AttentionCall` submodule: their masks are drawn at each call as eager torch draws them
   (`gradflow/torch/dropout.py`).
-- Integer inputs (Dynamo's symbolic sizes, after it sees a second batch size) and input shapes key a cache:
-  one compiled program per combination, built at the first call with it (the example tensors Dynamo gives
-  the backend are fake). So a smaller last batch costs one more export, not an error.
+- A `Captured` module is built at the first real call (the example tensors Dynamo gives the backend are
+  fake), one per value of the integer inputs (Dynamo's symbolic sizes, after it sees a second batch size)
+  and identity of the tensors it holds; its `CompiledModule` builds one program per input shapes. So a
+  smaller last batch costs one more export, not an error.
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def _refuse_input_updates(gm: torch.fx.GraphModule) -> None:
 
 
 class _Backend:
-    """What Dynamo calls in place of one graph: a `CompiledModule` per (integer inputs, input shapes)."""
+    """What Dynamo calls in place of one graph: a `Captured` module and its `CompiledModule` per (integer
+    inputs, held tensors); the compiled module keys its programs by the tensor inputs' shapes itself."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions) -> None:
         self.gm, self.options = gm, options
@@ -194,10 +196,10 @@ class _Backend:
         self.held: tuple[int, ...] | None = None  # positions of held tensors (the same for every call)
 
     def _key(self, args: Sequence[Any]) -> tuple:
-        """Shapes, dtypes and integer values, and the identity of the tensors a `Captured` holds (cached
+        """The values of the non-tensor inputs, and the identity of the tensors a `Captured` holds (cached
         modules keep them alive, so an identity is never reused while it is a key)."""
-        shapes = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
-        return shapes, tuple(id(args[k]) for k in self.held or ())
+        values = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        return values, tuple(id(args[k]) for k in self.held or ())
 
     def __call__(self, *args: Any) -> Any:
         key = self._key(args)

@@ -98,10 +98,7 @@ class Reverse(Pass):
         of = self.of if self.of is not None else (infer_of(sdfg),)
         wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
         spec = ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding)
-        # DaCe's source-line info would record gradflow's own files and lines in every node it adds
-        # (inspecting the stack each time): slow, and it would tie the fingerprint to gradflow's source.
-        with dace.config.set_temporary("compiler", "lineinfo", value="none"):
-            interface = reverse_program(sdfg, spec, self.tables)
+        interface = reverse_program(sdfg, spec, self.tables)  # no source-line info: see `Pass.__call__`
         pushed = tuple(sorted((stack, sdfg.arrays[stack].total_size) for stack, array in interface.stores.items()
                               if not array.startswith("<")))  # "<trip count>" etc.: the control flow's stacks
         assert interface.forwarding_plan is not None  # `build_reverse` always gives the plan it followed

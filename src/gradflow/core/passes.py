@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, TypeVar
 
 import attrs
+import dace
 from returns.result import Failure, Result, Success
 
 from gradflow.core.errors import GradflowError, InvalidArgumentError, PassError
@@ -65,7 +66,10 @@ class Pass:
     def __call__(self, graph: Graph) -> PassResult:
         was_lent = bool(graph._lender)
         try:
-            result = self.run(graph)
+            # DaCe's source-line info would inspect the Python stack at every node a pass adds (a third of
+            # some pipelines' time) to record gradflow's own files, which nobody reads
+            with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+                result = self.run(graph)
         except GradflowError as err:
             return Failure(err)
         except Exception as exc:  # a DaCe internal error: report it as a value naming the pass, cause kept

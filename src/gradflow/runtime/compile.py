@@ -335,7 +335,9 @@ def _integer_divisions() -> Iterator[None]:
 
 def _build(sdfg: dace.SDFG, folder: Path) -> None:
     try:
-        with dace.config.set_temporary("compiler", "use_cache", value=False), blas.compile_context(), \
+        # no source-line info: DaCe would inspect the stack at every node its expansions add
+        with dace.config.set_temporary("compiler", "use_cache", value=False), \
+                dace.config.set_temporary("compiler", "lineinfo", value="none"), blas.compile_context(), \
                 vector_math.declared(sdfg), _integer_divisions(), progress.step(f"compiling SDFG '{sdfg.name}'"):
             sdfg.compile(return_program_handle=False)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build

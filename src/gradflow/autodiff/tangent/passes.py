@@ -63,8 +63,7 @@ class Tangent(Pass):
         of = self.of if self.of is not None else written_arguments(sdfg)
         wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
         spec = TangentSpec(tuple(wrt), tuple(of), self.prefix)
-        with dace.config.set_temporary("compiler", "lineinfo", value="none"):
-            interface = tangent_program(sdfg, spec, self.tables, TangentSubprograms(self.tables))
+        interface = tangent_program(sdfg, spec, self.tables, TangentSubprograms(self.tables))  # see Pass.__call__
         error = check_graph(sdfg, self.name, thorough=True)
         if error is not None:
             return Failure(error)

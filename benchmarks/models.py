@@ -208,7 +208,8 @@ def _max_rel_err(got, want) -> float:
     return max(((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for a, b in pairs)
 
 
-def worker(name: str, threads: int, dtype: torch.dtype, budget: float, inductor: bool = False) -> dict:
+def worker(name: str, threads: int, dtype: torch.dtype, budget: float, inductor: bool = False,
+           fixed_batch: bool = False) -> dict:
     torch.set_num_threads(threads)
     import copy
 
@@ -223,7 +224,8 @@ def worker(name: str, threads: int, dtype: torch.dtype, budget: float, inductor:
     eparams = [p for p in eager.parameters() if p.requires_grad]
     rec: dict = {"model": name, "threads": threads}
     start = time.perf_counter()
-    fast = gt.compile(mine, (x,))
+    fast = gt.compile(mine, (x,), dynamic=not fixed_batch)
+    rec["batch_program"] = any(key[2] == "batch" for key in fast._gf_exports)
     rec["compile_s"] = time.perf_counter() - start
     with torch.no_grad():
         g = torch.randn(eager(x).shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
@@ -271,7 +273,8 @@ def _time(fn) -> float:
 def _run_worker(name: str, threads: int, cache: str, args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), GRADFLOW_CACHE=cache)
     cmd = [sys.executable, __file__, "--worker", name, "--threads", str(threads), "--dtype", args.dtype,
-           "--budget", str(args.budget)] + (["--inductor"] if args.inductor else [])
+           "--budget", str(args.budget)] + (["--inductor"] if args.inductor else []) + \
+        (["--fixed-batch"] if args.fixed_batch else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -307,7 +310,9 @@ def _report(records: list[dict], args) -> str:
              "GRADFLOW_CACHE, in the 1-thread worker. Relative errors: largest over the output and the parameter "
              "gradients of max |x - ref| / max |ref|, ref = eager torch in float64 (gradflow's may be up to 10x "
              "torch's own, or 1e-4 in float32; **(!)** marks a larger one: timed, but not computing what torch "
-             "computes).", "", _environment(),
+             "computes). The batch program: " + ("off (`--fixed-batch`: a program for the batch's shapes)"
+             if args.fixed_batch else "on (the batch a symbolic dimension; a model whose trace does not allow it, "
+             "marked *, is built for the batch's shapes)") + ".", "", _environment(),
              "| model | threads | gradflow ms | torch ms | gradflow / torch | torch.compile ms | gradflow / "
              "torch.compile | cold build s (compile + first call) | torch.compile cold s | rel. error gradflow | "
              "rel. error torch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -321,7 +326,8 @@ def _report(records: list[dict], args) -> str:
         flag = " **(!)**" if r["gradflow_err"] > r["allowed_err"] else ""
         inductor = (f"{r['inductor_ms']:.3f} | {r['inductor_ratio']:.2f}" if "inductor_ms" in r else " | ")
         cold = f"{r['inductor_cold_s']:.1f}" if "inductor_cold_s" in r else ""
-        lines.append(f"| {r['model']} | {r['threads']} | {r['gradflow_ms']:.3f} | {r['torch_ms']:.3f} | "
+        star = "" if args.fixed_batch or r.get("batch_program") else "*"
+        lines.append(f"| {r['model']}{star} | {r['threads']} | {r['gradflow_ms']:.3f} | {r['torch_ms']:.3f} | "
                      f"{r['ratio']:.2f} | {inductor} | {build} | {cold} | {r['gradflow_err']:.1e}{flag} | "
                      f"{r['torch_err']:.1e} |")
     if failures:
@@ -341,11 +347,13 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timed calls per side (about)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per worker")
     ap.add_argument("--out", default=str(HERE / "results" / "models"), help="path without .md/.json")
+    ap.add_argument("--fixed-batch", action="store_true",
+                    help="compile with dynamic=False (a program for the batch's shapes, not the symbolic batch)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, int(args.threads), getattr(torch, args.dtype), args.budget,
-                                args.inductor)))
+                                args.inductor, args.fixed_batch)))
         return
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]
     unknown = sorted(set(args.only) - set(MODELS))

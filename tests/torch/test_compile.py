@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import io
+import re
 import warnings
 
 import onnx
@@ -255,20 +256,75 @@ def test_dict_and_list_outputs_keep_their_structure():
 
 
 # -- errors ---------------------------------------------------------------------------------------------------
-def test_a_smaller_last_batch_builds_once_more_and_matches_torch():
-    """Other input shapes than the example's (the last batch of an epoch): one more export, lowering and
-    build for them, reused at the next call of those shapes; the outputs and gradients are torch's."""
+def test_every_batch_size_runs_the_one_program_and_matches_torch():
+    """The batch is a symbolic dimension: batches of 1, 3 (the example's) and 7 run the program compiled
+    for the example, with no other export; outputs, gradients and the BatchNorm statistics (unbiased by
+    each batch's count) are torch's."""
     model, ref = pair("conv_bn", "train")
-    for batch in (1, 1, 3):
+    built = None
+    for batch in (3, 1, 7, 3, 1):
         x = torch.randn(batch, 2, 5, 5, dtype=torch.float64)
         y, want = model(x), ref(x)
         torch.testing.assert_close(y, want, **F64)
         y.sum().backward()
         want.sum().backward()
         assert_same_grads(model, ref, F64)
-        assert_same_state(model, ref, F64)  # BatchNorm statistics of the smaller batch, unbiased by its count
-    small = [key for key in model._gf_exports if key[2] == ((1, 2, 5, 5),)]
-    assert len(small) == 1  # exported once for batch 1; batch 3 is the example's
+        assert_same_state(model, ref, F64)
+        built = built or (dict(model._gf_exports), dict(model._gf_programs))
+        assert (model._gf_exports, model._gf_programs) == built  # nothing exported or built after batch 3
+    assert "batch" in [key[2] for key in model._gf_exports]
+
+
+def test_a_batch_torch_refuses_is_refused_at_the_call_and_changes_nothing():
+    """The batch program would run a training-mode BatchNorm1d on one row (its statistics would divide by
+    zero); the eager forward of the new size runs torch's own check, so the call raises torch's error and
+    the running statistics stay."""
+    torch.manual_seed(0)
+    model = gt.compile(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).double(),
+                       (torch.randn(4, 4, dtype=torch.float64),))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        model(torch.randn(1, 4, dtype=torch.float64))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    model.eval()
+    assert model(torch.randn(1, 4, dtype=torch.float64)).shape == (1, 3)  # eval mode: one row is fine
+
+
+class _SizeAsPython(torch.nn.Module):
+    """Forwards whose trace freezes the batch size: `int()` of a size, a Python loop over the batch, a
+    slice by a size, and a loop over the columns of a computed tensor (not followed, so also per batch)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.lin = kind, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.kind == "int":
+            return h.sum(0) / int(x.size(0))
+        if self.kind == "range":
+            return torch.stack([h[i] * (i + 1) for i in range(x.shape[0])]).sum(0)
+        if self.kind == "slice":
+            return h[: x.size(0) // 2 + 1].sum(0)
+        if x.size(0) > 1000:  # a shape check that raises: allowed (the eager forward of each size runs it)
+            raise ValueError("batch too large")
+        return sum(h[:, t] * t for t in range(h.shape[1]))
+
+
+@pytest.mark.parametrize("kind, where", [("int", "int()"), ("range", "index()"), ("slice", "index()"),
+                                         ("columns", "index()")])
+def test_a_trace_that_freezes_the_batch_size_gets_a_program_per_batch_size(kind, where):
+    """Where the trace turns a traced size into a Python value, the symbolic-batch program would be wrong
+    at other sizes (silently, for the slice): the module is compiled per batch size instead, with a warning
+    naming the line, and every batch matches torch."""
+    torch.manual_seed(0)
+    ref = _SizeAsPython(kind).double()
+    with pytest.warns(gt.BatchSpecializationWarning, match=rf"test_compile.py:\d+: {re.escape(where)}"):
+        model = gt.compile(copy.deepcopy(ref), (torch.randn(6, 4, dtype=torch.float64),))
+    for batch in (6, 3):
+        x = torch.randn(batch, 4, dtype=torch.float64)
+        torch.testing.assert_close(model(x), ref(x), **F64)
+    assert sorted(str(key[2]) for key in model._gf_exports) == ["((3, 4),)", "((6, 4),)"]
 
 
 def test_wrong_inputs_are_argument_errors():
@@ -344,14 +400,14 @@ def _dropout_pair():
 
 def test_dropout_draws_eager_torchs_masks_and_trains_the_same():
     """Seeded alike, the compiled module draws the masks eager torch draws (the same generator draws, in the
-    same order) and its backward is exact for them: 5 SGD steps follow torch's trajectory; in eval mode
-    every Dropout is the identity."""
+    same order, in each batch's shape: one program serves batches of 5, 2 and 3) and its backward is exact
+    for them: 5 SGD steps follow torch's trajectory; in eval mode every Dropout is the identity."""
     model, ref = _dropout_pair()
     model.load_state_dict(ref.state_dict())
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, ref)]
     gen = torch.Generator().manual_seed(3)
     for step in range(STEPS):
-        x = torch.randn(5, 4, dtype=torch.float64, generator=gen)
+        x = torch.randn((5, 2, 5, 3, 2)[step], 4, dtype=torch.float64, generator=gen)
         for m, opt in zip((model, ref), opts):
             torch.manual_seed(step)
             opt.zero_grad()
@@ -377,7 +433,7 @@ def test_dropout_draws_eager_torchs_masks_and_trains_the_same():
 def test_a_transformer_layer_with_dropout_trains_like_eager_torch():
     """`TransformerEncoderLayer`'s default dropout 0.1: its attention weights' mask and three Dropouts (one
     on a transposed input, whose mask torch fills in the input's memory order) drawn as eager torch draws
-    them; 3 SGD steps follow torch's trajectory."""
+    them; 3 SGD steps, at batches of 2, 1 and 3, follow torch's trajectory, all run by the one program."""
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True),
                               torch.nn.Linear(8, 3)).double()
@@ -386,7 +442,7 @@ def test_a_transformer_layer_with_dropout_trains_like_eager_torch():
     compiled = gt.compile(model, (torch.randn(2, 5, 8, dtype=torch.float64),))
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (compiled, ref)]
     for step in range(3):
-        x = torch.randn(2, 5, 8, dtype=torch.float64, generator=gen)
+        x = torch.randn((2, 1, 3)[step], 5, 8, dtype=torch.float64, generator=gen)
         outs = []
         for m, opt in zip((compiled, ref), opts):
             torch.manual_seed(step)
@@ -396,6 +452,7 @@ def test_a_transformer_layer_with_dropout_trains_like_eager_torch():
             opt.step()
         torch.testing.assert_close(outs[0], outs[1], **F64)
         assert_same_state(compiled, ref, F64)
+    assert [key[2] for key in compiled._gf_exports] == ["batch"]
 
 
 def test_dropout_masks_differ_between_calls_and_scale_the_kept_values():
@@ -613,7 +670,8 @@ def _budgeted(fraction: float):
     torch.manual_seed(0)
     model = _deep_mlp().double()
     x = torch.randn(16, 16, dtype=torch.float64)
-    full = gt.compile(copy.deepcopy(model), (x,))._program((x,)).function.vjp.forwarding_plan.total_bytes({})
+    program, call = gt.compile(copy.deepcopy(model), (x,))._program((x,))
+    full = program.functions[None].vjp.forwarding_plan.total_bytes({call.lowered.batch: 16})  # the batch symbol
     return model, gt.compile(copy.deepcopy(model), (x,), forwarding=Forwarding.budget(int(full * fraction)))
 
 

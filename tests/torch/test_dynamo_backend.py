@@ -39,11 +39,14 @@ def test_the_backend_is_registered_by_name():
     assert "gradflow" in torch._dynamo.list_backends(exclude_tags=())
 
 
-def _counting(graphs: list):
-    """gradflow's backend, appending each graph Dynamo hands it to `graphs`."""
+def _counting(graphs: list, runners: list | None = None):
+    """gradflow's backend, appending each graph Dynamo hands it to `graphs` (and what runs it to `runners`)."""
     def backend(gm, example_inputs):
         graphs.append(gm)
-        return gt.backend(gm, example_inputs)
+        runner = gt.backend(gm, example_inputs)
+        if runners is not None:
+            runners.append(runner)
+        return runner
     return backend
 
 
@@ -99,8 +102,11 @@ def test_graph_breaks_and_a_smaller_last_batch():
     ref = _Breaks().double()
     model = copy.deepcopy(ref)
     graphs: list = []
-    run = torch.compile(model, backend=_counting(graphs))
-    for batch in (6, 6, 2):  # the last, smaller batch recompiles (Dynamo marks the batch dynamic)
+    runners: list = []
+    run = torch.compile(model, backend=_counting(graphs, runners))
+    # batch 2 recaptures (Dynamo makes the batch a symbolic size input); 3 and 5 run the graphs of batch 2
+    # through one compiled module each, its one program (the size read from the tensor at each call)
+    for batch in (6, 6, 2, 3, 5):
         x = torch.randn(batch, 4, dtype=torch.float64)
         y, want = run(x), ref(x)
         torch.testing.assert_close(y, want, **F64)
@@ -109,6 +115,11 @@ def test_graph_breaks_and_a_smaller_last_batch():
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **F64)
     assert len(graphs) >= 2
+    dynamic = [r for r in runners if r.sizes]
+    assert dynamic, "Dynamo's symbolic batch size reaches the backend as a size input"
+    for runner in dynamic:
+        (_, compiled), = runner.compiled.values()
+        assert [key[2] for key in compiled._gf_exports] == ["batch"]
 
 
 def _seeded_alike(model, ref, x, seeds: int) -> None:

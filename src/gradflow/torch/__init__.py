@@ -9,6 +9,7 @@
   buffers, state_dict; exported to ONNX, lowered and differentiated by gradflow).
 """
 
+from gradflow.torch.batch import BatchSpecializationWarning
 from gradflow.torch.compiled import CompiledModule, compile
 from gradflow.torch.dynamo import BackendError, backend, register
 from gradflow.torch.export import ExportError, LostParameterError
@@ -18,5 +19,6 @@ from gradflow.torch.plan import FunctionPlan, build_plan
 
 register()  # torch.compile(model, backend="gradflow")
 
-__all__ = ["DISPATCHERS", "BackendError", "CompiledModule", "ExportError", "Function", "FunctionPlan",
-           "LostParameterError", "Module", "backend", "build_plan", "compile", "function"]
+__all__ = ["DISPATCHERS", "BackendError", "BatchSpecializationWarning", "CompiledModule", "ExportError",
+           "Function", "FunctionPlan", "LostParameterError", "Module", "backend", "build_plan", "compile",
+           "function"]

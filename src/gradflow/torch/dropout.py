@@ -2,19 +2,20 @@
 
 A compiled program cannot draw torch's random numbers, so each mask becomes an input: while exporting, a
 training-mode `nn.Dropout` (p > 0) computes `x * mask`, and the attention of a training-mode
-`nn.MultiheadAttention` with `dropout` > 0 multiplies its softmax weights by a mask, each mask a buffer of
-its module (an ONNX initializer: `<module>.gradflow_dropout_mask`, `<module>.gradflow_attention_mask`).
+`nn.MultiheadAttention` with `dropout` > 0 multiplies its softmax weights by a mask, each mask an extra
+input of the exported forward (after the module's own), reshaped in the graph to the shape it multiplies
+(`ONNX Shape -> Reshape`, so a mask whose size grows with the batch serves every batch size).
 At every call the compiled module draws the masks as eager torch does on the CPU (`aten::_dropout_impl`:
 `empty_like(x).bernoulli_(1 - p)`, then divided by `1 - p`; CPU attention with dropout takes the math
 path, which calls the same dropout on the (batch, heads, queries, keys) weights), one per call in the
-order the forward makes them, from torch's default generator. So a run seeded with `torch.manual_seed`
-draws the same masks as eager torch when the forward draws no other random numbers, and the backward is
-exact for the masks used (they are constants of the products).
+order the forward makes them, from torch's default generator, in the shapes and memory order that call's
+eager forward meets (`record_calls`). So a run seeded with `torch.manual_seed` draws the same masks as
+eager torch when the forward draws no other random numbers, and the backward is exact for the masks used
+(they are constants of the products).
 
-The masks' shapes are those the example forward saw (`record_calls`); a module called more than once per
-forward, a feature dropout (`Dropout1d/2d/3d`, `AlphaDropout`), attention dropout outside
-`nn.MultiheadAttention`, and the dropout between the layers of a multi-layer `nn.LSTM`/`GRU`/`RNN` are
-refused in training mode (`ExportError` naming the module).
+A module called more than once per forward, a feature dropout (`Dropout1d/2d/3d`, `AlphaDropout`),
+attention dropout outside `nn.MultiheadAttention`, and the dropout between the layers of a multi-layer
+`nn.LSTM`/`GRU`/`RNN` are refused in training mode (`ExportError` naming the module).
 """
 
 from __future__ import annotations
@@ -62,22 +63,26 @@ class DropoutCall:
 
 @attrs.frozen
 class Mask:
-    """A mask input of an exported program: the initializer's name, the p it drops with, its shape, dtype."""
+    """A mask input of an exported program: the dropout site's module, the p it drops with, the dtype, and
+    the mask's layout as an input: `cols` None for a flat vector, else `(batch, cols)` rows (a mask whose
+    size is the batch times `cols`, for a program that serves every batch size)."""
 
-    name: str
+    module: str
     p: float
-    shape: tuple[int, ...]
     dtype: torch.dtype
-    strides: tuple[int, ...] | None = None  # see `DropoutCall.strides` (None: row-major)
+    attention: bool = False
+    cols: int | None = None
 
-    def draw(self) -> torch.Tensor:
-        """The mask eager torch's CPU dropout would multiply by, from the same generator draws (dense and
-        row-major, as the program reads it)."""
+    def draw(self, call: DropoutCall) -> torch.Tensor:
+        """The mask eager torch's CPU dropout multiplies by at the site `call` (its shape and memory order
+        at this call), from the same generator draws, laid out as the program reads it."""
         if self.p == 1.0:  # torch multiplies by zero without drawing
-            return torch.zeros(self.shape, dtype=self.dtype)
-        noise = (torch.empty(self.shape, dtype=self.dtype) if self.strides is None
-                 else torch.empty_strided(self.shape, self.strides, dtype=self.dtype))
-        return noise.bernoulli_(1 - self.p).div_(1 - self.p).contiguous()
+            mask = torch.zeros(call.shape, dtype=self.dtype)
+        else:
+            noise = (torch.empty(call.shape, dtype=self.dtype) if call.strides is None
+                     else torch.empty_strided(call.shape, call.strides, dtype=self.dtype))
+            mask = noise.bernoulli_(1 - self.p).div_(1 - self.p).contiguous()
+        return mask.reshape(-1) if self.cols is None else mask.reshape(-1, self.cols)
 
 
 @contextlib.contextmanager
@@ -134,10 +139,9 @@ def record_calls(module: torch.nn.Module, calls: list[DropoutCall]) -> Iterator[
             h.remove()
 
 
-def _training(module: torch.nn.Module,
-              calls: Sequence[DropoutCall]) -> list[tuple[str, torch.nn.Module, DropoutCall, float]]:
-    """The dropout sites that drop in the modules' current modes, in call order, with their p, checked
-    (module doc)."""
+def dropping_calls(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> list[tuple[DropoutCall, float]]:
+    """The dropout sites among `calls` that drop in the modules' current modes, in call order, with their
+    p, checked (module doc)."""
     for name, m in module.named_modules():
         if isinstance(m, torch.nn.RNNBase) and m.training and m.dropout > 0 and m.num_layers > 1:
             raise ExportError(f"{type(m).__name__} '{name}' drops values between its layers in training mode "
@@ -156,47 +160,70 @@ def _training(module: torch.nn.Module,
             raise ExportError(f"{type(m).__name__} '{call.module}' drops values more than once per forward in "
                               "training mode: each would need a mask of its own", "use one module per call")
         seen.add(call.module)
-        found.append((call.module, m, call, float(p)))
+        found.append((call, float(p)))
     return found
 
 
+def mask_example(call: DropoutCall, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """A stand-in for the mask input of `call` while exporting (its values do not matter)."""
+    numel = int(torch.Size(call.shape).numel())
+    return torch.ones((numel,) if cols is None else (numel // cols, cols), dtype=dtype)
+
+
 @contextlib.contextmanager
-def masks_as_inputs(module: torch.nn.Module, calls: Sequence[DropoutCall], dtype: torch.dtype) -> Iterator[list[Mask]]:
-    """While exporting: each training-mode Dropout multiplies by a mask buffer of its own, and each
-    training-mode `nn.MultiheadAttention` hands its mask to `attention_mask`; yields the masks (in call
-    order). The module is as before afterwards."""
-    masks, patched, owners = [], [], {}
+def masks_as_inputs(module: torch.nn.Module, calls: Sequence[DropoutCall], dtype: torch.dtype, n_inputs: int,
+                    cols: Sequence[int | None] | None = None) -> Iterator[tuple[list[Mask], list[torch.Tensor]]]:
+    """While exporting: `module`'s forward takes, after its `n_inputs` inputs, one mask per dropout site
+    that drops (`dropping_calls`), laid out as `cols` says (default: flat vectors); each training-mode
+    Dropout multiplies by its mask and each training-mode `nn.MultiheadAttention` hands its mask to
+    `attention_mask`. Yields the masks and example mask tensors (call order). The module is as before
+    afterwards."""
+    sites = dropping_calls(module, calls)
+    cols = list(cols) if cols is not None else [None] * len(sites)
+    masks = [Mask(call.module, p, dtype, call.attention, c) for (call, p), c in zip(sites, cols)]
+    current: list[torch.Tensor] = []
+    patched, owners = [], {}
     try:
-        for name, m, call, p in _training(module, calls):
-            buffer = ATTENTION_MASK if call.attention else MASK
-            m.register_buffer(buffer, torch.ones(call.shape, dtype=dtype))
-            patched.append((m, buffer))
+        for k, (call, _) in enumerate(sites):
+            m = module.get_submodule(call.module)
             if call.attention:
-                owners[m] = getattr(m, buffer)
+                owners[m] = k
             else:
-                m.forward = (lambda mod: lambda x: x * getattr(mod, MASK))(m)
-            masks.append(Mask(f"{name}.{buffer}" if name else buffer, p, call.shape, dtype, call.strides))
+                m.forward = (lambda j: lambda x: x * current[j].reshape(x.shape))(k)
+                patched.append(m)
+        if sites:
+            inner = module.forward
+
+            def forward(*args: Any) -> Any:
+                current[:] = args[n_inputs:]
+                return inner(*args[:n_inputs])
+            module.forward = forward
+            patched.append(module)
         with _innermost_attention(module) as stack:
-            _ACTIVE.append((stack, owners))
+            _ACTIVE.append((stack, owners, current))
             try:
-                yield masks
+                yield masks, [mask_example(call, c, dtype) for (call, _), c in zip(sites, cols)]
             finally:
                 _ACTIVE.pop()
     finally:
-        for m, buffer in patched:
-            del m._buffers[buffer]
-            if buffer == MASK:
-                del m.forward
+        for m in patched:
+            m.__dict__.pop("forward", None)
 
 
-#: while `masks_as_inputs` runs: the attention stack and each training-mode attention module's mask
-_ACTIVE: list[tuple[list[torch.nn.Module], dict[torch.nn.Module, torch.Tensor]]] = []
+#: while `masks_as_inputs` runs: the attention stack, each training-mode attention module's mask number,
+#: and the masks of the forward being traced
+_ACTIVE: list[tuple[list[torch.nn.Module], dict[torch.nn.Module, int], list[torch.Tensor]]] = []
 
 
-def attention_mask() -> torch.Tensor | None:
-    """The mask of the attention being exported now (inside the innermost `nn.MultiheadAttention`), if it
-    drops values; None when there is none (then attention dropout cannot be exported)."""
+def attention_drops() -> bool:
+    """Whether the attention being exported now (inside the innermost `nn.MultiheadAttention`) has a mask."""
     if not _ACTIVE:
-        return None
-    stack, owners = _ACTIVE[-1]
-    return owners.get(stack[-1]) if stack else None
+        return False
+    stack, owners, _ = _ACTIVE[-1]
+    return bool(stack) and stack[-1] in owners
+
+
+def attention_mask(shape: torch.Size) -> torch.Tensor:
+    """The mask of the attention being exported now, reshaped to its weights' `shape` (`attention_drops`)."""
+    stack, owners, current = _ACTIVE[-1]
+    return current[owners[stack[-1]]].reshape(shape)

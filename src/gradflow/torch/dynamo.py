@@ -19,15 +19,16 @@ What Dynamo gives and how it is taken:
   `AttentionCall` submodule: their masks are drawn at each call as eager torch draws them
   (`gradflow/torch/dropout.py`).
 - A `Captured` module is built at the first real call (the example tensors Dynamo gives the backend are
-  fake), one per value of the integer inputs (Dynamo's symbolic sizes, after it sees a second batch size)
-  and identity of the tensors it holds; its `CompiledModule` builds one program per input shapes. So a
-  smaller last batch costs one more export, not an error.
+  fake), one per value of the integer inputs that are no sizes of its tensor inputs and identity of the
+  tensors it holds. Dynamo's symbolic sizes (inputs after it sees a second batch size) are read from the
+  tensors at each call, so the export keeps them symbolic and the `CompiledModule` runs its one batch
+  program for every batch size (`gradflow.torch.batch`).
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -57,9 +58,12 @@ def _argument(node: torch.fx.Node, k: int, name: str, default: Any = None) -> An
 
 class Captured(torch.nn.Module):
     """One Dynamo graph as a module: its parameter inputs as parameters, its training-mode batch norms as
-    BatchNorm submodules, its integer inputs fixed, and `forward` taking the remaining tensor inputs."""
+    BatchNorm submodules, its integer inputs that are sizes of its tensor inputs (Dynamo's symbolic sizes)
+    taken from those tensors at each call, its other integer inputs fixed, and `forward` taking the
+    remaining tensor inputs."""
 
-    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any],
+                 sizes: Mapping[int, tuple[int, int]] | None = None) -> None:
         super().__init__()
         gm = torch.fx.GraphModule(gm, gm.graph.__deepcopy__())  # the rewrite below edits a private copy
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -70,7 +74,13 @@ class Captured(torch.nn.Module):
         self._adopt_dropouts(gm)
         self._fixed: dict[int, Any] = {}
         self._inputs: list[int] = []
+        #: integer input -> (tensor input, dimension) whose size it is (`size_inputs`), where `args` agree
+        self._sizes = {k: (j, dim) for k, (j, dim) in (sizes or {}).items()
+                       if isinstance(args[k], int) and isinstance(args[j], torch.Tensor) and args[j].dim() > dim
+                       and args[j].size(dim) == args[k]}
         for k, (node, arg) in enumerate(zip(placeholders, args)):
+            if k in self._sizes:
+                continue
             if not node.users:
                 self._fixed[k] = arg if not isinstance(arg, torch.Tensor) else None
             elif isinstance(arg, torch.nn.Parameter):
@@ -152,10 +162,32 @@ class Captured(torch.nn.Module):
             args[k] = self._parameters[name]
         for k, x in zip(self._inputs, inputs):
             args[k] = x
+        for k, (j, dim) in self._sizes.items():
+            args[k] = args[j].size(dim)  # traced as the size it is, so the export keeps it symbolic
         return self._gm(*args)
+
+    def batch_inputs(self) -> tuple[bool, ...]:
+        """Per tensor input of `forward`, whether Dynamo made its first dimension a symbolic size (the
+        batch the compiled module's one program serves)."""
+        sized = {(j, dim) for j, dim in self._sizes.values()}
+        return tuple((k, 0) in sized for k in self._inputs)
 
     def inputs_of(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         return tuple(args[k] for k in self._inputs)
+
+
+def size_inputs(gm: torch.fx.GraphModule) -> dict[int, tuple[int, int]]:
+    """The inputs of a graph Dynamo just captured that are sizes of its tensor inputs (Dynamo's symbolic
+    sizes: their source is a `TensorPropertySource` of a tensor input's source), as input -> (tensor input,
+    dimension). Read when the backend is handed the graph: Dynamo drops the sources afterwards."""
+    from torch._dynamo.source import TensorProperty, TensorPropertySource
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sources = [getattr(n.meta.get("grapharg"), "source", None) for n in placeholders]
+    position = {source: j for j, source in enumerate(sources) if source is not None}
+    return {k: (position[source.base], source.idx) for k, source in enumerate(sources)
+            if isinstance(source, TensorPropertySource) and source.prop is TensorProperty.SIZE
+            and source.idx is not None and source.base in position}
 
 
 def _updates_in_place(node: torch.fx.Node) -> tuple[torch.fx.Node, str] | None:
@@ -188,28 +220,32 @@ def _refuse_input_updates(gm: torch.fx.GraphModule) -> None:
 
 class _Backend:
     """What Dynamo calls in place of one graph: a `Captured` module and its `CompiledModule` per (integer
-    inputs, held tensors); the compiled module keys its programs by the tensor inputs' shapes itself."""
+    inputs other than sizes, held tensors); the compiled module keys its programs by the tensor inputs'
+    shapes itself (one program for every batch size where it can)."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions) -> None:
         self.gm, self.options = gm, options
+        self.size_inputs = size_inputs(gm)
         self.compiled: dict[tuple, tuple[Captured, CompiledModule]] = {}
         self.held: tuple[int, ...] | None = None  # positions of held tensors (the same for every call)
+        self.sizes: frozenset[int] = frozenset()  # positions of the sizes of tensor inputs
 
     def _key(self, args: Sequence[Any]) -> tuple:
-        """The values of the non-tensor inputs, and the identity of the tensors a `Captured` holds (cached
-        modules keep them alive, so an identity is never reused while it is a key)."""
-        values = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        """The values of the non-tensor inputs that are no sizes, and the identity of the tensors a
+        `Captured` holds (cached modules keep them alive, so an identity is never reused while it is a key)."""
+        values = tuple(a for k, a in enumerate(args) if not isinstance(a, torch.Tensor) and k not in self.sizes)
         return values, tuple(id(args[k]) for k in self.held or ())
 
     def __call__(self, *args: Any) -> Any:
         key = self._key(args)
         found = self.compiled.get(key)
         if found is None:
-            module = Captured(self.gm, args)
+            module = Captured(self.gm, args, self.size_inputs)
             if self.held is None:
-                self.held = module.held
+                self.held, self.sizes = module.held, frozenset(module._sizes)
                 key = self._key(args)
-            found = self.compiled[key] = (module, CompiledModule(module, module.inputs_of(args), self.options))
+            found = self.compiled[key] = (module, CompiledModule(module, module.inputs_of(args), self.options,
+                                                                 batch=module.batch_inputs()))
         module, compiled = found
         return compiled(*module.inputs_of(args))
 

@@ -29,24 +29,26 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from gradflow.torch.dropout import DropoutCall, Mask, attention_mask, masks_as_inputs
+from gradflow.torch.batch import BATCH, Conversions, traced_conversions
+from gradflow.torch.dropout import DropoutCall, Mask, attention_drops, attention_mask, masks_as_inputs
 from gradflow.torch.errors import ExportError, LostParameterError
 from gradflow.torch.precision import undo_scalar_downcasts
 
 #: the opset the TorchScript exporter writes (its newest); gradflow's rules cover it
 OPSET = 20
 INPUT_PREFIX, OUTPUT_PREFIX, STATS_PREFIX = "gradflow_input_", "gradflow_output_", "gradflow_stats_"
+MASK_PREFIX = "gradflow_mask_"
 
 
 @attrs.frozen
 class BatchStats:
-    """One training-mode BatchNorm of the exported graph: the module whose buffers it updates, the graph
-    outputs holding its input's batch mean and population variance, and the number of values per channel."""
+    """One training-mode BatchNorm of the exported graph: the module whose buffers it updates and the graph
+    outputs holding its input's batch mean and population variance (the number of values per channel,
+    which the update needs, is the call's: `compiled._Traced.counts`)."""
 
     module: str  # qualified name of the `_BatchNorm` module ('' for the root)
     mean_output: str
     var_output: str
-    count: int
 
 
 @attrs.frozen(eq=False)
@@ -59,23 +61,34 @@ class Exported:
     outputs: tuple[str, ...]
     tensors: tuple[str, ...]
     stats: tuple[BatchStats, ...]
-    #: the training-mode Dropouts' masks, inputs drawn at every call, in the order the forward uses them
+    #: the dropout masks, inputs after the positional ones drawn at every call, in the order the forward
+    #: uses them, and their graph input names (None: the graph does not read it)
     masks: tuple[Mask, ...] = ()
+    mask_inputs: tuple[str | None, ...] = ()
+    #: what the trace turned from a traced value into a Python value (when traced with a symbolic batch)
+    conversions: Conversions = ()
 
 
-def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str]) -> bytes:
+def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str],
+                  dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> bytes:
+    """The exported model's bytes. With `dynamic_axes` the tracer's warnings all reach the caller
+    (`batch.traced_conversions` judges them); else those from inside torch.nn are dropped."""
     buf = io.BytesIO()
     with warnings.catch_warnings():
         # the TorchScript exporter is deprecated but is the one that keeps initializers as they are; the
         # mutation it removes is num_batches_tracked's increment, which the compiled module does itself
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message="ONNX Preprocess - Removing mutation")
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"torch\.nn\.")
+        if not dynamic_axes:
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"torch\.nn\.")
+        # an RNN's initial state for another batch size: the batch program's trace is checked at two batch
+        # sizes instead (gradflow.torch.batch)
+        warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
         torch.onnx.export(
             module, args, buf, dynamo=False, export_params=True, do_constant_folding=False,
             keep_initializers_as_inputs=True,  # also turns off de-duplication of equal initializers
             training=torch.onnx.TrainingMode.PRESERVE, opset_version=OPSET,
-            input_names=input_names, output_names=output_names)
+            input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes or None)
     return buf.getvalue()
 
 
@@ -86,8 +99,7 @@ def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     as a tensor), while these ops (MatMul, Softmax, Where/Add) it exports and gradflow lowers."""
     if isinstance(is_causal, torch.Tensor):
         is_causal = bool(is_causal)  # a traced constant
-    mask = attention_mask() if dropout_p else None
-    if dropout_p and mask is None:
+    if dropout_p and not attention_drops():
         raise ExportError("attention with dropout in training mode outside torch.nn.MultiheadAttention: gradflow "
                           "draws attention masks for nn.MultiheadAttention only",
                           "call .eval() on the module, or give it dropout=0")
@@ -101,7 +113,7 @@ def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
         weights = (weights.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool
                    else weights + attn_mask)
     weights = torch.softmax(weights, dim=-1)
-    return torch.matmul(weights if mask is None else weights * mask, value)
+    return torch.matmul(weights * attention_mask(weights.shape) if dropout_p else weights, value)
 
 
 @contextlib.contextmanager
@@ -144,18 +156,32 @@ def _check_outputs(model: onnx.ModelProto, shapes: Sequence[tuple[int, ...]], ow
 
 
 def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]],
-                  dropouts: Sequence[DropoutCall] = ()) -> Exported:
+                  dropouts: Sequence[DropoutCall] = (), *, batch: Sequence[bool] | None = None,
+                  mask_cols: Sequence[int | None] | None = None) -> Exported:
     """Export `module(*args)` (in the train/eval modes its submodules have now) and check its initializers
     and that its outputs have the `shapes` of the forward's output tensors. `dropouts`: the Dropout calls
-    of a forward (`dropout.record_calls`); those in training mode multiply by mask inputs."""
+    of a forward (`dropout.record_calls`); those in training mode multiply by mask inputs, laid out as
+    `mask_cols` says (`dropout.masks_as_inputs`). `batch`: per input, whether its first dimension is the
+    symbolic `BATCH` (then masks with `cols` have it too, and the trace's conversions of traced values
+    to Python values are recorded in `Exported.conversions`)."""
     input_names = [f"{INPUT_PREFIX}{k}" for k in range(len(args))]
     output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(len(shapes))]
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()),
                  next((a.dtype for a in args if a.is_floating_point()), torch.get_default_dtype()))
-    with masks_as_inputs(module, dropouts, dtype) as masks:
+    conversions: Conversions = ()
+    with masks_as_inputs(module, dropouts, dtype, len(args), mask_cols) as (masks, examples):
+        mask_names = [f"{MASK_PREFIX}{k}" for k in range(len(masks))]
+        dynamic = {}
+        if batch is not None:
+            dynamic = {n: {0: BATCH} for n, b in zip(input_names, batch) if b}
+            dynamic.update({n: {0: BATCH} for n, m in zip(mask_names, masks) if m.cols is not None})
         try:
-            with _all_buffers_persistent(module), _traceable_attention():
-                data = _quiet_export(module, tuple(args), input_names, output_names)
+            varying = ([a for a, b in zip(args, batch) if b]
+                       + [e for e, m in zip(examples, masks) if m.cols is not None] if batch is not None else [])
+            with _all_buffers_persistent(module), _traceable_attention(), \
+                    traced_conversions(batch is not None, varying) as seen:
+                data = _quiet_export(module, (*args, *examples), input_names + mask_names, output_names, dynamic)
+            conversions = tuple(seen)
         except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
             raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
                               "gradflow.torch.compile traces the module with torch.onnx.export(dynamo=False); "
@@ -167,9 +193,8 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes:
     _check_outputs(model, shapes, type(module).__name__, "the ONNX export")
     outputs = tuple(o.name for o in model.graph.output)
     stats = expose_batch_stats(model, module)
-    inits = {t.name for t in model.graph.initializer}
-    return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs,
-                    matched, stats, tuple(m for m in masks if m.name in inits))
+    return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs, matched, stats,
+                    tuple(masks), tuple(n if n in graph_inputs else None for n in mask_names), conversions)
 
 
 def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int,
@@ -293,8 +318,7 @@ def expose_batch_stats(model: onnx.ModelProto, module: torch.nn.Module) -> tuple
                               "which is not the running_mean of a torch.nn BatchNorm module",
                               "use torch.nn.BatchNorm1d/2d/3d modules, or compile the module in eval mode")
         path, _ = found
-        dims = [d.dim_value for d in shapes[node.input[0]].shape.dim]
-        count = int(np.prod([dims[a] for a in (0, *range(2, len(dims)))]))
+        channels = int(next(t.dims[0] for t in model.graph.initializer if t.name == node.input[3]))
         # The node's running-statistics outputs with momentum 0 are its batch mean and population variance
         # (running * 0 + batch * 1), which it computes anyway: a second pass over the input is not needed.
         tag = f"{STATS_PREFIX}{k}"
@@ -308,6 +332,6 @@ def expose_batch_stats(model: onnx.ModelProto, module: torch.nn.Module) -> tuple
                                helper.make_attribute("momentum", 0.0),
                                helper.make_attribute("training_mode", 1)])
         elem = shapes[node.input[0]].elem_type
-        model.graph.output.extend([helper.make_tensor_value_info(n, elem, [dims[1]]) for n in (mean, var)])
-        stats.append(BatchStats(path, mean, var, count))
+        model.graph.output.extend([helper.make_tensor_value_info(n, elem, [channels]) for n in (mean, var)])
+        stats.append(BatchStats(path, mean, var))
     return tuple(stats)

@@ -310,9 +310,10 @@ def _report(records: list[dict], args) -> str:
              "GRADFLOW_CACHE, in the 1-thread worker. Relative errors: largest over the output and the parameter "
              "gradients of max |x - ref| / max |ref|, ref = eager torch in float64 (gradflow's may be up to 10x "
              "torch's own, or 1e-4 in float32; **(!)** marks a larger one: timed, but not computing what torch "
-             "computes). The batch program: " + ("off (`--fixed-batch`: a program for the batch's shapes)"
-             if args.fixed_batch else "on (the batch a symbolic dimension; a model whose trace does not allow it, "
-             "marked *, is built for the batch's shapes)") + ".", "", _environment(),
+             "computes). The timed calls have the example's shapes, which get a program of their own; the "
+             "program for other batch sizes (the batch a symbolic dimension) is " + (
+                 "off (`--fixed-batch`)" if args.fixed_batch else "exported in `compile`, except for a model "
+                 "marked *, whose trace does not allow it") + ".", "", _environment(),
              "| model | threads | gradflow ms | torch ms | gradflow / torch | torch.compile ms | gradflow / "
              "torch.compile | cold build s (compile + first call) | torch.compile cold s | rel. error gradflow | "
              "rel. error torch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -118,8 +118,8 @@ def test_graph_breaks_and_a_smaller_last_batch():
     dynamic = [r for r in runners if r.sizes]
     assert dynamic, "Dynamo's symbolic batch size reaches the backend as a size input"
     for runner in dynamic:
-        (_, compiled), = runner.compiled.values()
-        assert [key[2] for key in compiled._gf_exports] == ["batch"]
+        (_, compiled), = runner.compiled.values()  # its first call's shapes, one batch program for the rest
+        assert sorted(key[2] == "batch" for key in compiled._gf_exports) == [False, True]
 
 
 def _seeded_alike(model, ref, x, seeds: int) -> None:

@@ -1,7 +1,8 @@
 """One program for every batch size, and the evidence that a trace may serve them.
 
-`gradflow.torch.compile` exports a module with the first dimension of its batch inputs symbolic (the ONNX
-`dim_param` `BATCH`), so that a smaller last batch runs the program already built. A TorchScript trace is
+`gradflow.torch.compile` also exports a module with the first dimension of its batch inputs symbolic (the
+ONNX `dim_param` `BATCH`), so that every batch size other than the example's (a smaller last batch) runs
+one program. A TorchScript trace is
 the record of one call, though: where Python turned a traced value into a Python value (`int(x.size(0))`,
 `range(x.shape[0])`, `x[: x.size(0) // 2]`, `if x.size(0) > 16:`) the value at the example's batch is
 frozen into the graph, and the graph is wrong at other batch sizes, mostly silently. So the symbolic

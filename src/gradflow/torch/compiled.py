@@ -5,12 +5,12 @@ buffers under the same names (no prefix), so `named_parameters()`, `state_dict()
 `load_state_dict` see exactly the original's tensors. Its forward runs the module's ONNX export, lowered
 and differentiated by gradflow, with those live tensors bound to the initializers of the same name.
 
-One program per (train/eval modes of the modules, dtype, which tensors need a gradient), exported,
+Programs per (train/eval modes of the modules, dtype, which tensors need a gradient), exported,
 lowered and compiled on first use, so switching `train()`/`eval()` or freezing a parameter builds once
-more, and a call under `torch.no_grad()` runs a forward-only program. The program's batch dimension (the
-first of the inputs) is symbolic, so every batch size runs it, where `gradflow.torch.batch` finds that the
-trace does not depend on the batch size; otherwise, and for calls with other shapes, one program per
-input shapes.
+more, and a call under `torch.no_grad()` runs a forward-only program: one for the example's input shapes,
+and one whose batch dimension (the first of the inputs) is symbolic for every other batch size, where
+`gradflow.torch.batch` finds that the trace does not depend on the batch size; otherwise, and for calls
+with other shapes, one program per input shapes.
 BatchNorm running statistics are updated after each training-mode call exactly as torch updates them
 (`_update_batch_stats`).
 """
@@ -350,8 +350,8 @@ class CompiledModule(torch.nn.Module):
 
     def _call(self, modes: tuple[bool, ...], args: Sequence[torch.Tensor], shapes: tuple) -> _Call:
         """The export that serves a call with these modes and `args` (of `shapes`), with what its eager
-        forward met: the batch program when the call's shapes are the example's but for the batch and it
-        serves them (`_Lowered.serves`), else the export for these shapes."""
+        forward met: the batch program when the call's shapes are the example's but for another batch size
+        and it serves them (`_Lowered.serves`), else the export for these shapes."""
         dtypes = tuple(x.dtype for x in args)
         key = (modes, dtypes, shapes)
         found = self._gf_calls.get(key)
@@ -365,8 +365,11 @@ class CompiledModule(torch.nn.Module):
                 and (modes, dtypes) not in self._gf_fixed):
             size = batching.batch_of(shapes, self._gf_example, self._gf_batch)
         if size is not None:
+            # proven (or not) at the first call of these modes, the example's in `compile`: no later export
             lowered = self._batch_export(modes, dtypes, args, traced, sites, size)
-            if lowered is not None and lowered.serves(traced, sites, size):
+            # the example's shapes, which most calls have, get a program of their own: fixed sizes let
+            # DaCe and the optimizer specialise (measured 3-22% faster, benchmarks/results/batch_program.md)
+            if shapes != self._gf_example and lowered is not None and lowered.serves(traced, sites, size):
                 found = self._gf_calls[key] = _Call(lowered, traced, sites, size)
                 return found
         found = self._gf_calls[key] = _Call(self._export(modes, args, shapes, traced), traced, sites, None)
@@ -589,10 +592,11 @@ def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
 def compile(module: torch.nn.Module, example_inputs: Any, **options: Any) -> CompiledModule:  # noqa: A001
     """A drop-in `nn.Module` for `module` whose forward and backward are gradflow-compiled.
 
-    `example_inputs`: a tensor or tuple of tensors `module` is called with (the program is built here). The
-    first dimension of the inputs is symbolic, so every batch size runs that program, where the trace is
-    found not to depend on it (`gradflow.torch.batch`; else a `BatchSpecializationWarning` says why, and
-    each batch size builds a program of its own, once); calls with other shapes build one program each.
+    `example_inputs`: a tensor or tuple of tensors `module` is called with (exported and lowered here; its
+    shapes get a program of their own). Every other batch size runs one program whose first input dimension
+    is symbolic, exported here too, where the trace is found not to depend on the batch size
+    (`gradflow.torch.batch`; else a `BatchSpecializationWarning` says why, and each batch size builds a
+    program of its own, once); calls with other shapes build one program each.
     Options: `dynamic` (False: one program per input shapes), `dispatcher` ('ctypes' or 'cpp', see
     `gradflow.torch.function`), `optimize` (as for
     `gradflow.vjp`), `forwarding` (a `gradflow.Forwarding`: what the backward keeps, e.g. a byte budget,

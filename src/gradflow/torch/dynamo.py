@@ -22,7 +22,7 @@ What Dynamo gives and how it is taken:
   fake), one per value of the integer inputs that are no sizes of its tensor inputs and identity of the
   tensors it holds. Dynamo's symbolic sizes (inputs after it sees a second batch size) are read from the
   tensors at each call, so the export keeps them symbolic and the `CompiledModule` runs its one batch
-  program for every batch size (`gradflow.torch.batch`).
+  program for every batch size but its first call's (`gradflow.torch.batch`).
 """
 
 from __future__ import annotations

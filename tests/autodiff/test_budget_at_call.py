@@ -275,8 +275,8 @@ def test_torch_compile_takes_a_budget():
     compiled = gt.compile(model, (x,), forwarding=Forwarding.budget(1000))
     got = gradients(compiled)
     assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(got, expected))
-    (program,) = compiled._gf_programs.values()
-    plan = program.function.vjp.forwarding_plan
+    (program,) = compiled._gf_programs.values()  # the example's shapes: their own program, planned once
+    plan = program.functions[None].vjp.forwarding_plan
     assert plan.policy == "budget(1000)" and plan.total_bytes({}) <= 1000
     with pytest.raises(InvalidArgumentError, match="forwarding"):
         gt.compile(model, (x,), forwarding="budget")

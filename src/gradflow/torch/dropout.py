@@ -28,8 +28,6 @@ import torch
 
 from gradflow.torch.errors import ExportError
 
-MASK, ATTENTION_MASK = "gradflow_dropout_mask", "gradflow_attention_mask"
-
 
 class AttentionCall(torch.nn.Module):
     """A call of `F.multi_head_attention_forward` as a module with the `dropout` of an

@@ -90,6 +90,9 @@ class Captured(torch.nn.Module):
             else:
                 self._fixed[k] = arg
         _refuse_input_updates(gm)
+        # values Dynamo left unused (`operator.not_` of a size test whose branch it specialised): a trace
+        # would turn them into Python values, which `gradflow.torch.batch` must count against the batch
+        gm.graph.eliminate_dead_code()
         gm.recompile()
         self.__dict__["_gm"] = gm  # traced through, not registered: its tensors are the ones above
         self._n = len(placeholders)

@@ -348,6 +348,11 @@ class CompiledModule(torch.nn.Module):
                                                    tuple(counts))
         return found
 
+    def _sites(self, traced: _Traced) -> tuple[DropoutCall, ...]:
+        """The dropout sites of the eager forward `traced` that drop in the compiled module's modes."""
+        with _mode(self._gf_source, self.training):
+            return tuple(call for call, _ in dropping_calls(self._gf_source, traced.dropouts))
+
     def _call(self, modes: tuple[bool, ...], args: Sequence[torch.Tensor], shapes: tuple) -> _Call:
         """The export that serves a call with these modes and `args` (of `shapes`), with what its eager
         forward met: the batch program when the call's shapes are the example's but for another batch size
@@ -358,8 +363,7 @@ class CompiledModule(torch.nn.Module):
         if found is not None:
             return found
         traced = self._traced(args, shapes)
-        with _mode(self._gf_source, self.training):
-            sites = tuple(call for call, _ in dropping_calls(self._gf_source, traced.dropouts))
+        sites = self._sites(traced)
         size = None
         if (self._gf_options.dynamic and any(self._gf_batch) and self._gf_given is None
                 and (modes, dtypes) not in self._gf_fixed):
@@ -402,8 +406,7 @@ class CompiledModule(torch.nn.Module):
             traced1 = self._traced(bigger, _shapes(bigger))
         except Exception as exc:  # the module's own forward: whatever it raises, this size is not served
             raise _PerBatch(f"its forward at batch {size + 1} raised {type(exc).__name__}: {exc}") from exc
-        with _mode(self._gf_source, self.training):
-            sites1 = [call for call, _ in dropping_calls(self._gf_source, traced1.dropouts)]
+        sites1 = self._sites(traced1)
         if [c.module for c in sites1] != [c.module for c in sites]:
             raise _PerBatch(f"its forward drops values at other sites at batch {size + 1} than at {size}")
         cols = batching.mask_cols([int(np.prod(c.shape)) for c in sites], [int(np.prod(c.shape)) for c in sites1],

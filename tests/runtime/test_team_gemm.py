@@ -1,9 +1,12 @@
 """Matrix products shared out over the OpenMP team (`runtime/team_gemm.h`, reached through the shim header
-every compiled SDFG's CBLAS calls go through) compute what one OpenBLAS call computes, whichever way a call
-is split: by rows or columns of C, or by the inner dimension into partial products added afterwards.
+every compiled SDFG's CBLAS calls go through) compute what one BLAS call computes, whichever way a call
+is split: by rows or columns of C, or by the inner dimension into partial products added afterwards, and
+whichever BLAS runs the blocks: torch's MKL (this process has imported torch) or, when GRADFLOW_BLAS says
+so, the wheel's OpenBLAS.
 
-The header is compiled into a small library that records which split each call took, and run with two
-OpenMP threads in this process (the suite itself runs with OMP_NUM_THREADS=1)."""
+The header is compiled into a small library (one per BLAS: the choice is made at a library's first product)
+that records which split each call took, and run with two OpenMP threads in this process (the suite itself
+runs with OMP_NUM_THREADS=1)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ extern "C" {
 void set_threads(int n) { omp_set_num_threads(n); }
 char how() { return last_how; }
 int team() { return last_team; }
+int mkl() { return gradflow_mkl_found().sgemm != nullptr; }
 #define EXPORT(NAME, T, CALL)                                                                          \
     void NAME(int order, int ta, int tb, int M, int N, int K, T alpha, const T *A, int lda, const T *B,  \
               int ldb, T beta, T *C, int ldc) {                                                        \
@@ -40,10 +44,16 @@ EXPORT(dgemm, double, cblas_dgemm)
 ROW, COL, NO, TRANS = 101, 102, 111, 112
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    loaded = compile_probe(tmp_path_factory.mktemp("team_gemm"), _SOURCE)
+@pytest.fixture(scope="module", params=["mkl", "openblas"])
+def lib(request, tmp_path_factory):
+    loaded = compile_probe(tmp_path_factory.mktemp(f"team_gemm_{request.param}"), _SOURCE)
     loaded.how.restype = ctypes.c_char
+    saved = os.environ.get("GRADFLOW_BLAS")
+    os.environ["GRADFLOW_BLAS"] = "auto" if request.param == "mkl" else "openblas"
+    try:
+        assert loaded.mkl() == (request.param == "mkl")  # the first product of the library chooses
+    finally:
+        os.environ.pop("GRADFLOW_BLAS") if saved is None else os.environ.update(GRADFLOW_BLAS=saved)
     loaded.set_threads(2)
     yield loaded
     loaded.set_threads(1)
@@ -101,7 +111,7 @@ def test_split_products_equal_numpy(lib, dtype, order, ta, tb, m, n, k, beta, sp
     assert np.isnan(c_mem[:, -1]).all()  # the padding past each column (row) of C is untouched
 
 
-def test_one_thread_calls_openblas_unchanged(lib) -> None:
+def test_one_thread_makes_one_call(lib) -> None:
     lib.set_threads(1)
     try:
         a = np.ones((300, 300)); c = np.zeros((300, 300))  # 2.7e7 multiply-adds: split with two threads
@@ -139,3 +149,45 @@ def test_a_compiled_product_on_two_threads(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     includes, calls, error = out.stdout.split()[-3:]
     assert (includes, calls) == ("True", "True") and float(error) < 1e-13
+
+
+_VERBOSE = """
+import numpy as np, dace, gradflow
+from gradflow.runtime.compile import compile_sdfg
+@dace.program
+def product(a: dace.float32[64, 96], b: dace.float32[96, 80], c: dace.float32[64, 80]):
+    c[:] = a @ b
+rng = np.random.default_rng(1)
+a, b = rng.standard_normal((64, 96), np.float32), rng.standard_normal((96, 80), np.float32)
+c = np.zeros((64, 80), np.float32)
+compile_sdfg(gradflow.Graph.of(product))(a=a, b=b, c=c)
+from gradflow.runtime import blas
+print("library", blas.gemm_library())
+print("error", np.abs(c - a.astype(np.float64) @ b).max())
+"""
+
+
+@pytest.mark.parametrize("choice, mkl", [(None, True), ("auto", True), ("openblas", False)])
+def test_which_blas_a_compiled_product_calls(tmp_path, choice, mkl) -> None:
+    # MKL_VERBOSE makes MKL print a line per call: there is one unless GRADFLOW_BLAS asks for OpenBLAS
+    # (gradflow imports torch, whose libtorch_cpu.so carries MKL); the product is right either way
+    script = tmp_path / "verbose.py"
+    script.write_text(_VERBOSE)
+    env = {**os.environ, "MKL_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("GRADFLOW_BLAS", None)
+    if choice:
+        env["GRADFLOW_BLAS"] = choice
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("SGEMM(" in out.stdout) == mkl, out.stdout[-2000:]
+    assert float(out.stdout.split()[-1]) < 1e-4
+    assert f"library {'mkl' if mkl else 'openblas'}" in out.stdout  # what gradflow says it uses
+
+
+def test_an_unknown_blas_choice_is_named(monkeypatch) -> None:
+    from gradflow.core.errors import InvalidArgumentError
+    from gradflow.runtime import blas
+
+    monkeypatch.setenv("GRADFLOW_BLAS", "OpenBLAS")
+    with pytest.raises(InvalidArgumentError, match="GRADFLOW_BLAS is 'OpenBLAS'; it takes one of 'auto', 'openblas'"):
+        blas.gemm_library()

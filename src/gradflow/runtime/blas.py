@@ -21,6 +21,11 @@ This module, when that wheel is importable:
 
 Without the wheel, `available()` is False, `compile_context()` changes nothing and DaCe's pure expansion
 (a loop nest) runs; `describe()` says so.
+
+Matrix products (`?gemm`, also inside the convolution kernels) run through `team_gemm.h`, which calls
+torch's MKL when torch's library carries one (x86 wheels; about 1.4x OpenBLAS's speed on the products of
+the models of `benchmarks/models.py`) and OpenBLAS otherwise or when `GRADFLOW_BLAS=openblas`;
+`gemm_library()` says which.
 """
 
 from __future__ import annotations
@@ -68,7 +73,50 @@ def available() -> bool:
 def describe() -> str:
     if not available():
         return "no BLAS (scipy-openblas32 not installed): matrix products use DaCe's pure loop-nest expansion"
-    return f"OpenBLAS from scipy-openblas32 ({library_path()})"
+    text = f"OpenBLAS from scipy-openblas32 ({library_path()})"
+    return text + ("; matrix products by torch's MKL" if gemm_library() == "mkl" else "")
+
+
+#: the values of GRADFLOW_BLAS (read by `team_gemm.h` at a program's first matrix product)
+BLAS_CHOICES = ("auto", "openblas")
+
+
+def gemm_library() -> str:
+    """"mkl" or "openblas": which library the matrix products of programs loaded now run on, as
+    `team_gemm.h` decides it (an unknown GRADFLOW_BLAS is an `InvalidArgumentError`)."""
+    choice = os.environ.get("GRADFLOW_BLAS", "auto")
+    if choice not in BLAS_CHOICES:
+        from gradflow.core.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"the environment variable GRADFLOW_BLAS is {choice!r}; it takes one of "
+                                   f"{', '.join(map(repr, BLAS_CHOICES))}", "unset it for the default ('auto')")
+    if choice == "openblas" or not available():
+        return "openblas"
+    one_thread()  # as compile_sdfg does before any program runs
+    if _openblas_threads() != 1:
+        return "openblas"
+    return "mkl" if _torch_mkl() else "openblas"
+
+
+def _openblas_threads() -> int:
+    import ctypes
+
+    return int(ctypes.CDLL(library_path()).scipy_openblas_get_num_threads())
+
+
+@functools.cache
+def _torch_mkl() -> bool:
+    """Whether torch's libtorch_cpu.so exports the MKL entry points `team_gemm.h` looks up."""
+    import ctypes
+
+    import torch
+
+    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return False
+    return all(hasattr(lib, name) for name in ("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local"))
 
 
 # products that `team_gemm.h` shares out over the OpenMP team (see there)

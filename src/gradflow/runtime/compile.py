@@ -48,7 +48,7 @@ from gradflow.core.dace_warnings import ignore_tape_pushes
 from gradflow.core.errors import CacheWarning, CompilationError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.core.names import check_identifiers
-from gradflow.runtime import blas, heap, vector_math
+from gradflow.runtime import blas, heap, races, vector_math
 from gradflow.runtime.cache import cache_root
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _codegen_tag() -> str:
     print; `blas`: which expansion a product gets, and the call a convolution node's kernel gets), so a fixed
     code generator never reuses an old build."""
     digest = hashlib.sha256()
-    for module in (__file__, blas.__file__):
+    for module in (__file__, blas.__file__, races.__file__):
         digest.update(Path(module).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -279,6 +279,9 @@ def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from other users of a shared cache
     private = copy.deepcopy(sdfg)
     private.build_folder = str(staging)
+    serialized = races.serialize_racing_sums(private)  # DaCe's own check lets some parallel sums race
+    if serialized:
+        log.info("sequential in %s (their parallel sums could race): %s", sdfg.name, ", ".join(serialized))
     start = time.perf_counter()
     _build(private, staging)
     library, stub = _libraries(staging)

@@ -1,0 +1,114 @@
+"""Write-conflict sums that DaCe would emit as plain additions in a parallel loop, checked before a build.
+
+DaCe's CPU code generator writes a write-conflict sum (`y[i + k] += ...`) as a plain `+=` when it judges
+that no two threads can add into the same element, and as an atomic update otherwise. Its judgement
+(`is_write_conflicted` in `dace.codegen.targets.cpp`) asks, for each parameter `p` of a parallel map
+separately, whether some dimension of the index is `a * p + b` with `a >= 1`; `b` may hold the map's
+other parameters. `y[i + k]` over a map on (i, k) passes for `i` (b = k) and for `k` (b = i), so the map
+runs `#pragma omp parallel for` over `i` with unprotected adds into elements other values of `i` also add
+into: a data race, a wrong sum whenever two threads meet on an element. Reverse mode makes such sums
+from every read with a shifted index (the adjoint of `x[i + k]` in a correlation is `gx[i + k] += ...`).
+
+Before a build, every sum DaCe would leave unprotected is checked here with a sound criterion for each
+parallel map it leaves: iterations that differ in the map's parallel parameters (the first `collapse`
+ones, which OpenMP shares out) write disjoint elements, because some dimensions of the index depend on
+those parameters alone, affinely with constant coefficients, and determine them. A map that fails runs
+sequentially (the adds are then correct as plain adds; the program's other maps are unchanged).
+"""
+
+from __future__ import annotations
+
+import dace
+import sympy
+from dace import symbolic
+from dace.codegen.targets.cpp import is_write_conflicted
+from dace.sdfg import nodes as nd
+
+_SEQUENTIAL = (dace.ScheduleType.Sequential, dace.ScheduleType.Snitch)
+
+
+def _affine_row(expr, params: list[sympy.Symbol], others: set[sympy.Symbol]) -> list | None:
+    """The constant coefficients of `expr` in `params`, or None when it is not affine in them with
+    constant coefficients or uses one of `others` (the map's other parameters)."""
+    expr = sympy.expand(sympy.sympify(expr))
+    if expr.free_symbols & others:
+        return None
+    row = []
+    for p in params:
+        c = sympy.diff(expr, p)
+        if c.free_symbols or not c.is_number:
+            return None
+        row.append(c)
+    rest = sympy.expand(expr - sum(c * p for c, p in zip(row, params)))
+    return row if not rest.free_symbols & set(params) else None
+
+
+def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
+    """Whether iterations of the map `entry` that differ in its parallel parameters write disjoint parts
+    of `subset` (the part one iteration writes, in terms of the map's parameters)."""
+    m = entry.map
+    count = max(1, int(m.collapse))
+    shared = [symbolic.pystr_to_symbolic(p) for p in m.params[:count]]
+    others = {symbolic.pystr_to_symbolic(p) for p in m.params[count:]}
+    steps = [step for (_, _, step) in m.range.ranges[:count]]
+    rows = []
+    for begin, end, _ in subset.ndrange():
+        row = _affine_row(begin, shared, others)
+        if row is None or _affine_row(end, shared, others) != row:
+            continue
+        width = symbolic.simplify(end - begin)
+        if width == 0:
+            rows.append(row)
+        elif count == 1 and row[0] != 0:
+            # a block per value of the one parallel parameter: blocks do not meet when the block is narrower
+            # than the distance between two consecutive values' blocks
+            gap = abs(row[0] * steps[0])
+            if (sympy.sympify(width) < gap) == sympy.true and (sympy.sympify(width) >= 0) == sympy.true:
+                return True
+    return bool(rows) and sympy.Matrix(rows).rank() == count
+
+
+def _unprotected(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, object]]:
+    """Write-conflict edges leaving a computation (not a scope exit) that DaCe would emit without atomics."""
+    found = []
+    for node, state in sdfg.all_nodes_recursive():
+        if isinstance(node, nd.ExitNode) or not isinstance(state, dace.SDFGState):
+            continue
+        for edge in state.out_edges(node):
+            if edge.data.wcr is not None and not edge.data.is_empty() and \
+                    not is_write_conflicted(state, edge, sdfg_schedule=None):
+                found.append((state, edge))
+    return found
+
+
+def _racing_maps(state: dace.SDFGState, edge) -> list[nd.MapEntry]:
+    """The parallel maps on the sum's way out (through enclosing nested SDFGs, as DaCe follows it) that
+    do not keep their threads' additions apart."""
+    racing = []
+    while edge is not None:
+        path = state.memlet_path(edge)
+        for e in path:
+            if isinstance(e.dst, nd.MapExit) and e.dst.map.schedule not in _SEQUENTIAL:
+                entry = state.entry_node(e.dst)
+                if e.data.subset is None or not disjoint_across_threads(entry, e.data.subset):
+                    racing.append(entry)
+        last = path[-1].dst
+        sdfg = state.sdfg
+        if not isinstance(last, nd.AccessNode) or sdfg.arrays[last.data].transient or sdfg.parent_nsdfg_node is None:
+            break
+        outer = sdfg.parent
+        out = list(outer.out_edges_by_connector(sdfg.parent_nsdfg_node, last.data))
+        state, edge = (outer, out[0]) if out else (outer, None)
+    return racing
+
+
+def serialize_racing_sums(sdfg: dace.SDFG) -> list[str]:
+    """Give every parallel map that would race on an unprotected sum the sequential schedule (in place: the
+    caller's private copy). Returns the labels of the maps changed."""
+    changed = []
+    for state, edge in _unprotected(sdfg):
+        for entry in _racing_maps(state, edge):
+            if entry.map.schedule not in _SEQUENTIAL:
+                entry.map.schedule = dace.ScheduleType.Sequential
+                changed.append(entry.map.label)
+    return changed

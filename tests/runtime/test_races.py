@@ -1,0 +1,149 @@
+"""Write-conflict sums DaCe would leave unprotected in a parallel loop (`runtime/races.py`): a map whose
+threads could add into the same element runs sequentially; maps whose threads provably write apart, and
+sums DaCe makes atomic, are left as they are."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import dace
+import numpy as np
+import pytest
+from dace.sdfg import nodes as nd
+
+from gradflow.core.graph import Graph, fingerprint
+from gradflow.runtime import races
+from gradflow.runtime.compile import build_key, compile_sdfg, usable_cache_root
+
+N, K = dace.symbol("N"), dace.symbol("K")
+
+
+@dace.program
+def shifted_sum(A: dace.float64[N, K], y: dace.float64[N + K]):
+    # y[i + k]: iterations with different i add into the same element; DaCe's check passes it
+    for i, k in dace.map[0:N, 0:K]:
+        with dace.tasklet:
+            a << A[i, k]
+            o >> y(1, lambda p, q: p + q)[i + k]
+            o = a
+
+
+@dace.program
+def matvec(A: dace.float64[N, K], x: dace.float64[K], y: dace.float64[N]):
+    # y[i] over (i, k): DaCe makes the adds atomic itself
+    for i, k in dace.map[0:N, 0:K]:
+        with dace.tasklet:
+            a << A[i, k]
+            b << x[k]
+            o >> y(1, lambda p, q: p + q)[i]
+            o = a * b
+
+
+@dace.program
+def strided_sum(A: dace.float64[N, K], y: dace.float64[2 * N, K]):
+    # y[2 i, k]: every (i, k) adds into its own element
+    for i, k in dace.map[0:N, 0:K]:
+        with dace.tasklet:
+            a << A[i, k]
+            o >> y(1, lambda p, q: p + q)[2 * i, k]
+            o = a
+
+
+def _maps(sdfg: dace.SDFG) -> list[nd.MapEntry]:
+    return [n for n, _ in sdfg.all_nodes_recursive() if isinstance(n, nd.MapEntry)]
+
+
+def test_a_map_whose_threads_meet_on_an_element_runs_sequentially() -> None:
+    sdfg = shifted_sum.to_sdfg()
+    [entry] = _maps(sdfg)
+    assert entry.map.schedule != dace.ScheduleType.Sequential
+    assert races.serialize_racing_sums(sdfg) == [entry.map.label]
+    assert entry.map.schedule == dace.ScheduleType.Sequential
+
+
+@pytest.mark.parametrize("program", [matvec, strided_sum])
+def test_maps_that_do_not_race_are_left_alone(program) -> None:
+    sdfg = program.to_sdfg()
+    before = [e.map.schedule for e in _maps(sdfg)]
+    assert races.serialize_racing_sums(sdfg) == []
+    assert [e.map.schedule for e in _maps(sdfg)] == before
+
+
+@pytest.mark.parametrize("params, collapse, index, apart", [
+    (["i", "k"], 1, "i + k", False),  # another value of i meets this one's elements through k
+    (["i", "k"], 1, "2*i, k", True),
+    (["i", "k"], 1, "k", False),  # i is not in the index: every thread adds into every element
+    (["i", "k"], 2, "i, k", True),
+    (["i", "k"], 2, "i", False),  # collapsed: (i, 0) and (i, 1) may be on two threads
+    (["i"], 1, "4*i:4*i + 4", True),  # blocks of 4 elements (the end is exclusive), 4 apart
+    (["i"], 1, "4*i:4*i + 5", False),  # blocks of 5 elements, 4 apart: neighbours share one
+    (["i"], 1, "i % 7", False),  # not affine
+])
+def test_which_indices_keep_threads_apart(params, collapse, index, apart) -> None:
+    m = nd.Map("m", params, dace.subsets.Range([(0, 99, 1)] * len(params)))
+    m.collapse = collapse
+    assert races.disjoint_across_threads(nd.MapEntry(m), dace.subsets.Range.from_string(index)) == apart
+
+
+def test_the_built_program_has_no_parallel_loop_around_the_unprotected_adds() -> None:
+    graph = Graph.of(shifted_sum.to_sdfg())
+    compile_sdfg(graph)
+    folder = usable_cache_root() / build_key(graph.sdfg, graph.fingerprint)
+    [code] = [open(p).read() for p in glob.glob(str(folder / "src" / "cpu" / "*.cpp"))]
+    assert "reduce(y + (i + k)" in code and "#pragma omp parallel" not in code
+
+
+_TWO_THREADS = """
+import numpy as np, dace, gradflow
+from gradflow.runtime import races
+n, k = 2, 2_000_000
+@dace.program
+def corr(x: dace.float64[n + k - 1], w: dace.float64[k], S: dace.float64[1]):
+    y = np.zeros([n], dtype=np.float64)
+    for i, j in dace.map[0:n, 0:k]:
+        with dace.tasklet:
+            a << x[i + j]
+            b << w[j]
+            o >> y(1, lambda p, q: p + q)[i]
+            o = a * b
+    S[0] = np.sum(y * y)
+grad = gradflow.grad(corr, wrt=["x"], of="S")
+print("serialized", races.serialize_racing_sums(grad.sdfg.__deepcopy__({})))
+f = gradflow.value_and_grad(corr, wrt=["x"], of="S")
+rng = np.random.default_rng(0)
+x, w = rng.standard_normal(n + k - 1), rng.standard_normal(k)
+y = np.array([x[i:i + k] @ w for i in range(n)])
+want = np.zeros(n + k - 1)
+for i in range(n):
+    want[i:i + k] += 2 * y[i] * w
+worst = 0.0
+for _ in range(5):
+    _, g = f(x=x, w=w, S=np.zeros(1))
+    worst = max(worst, float(np.abs(g["x"] - want).max() / np.abs(want).max()))
+print("worst", worst)
+"""
+
+
+def test_a_correlation_gradient_on_two_threads(tmp_path) -> None:
+    # the adjoint of x[i + j] is gx[i + j] += ...: gradflow's reverse mode makes the sum that DaCe would
+    # leave racing (before this check, 2 of 10 such calls lost additions at two threads); fresh process,
+    # as the thread count is its state
+    script = tmp_path / "corr.py"  # DaCe parses a program from its source file
+    script.write_text(_TWO_THREADS)
+    out = subprocess.run([sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "2"},
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("serialized", "worst")))
+    assert lines["serialized"] != "[]"  # the gradient program has such a map
+    assert float(lines["worst"]) < 1e-12
+
+
+def test_the_check_works_on_a_copy_of_what_the_caller_gave() -> None:
+    graph = Graph.of(shifted_sum.to_sdfg())
+    before = fingerprint(graph.sdfg)
+    compile_sdfg(graph)
+    assert fingerprint(graph.sdfg) == before
+    assert all(e.map.schedule != dace.ScheduleType.Sequential for e in _maps(graph.sdfg))

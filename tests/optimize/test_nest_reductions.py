@@ -186,3 +186,37 @@ def test_sums_every_parameter_owns_through_several_subsets_keep_their_order() ->
     plain = Graph.of(gate_blocks.to_sdfg())
     [(state, entry)] = _top_maps(plain.sdfg)
     assert owners(state, entry) is None
+
+
+@dace.program
+def bias_gradient(g: dace.float32[32, 256], c: dace.float32[32, 256], gb: dace.float32[256]):
+    # the adjoint of a bias added to every row: j owns gb[j] and is the unit-stride index of g and c
+    for i, j in dace.map[0:32, 0:256]:
+        with dace.tasklet:
+            a << g[i, j]
+            o >> gb(1, lambda p, q: p + q)[j]
+            copy >> c[i, j]
+            o = a
+            copy = a
+
+
+def test_a_unit_stride_owner_is_tiled_innermost() -> None:
+    # parallel over tiles of 64 columns; in each, the rows in order, then the tile's columns (memory order)
+    plain = Graph.of(bias_gradient.to_sdfg())
+    nested = NestReductions()(plain).unwrap()
+    [(state, outer)] = _top_maps(nested.sdfg)
+    assert outer.map.schedule == dace.ScheduleType.Default and outer.map.range.ranges[0][2] == 64
+    rows = [n for n in state.scope_children()[outer] if isinstance(n, nd.MapEntry)]
+    assert [m.map.params for m in rows] == [["i"]] and rows[0].map.schedule == dace.ScheduleType.Sequential
+    [columns] = [n for n in state.scope_children()[rows[0]] if isinstance(n, nd.MapEntry)]
+    assert columns.map.params == ["j"] and columns.map.schedule == dace.ScheduleType.Sequential
+    g = np.random.default_rng(5).standard_normal((32, 256)).astype(np.float32)
+    results = []
+    for graph in (plain, nested):
+        gb, c = np.full(256, 0.5, np.float32), np.zeros((32, 256), np.float32)
+        compile_sdfg(graph)(g=g, c=c, gb=gb)
+        np.testing.assert_array_equal(c, g)
+        results.append(gb)
+    # float32 sums of 32 terms of size 1: a few ulps of the terms, whatever the sum
+    np.testing.assert_allclose(results[1], 0.5 + g.astype(np.float64).sum(axis=0), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(results[1], results[0], rtol=0, atol=2e-5)

@@ -81,9 +81,12 @@ def test_maps_that_do_not_race_are_left_alone(program) -> None:
     (["i"], 1, "4*i:4*i + 4", True),  # blocks of 4 elements (the end is exclusive), 4 apart
     (["i"], 1, "4*i:4*i + 5", False),  # blocks of 5 elements, 4 apart: neighbours share one
     (["i"], 1, "i % 7", False),  # not affine
+    (["i", "k"], 1, "32*i + k", True),  # k < 32 (the map's range below): i's elements are 32 apart
+    (["i", "k"], 1, "31*i + k", False),
+    (["i", "k"], 1, "32*i + k:32*i + k + 2", False),  # k's block of 2 reaches the next i's first element
 ])
 def test_which_indices_keep_threads_apart(params, collapse, index, apart) -> None:
-    m = nd.Map("m", params, dace.subsets.Range([(0, 99, 1)] * len(params)))
+    m = nd.Map("m", params, dace.subsets.Range([(0, 99, 1)] + [(0, 31, 1)] * (len(params) - 1)))
     m.collapse = collapse
     assert races.disjoint_across_threads(nd.MapEntry(m), dace.subsets.Range.from_string(index)) == apart
 

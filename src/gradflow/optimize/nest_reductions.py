@@ -52,7 +52,7 @@ from gradflow.core.rewrite import RewritePass
 _REORDERED = (dace.dtypes.ReductionType.Sum, dace.dtypes.ReductionType.Max, dace.dtypes.ReductionType.Min)
 
 
-def _owns(subset, param: str, params: set[str]) -> bool:
+def owns(subset, param: str, params: set[str]) -> bool:
     """Some single-element dimension of `subset` is `a * param + b`, a >= 1, with no other parameter."""
     sym = symbolic.pystr_to_symbolic(param)
     for begin, end, _ in subset.ndrange():
@@ -126,7 +126,7 @@ def owners(state: dace.SDFGState, entry: nd.MapEntry) -> list[str] | None:
         targets.setdefault(e.data.data, {})[str(e.data.subset)] = e.data.subset
     bounds = {p: (b, e) for p, (b, e, _) in zip(params, entry.map.range.ranges)}
     shared = [list(subsets.values()) for subsets in targets.values() if len(subsets) > 1]
-    owned = [p for p in params if all(_owns(e.data.subset, p, set(params)) for e in sums)
+    owned = [p for p in params if all(owns(e.data.subset, p, set(params)) for e in sums)
              and all(_apart(subsets, p, set(params), bounds[p]) for subsets in shared)]
     if not owned or len(owned) == len(params):
         return None

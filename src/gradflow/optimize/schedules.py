@@ -12,7 +12,11 @@ A map every iteration of which adds into the same element (a write-conflict sum 
 of the map's parameters: the adjoint of a scalar broadcast over a row, `g_alpha += A[i] * g[i]`) is also
 made sequential, whatever its size: in a parallel map DaCe makes each of those adds an atomic
 compare-and-swap on one address, which serializes the threads anyway and costs far more than the add
-(nb_syrk's backward spent most of its time there). Sequential, the adds are plain.
+(nb_syrk's backward spent most of its time there). Sequential, the adds are plain. The same holds for
+a map whose sums no one parameter owns (`nest_reductions`), such as a LayerNorm's backward, which sums
+into the weight's and bias's gradients per column and into the mean's and deviation's per row: every add
+was atomic, and every thread added into the same columns (with the attention reshapes, a third of a
+transformer layer's backward went to `lock cmpxchg`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import dace
 from dace.sdfg import nodes as nd
 
 from gradflow.core.passes import register_pass
+from gradflow.optimize.nest_reductions import owns
 from gradflow.core.rewrite import RewritePass
 
 #: Largest transient (elements) inside a sequential map that `make_sequential` keeps on the stack.
@@ -85,13 +90,23 @@ def _reduces_to_one_element(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
     return False
 
 
+def _sums_without_one_owner(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
+    """The map's body makes write-conflict sums and no one of its parameters owns all of them (see
+    `nest_reductions.owns`), so DaCe would make adds atomic (or `runtime/races.py` the map sequential)."""
+    params = set(entry.map.params)
+    sums = [e for e in state.in_edges(state.exit_node(entry))
+            if e.data.wcr is not None and e.data.subset is not None and not e.data.is_empty()]
+    return bool(sums) and not any(all(owns(e.data.subset, p, params) for e in sums) for p in params)
+
+
 def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[tuple[dace.SDFGState, nd.MapEntry]]:
     found = []
     for state in sdfg.states():
         for node in state.nodes():
             if (isinstance(node, nd.MapEntry) and node.map.schedule == dace.ScheduleType.Default
                     and state.entry_node(node) is None
-                    and (_small(state, node, min_parallel) or _reduces_to_one_element(state, node))):
+                    and (_small(state, node, min_parallel) or _reduces_to_one_element(state, node)
+                         or _sums_without_one_owner(state, node))):
                 found.append((state, node))
     return found
 
@@ -99,8 +114,8 @@ def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[tuple[dac
 @register_pass
 @attrs.frozen
 class ChooseSchedules(RewritePass):
-    """Small top-level maps, and maps whose iterations all add into one element, become sequential loops
-    (see the module docstring)."""
+    """Small top-level maps, and maps whose sums no one parameter owns (all adding into one element, or
+    per row and per column), become sequential loops (see the module docstring)."""
 
     min_parallel: int = 2048
     name: ClassVar[str] = "choose_schedules"

@@ -43,6 +43,27 @@ def _affine_row(expr, params: list[sympy.Symbol], others: set[sympy.Symbol]) -> 
     return row if not rest.free_symbols & set(params) else None
 
 
+def _span(expr, entry: nd.MapEntry, shared: list[sympy.Symbol]):
+    """max - min of `expr` (affine with constant coefficients in the map's parameters other than `shared`,
+    which it must not use) over the map's ranges, or None."""
+    expr = sympy.expand(sympy.sympify(expr))
+    if expr.free_symbols & set(shared):
+        return None
+    span = sympy.Integer(0)
+    for p, (begin, end, _) in zip(entry.map.params, entry.map.range.ranges):
+        sym = symbolic.pystr_to_symbolic(p)
+        c = sympy.diff(expr, sym)
+        if c == 0:
+            continue
+        if c.free_symbols or not c.is_number:
+            return None
+        span += abs(c) * (sympy.sympify(end) - sympy.sympify(begin))
+    rest = expr.free_symbols & {symbolic.pystr_to_symbolic(p) for p in entry.map.params}
+    if any(sympy.diff(expr, r).free_symbols for r in rest):
+        return None
+    return symbolic.simplify(span)
+
+
 def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
     """Whether iterations of the map `entry` that differ in its parallel parameters write disjoint parts
     of `subset` (the part one iteration writes, in terms of the map's parameters)."""
@@ -54,17 +75,25 @@ def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
     rows = []
     for begin, end, _ in subset.ndrange():
         row = _affine_row(begin, shared, others)
-        if row is None or _affine_row(end, shared, others) != row:
-            continue
-        width = symbolic.simplify(end - begin)
-        if width == 0:
+        if row is not None and _affine_row(end, shared, others) == row and symbolic.simplify(end - begin) == 0:
             rows.append(row)
-        elif count == 1 and row[0] != 0:
-            # a block per value of the one parallel parameter: blocks do not meet when the block is narrower
-            # than the distance between two consecutive values' blocks
-            gap = abs(row[0] * steps[0])
-            if (sympy.sympify(width) < gap) == sympy.true and (sympy.sympify(width) >= 0) == sympy.true:
-                return True
+            continue
+        if count != 1:
+            continue
+        # a block per value of the one parallel parameter p: a p + (the other parameters' part) ... up to the
+        # block's end; blocks do not meet when each spans less than the distance between two consecutive
+        # values of p (`y[32 p + k]` with k < 32; `gb[t : t + 63]` for tiles t 64 apart)
+        p = shared[0]
+        a = sympy.diff(sympy.expand(sympy.sympify(begin)), p)
+        if a == 0 or a.free_symbols or not a.is_number or sympy.diff(sympy.expand(sympy.sympify(end)), p) != a:
+            continue
+        spread = _span(sympy.expand(sympy.sympify(begin)) - a * p, entry, shared)
+        width = sympy.sympify(symbolic.simplify(end - begin))
+        if spread is None or width.free_symbols & {symbolic.pystr_to_symbolic(q) for q in entry.map.params}:
+            continue
+        reach = sympy.sympify(spread) + width  # from the first element any iteration with this p writes to the last
+        if (reach < abs(a * steps[0])) == sympy.true and (width >= 0) == sympy.true:
+            return True
     return bool(rows) and sympy.Matrix(rows).rank() == count
 
 

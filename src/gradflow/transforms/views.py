@@ -203,30 +203,47 @@ def _materialize(state: SDFGState, view: nd.AccessNode, vedge, names: dict[str, 
 
 def _reshape_map(state: SDFGState, view: nd.AccessNode, vedge) -> None:
     """Replace the copy on `vedge` (viewed subset <-> materialized view of another shape) by a map over the
-    view's elements: view element p is the element of the viewed subset at the same row-major position
-    (what the view's memory means, see `_row_major`). DaCe's own copy would do the same walk, but its
-    expansion of a reshaping copy declares a map over the product of the extents, which its type
-    inference fails on for lenet's `int_floor` extents, and it refuses copies between equal ranks."""
+    elements of the side it writes: view element p is the element of the viewed subset at the same
+    row-major position (what the view's memory means, see `_row_major`). DaCe's own copy would do the
+    same walk, but its expansion of a reshaping copy declares a map over the product of the extents, which
+    its type inference fails on for lenet's `int_floor` extents, and it refuses copies between equal ranks.
+
+    Why the written side: its index is then the map's parameters themselves and the other side's is found
+    by integer divisions and remainders of their position. The adjoint of the copy sums into the read
+    side's gradient at the written side's index: one element per iteration, which DaCe tells apart. Over
+    the other side, it would sum at `(x / 32) % 32, x % 32`, and DaCe makes every such add atomic (the
+    attention reshapes of a transformer layer: a fifth of its backward)."""
     sdfg = state.sdfg
     shape = sdfg.arrays[view.data].shape
-    params = [symbolic.symbol(f"__v{j}") for j in range(len(shape))]
-    flat, cum = 0, 1
-    for p, size in zip(reversed(params), reversed(shape)):
-        flat, cum = flat + p * cum, cum * size
     viewed = vedge.data.subset
     dims = _nonunit(viewed.size())
     sizes = [viewed.size()[d] for d in dims]
-    position, cum = {}, 1
-    for d, size in zip(reversed(dims), reversed(sizes)):
-        position[d] = symbolic.int_floor(flat, cum) % size
-        cum = cum * size
+    reading = vedge.dst is view
+    walked = (sizes or [1]) if reading else list(shape)  # one element viewed: a map of one iteration
+    params = [symbolic.symbol(f"__v{j}") for j in range(len(walked))]
+    flat, cum = 0, 1
+    for p, size in zip(reversed(params), reversed(walked)):
+        flat, cum = flat + p * cum, cum * size
+
+    def at(targets):
+        position, cum = [], 1
+        for size in reversed(targets):
+            position.append(symbolic.int_floor(flat, cum) % size)
+            cum = cum * size
+        return position[::-1]
+
+    if reading:
+        position = dict(zip(dims, params))
+        on_view = dace.Memlet(data=view.data, subset=subsets.Range([(x, x, 1) for x in at(list(shape))]))
+    else:
+        position = dict(zip(dims, at(sizes)))
+        on_view = dace.Memlet(data=view.data, subset=subsets.Range([(p, p, 1) for p in params]))
     element = subsets.Range([(b + s * position[d], b + s * position[d], 1) if d in position else (b, b, 1)
                              for d, (b, _e, s) in enumerate(viewed)])
     array = vedge.data.data
     on_array = dace.Memlet(data=array, subset=element)
-    on_view = dace.Memlet(data=view.data, subset=subsets.Range([(p, p, 1) for p in params]))
-    ranges = {str(p): f"0:{n}" for p, n in zip(params, shape)}
-    if vedge.dst is view:  # read: view[p] = array[...]
+    ranges = {str(p): f"0:{n}" for p, n in zip(params, walked)}
+    if reading:  # read: view[...] = array[...]
         state.add_mapped_tasklet(f"reshape_{view.data}", ranges, {"__i": on_array}, "__o = __i", {"__o": on_view},
                                  external_edges=True, input_nodes={array: vedge.src}, output_nodes={view.data: view})
     else:  # written: array[...] = view[p]

@@ -236,3 +236,19 @@ def test_what_runs_is_the_optimized_graph(monkeypatch):
     want = optimized(prog.graph).fingerprint
     assert want != prog.graph.fingerprint  # the pipeline changes this graph (its sum is nested)
     assert [g.fingerprint for g in built] == [want]
+
+
+def test_a_reshape_that_merges_or_splits_dimensions_has_affine_indices() -> None:
+    # the map runs over the finer side of each group of dimensions; no integer division in either index,
+    # so the adjoint adds into one gradient element per iteration (DaCe then needs no atomics)
+    import sympy
+
+    from gradflow.frontend.onnx.rules.tensor import refined_copy
+
+    n = sympy.Symbol("N")
+    merged = refined_copy((8, 32, 32), (256, 32))
+    assert merged == ([("p0", 8), ("p1", 32), ("p2", 32)], ["p0", "p1", "p2"], ["p0*(32) + p1*(1)", "p2*(1)"])
+    split = refined_copy((n, 8, 4, 8), (n, 8, 32))
+    assert split[2] == ["p0*(1)", "p1*(1)", "p2*(8) + p3*(1)"] and split[1] == ["p0", "p1", "p2", "p3"]
+    assert refined_copy((6,), (1, 2, 3, 1)) == ([("q1", 2), ("q2", 3)], ["q1*(3) + q2*(1)"], ["0", "q1", "q2", "0"])
+    assert refined_copy((4, 6), (6, 4)) is None  # no common refinement: `reindex` with divisions

@@ -136,8 +136,67 @@ def reshape_to(lw: Lowering, node: Node, shape: tuple[Dim, ...]) -> None:
     if norm_dim(prod(shape) - prod(x.shape)) != 0:
         raise RuleUnsupported(f"cannot reshape {x.shape} to {shape}")
     out = lw.output(node.outputs[0], shape, x.dtype)
+    refined = refined_copy(out.shape, x.shape)
+    if refined is not None:
+        ranges, out_index, in_index = refined
+        lw.map(node.label, ranges, {"a": (x, in_index)}, "o = a", {"o": (out, out_index, None)})
+        return
     p = params("p", out.rank)
     lw.copy_indexed(node.label, x, out, reindex(out.shape, x.shape, p), p)
+
+
+def refined_copy(out_shape, in_shape) -> tuple[list, list[str], list[str]] | None:
+    """A reshape as a map whose two indices are affine in its parameters, or None: where the non-unit
+    dimensions of both shapes fall into consecutive groups of equal size that are one dimension on one
+    side (dimensions merged or split), the map runs over the finer side's dimensions of each group and the
+    coarser side's index is their row-major position. Without integer divisions in the indices, the
+    adjoint of the copy adds into one element of the input's gradient per iteration, which DaCe tells
+    apart (through `reindex`, every add of a transformer's attention reshapes was atomic)."""
+    outs = [(k, d) for k, d in enumerate(out_shape) if not (isinstance(d, int) and d == 1)]
+    ins = [(k, d) for k, d in enumerate(in_shape) if not (isinstance(d, int) and d == 1)]
+    ranges: list = []
+    out_index, in_index = ["0"] * len(out_shape), ["0"] * len(in_shape)
+    i = j = 0
+    while i < len(outs) or j < len(ins):
+        if i >= len(outs) or j >= len(ins):
+            return None
+        group_o, group_i = [outs[i]], [ins[j]]
+        i, j = i + 1, j + 1
+        while norm_dim(prod(d for _, d in group_o) - prod(d for _, d in group_i)) != 0:
+            if len(group_o) > 1 and len(group_i) > 1:
+                return None
+            size_o, size_i = prod(d for _, d in group_o), prod(d for _, d in group_i)
+            smaller_out = _known_less(size_o, size_i)
+            if smaller_out is None:
+                return None
+            if smaller_out and i < len(outs):
+                group_o.append(outs[i])
+                i += 1
+            elif not smaller_out and j < len(ins):
+                group_i.append(ins[j])
+                j += 1
+            else:
+                return None
+        if len(group_o) > 1 and len(group_i) > 1:
+            return None
+        fine, coarse, fine_index, coarse_index, name = (group_o, group_i[0], out_index, in_index, "p") \
+            if len(group_i) == 1 else (group_i, group_o[0], in_index, out_index, "q")
+        position, stride = [], 1
+        for k, d in reversed(fine):
+            fine_index[k] = f"{name}{k}"
+            ranges.insert(len(ranges) - len(position), (f"{name}{k}", d))
+            position.append(f"{name}{k}*({dstr(stride)})")
+            stride = stride * d
+        coarse_index[coarse[0]] = " + ".join(reversed(position))
+    return (ranges or [("p0", 1)]), out_index, in_index
+
+
+def _known_less(a, b) -> bool | None:
+    """Whether size a < size b, where both are known numbers or a ratio of them is; None if unknown."""
+    ratio = sympy.simplify(sympy.sympify(b) / sympy.sympify(a))
+    if ratio.is_number:
+        return bool(ratio > 1)
+    return None
 
 
 def reindex(out_shape, in_shape, p) -> list[str]:

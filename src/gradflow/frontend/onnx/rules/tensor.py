@@ -152,6 +152,8 @@ def refined_copy(out_shape, in_shape) -> tuple[list, list[str], list[str]] | Non
     coarser side's index is their row-major position. Without integer divisions in the indices, the
     adjoint of the copy adds into one element of the input's gradient per iteration, which DaCe tells
     apart (through `reindex`, every add of a transformer's attention reshapes was atomic)."""
+    if any(isinstance(d, int) and d == 0 for d in (*out_shape, *in_shape)):
+        return None  # no elements: `reindex`'s map of no iterations
     outs = [(k, d) for k, d in enumerate(out_shape) if not (isinstance(d, int) and d == 1)]
     ins = [(k, d) for k, d in enumerate(in_shape) if not (isinstance(d, int) and d == 1)]
     ranges: list = []
@@ -194,7 +196,7 @@ def refined_copy(out_shape, in_shape) -> tuple[list, list[str], list[str]] | Non
 def _known_less(a, b) -> bool | None:
     """Whether size a < size b, where both are known numbers or a ratio of them is; None if unknown."""
     ratio = sympy.simplify(sympy.sympify(b) / sympy.sympify(a))
-    if ratio.is_number:
+    if ratio.is_number and ratio.is_finite:
         return bool(ratio > 1)
     return None
 

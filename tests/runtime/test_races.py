@@ -17,29 +17,11 @@ from dace.sdfg import nodes as nd
 from gradflow.core.graph import Graph, fingerprint
 from gradflow.runtime import races
 from gradflow.runtime.compile import build_key, compile_sdfg, usable_cache_root
+from tests.optimize.test_nest_reductions import matvec, shifted_sum
 
 N, K = dace.symbol("N"), dace.symbol("K")
-
-
-@dace.program
-def shifted_sum(A: dace.float64[N, K], y: dace.float64[N + K]):
-    # y[i + k]: iterations with different i add into the same element; DaCe's check passes it
-    for i, k in dace.map[0:N, 0:K]:
-        with dace.tasklet:
-            a << A[i, k]
-            o >> y(1, lambda p, q: p + q)[i + k]
-            o = a
-
-
-@dace.program
-def matvec(A: dace.float64[N, K], x: dace.float64[K], y: dace.float64[N]):
-    # y[i] over (i, k): DaCe makes the adds atomic itself
-    for i, k in dace.map[0:N, 0:K]:
-        with dace.tasklet:
-            a << A[i, k]
-            b << x[k]
-            o >> y(1, lambda p, q: p + q)[i]
-            o = a * b
+# shifted_sum: y[i + k], iterations with different i add into the same element and DaCe's check passes it;
+# matvec: y[i] over (i, k), which DaCe makes atomic itself
 
 
 @dace.program
@@ -113,9 +95,10 @@ def corr(x: dace.float64[n + k - 1], w: dace.float64[k], S: dace.float64[1]):
             o >> y(1, lambda p, q: p + q)[i]
             o = a * b
     S[0] = np.sum(y * y)
-grad = gradflow.grad(corr, wrt=["x"], of="S")
+# unoptimized: OPTIMIZE's choose_schedules already makes such a map sequential (its sums have no owner)
+grad = gradflow.grad(corr, wrt=["x"], of="S", optimize=False)
 print("serialized", races.serialize_racing_sums(grad.sdfg.__deepcopy__({})))
-f = gradflow.value_and_grad(corr, wrt=["x"], of="S")
+f = gradflow.value_and_grad(corr, wrt=["x"], of="S", optimize=False)
 rng = np.random.default_rng(0)
 x, w = rng.standard_normal(n + k - 1), rng.standard_normal(k)
 y = np.array([x[i:i + k] @ w for i in range(n)])
@@ -132,8 +115,8 @@ print("worst", worst)
 
 def test_a_correlation_gradient_on_two_threads(tmp_path) -> None:
     # the adjoint of x[i + j] is gx[i + j] += ...: gradflow's reverse mode makes the sum that DaCe would
-    # leave racing (before this check, 2 of 10 such calls lost additions at two threads); fresh process,
-    # as the thread count is its state
+    # leave racing (2 of 10 calls of `shifted_sum` lost additions at two threads before this check);
+    # fresh process, as the thread count is its state
     script = tmp_path / "corr.py"  # DaCe parses a program from its source file
     script.write_text(_TWO_THREADS)
     out = subprocess.run([sys.executable, str(script)], env={**os.environ, "OMP_NUM_THREADS": "2"},

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import dace
-import numpy as np
 import pytest
 from dace.sdfg import nodes as nd
 

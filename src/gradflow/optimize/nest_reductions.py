@@ -206,9 +206,9 @@ OWNER_TILE = 64
 
 def _unit_stride_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> int | None:
     """The tile size for `_tile_owner` when the map has one owner, of a constant extent that tiles of
-    `OWNER_TILE` (or half of it) divide into two tiles or more, and every memlet in the map that uses the
-    owner moves by one element per owner step (its flattened index has derivative 1 in it, and
-    derivative 0 in it for the others); else None."""
+    `OWNER_TILE` (or half of it) divide into two tiles or more, every memlet in the map that uses the
+    owner moves by one element per owner step (its row-major offset has derivative 1 in the owner), and
+    each sum target is written through one subset; else None."""
     if len(owned) != 1:
         return None
     owner = owned[0]

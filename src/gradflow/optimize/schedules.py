@@ -28,8 +28,8 @@ import dace
 from dace.sdfg import nodes as nd
 
 from gradflow.core.passes import register_pass
-from gradflow.optimize.nest_reductions import owns
 from gradflow.core.rewrite import RewritePass
+from gradflow.optimize.nest_reductions import owns
 
 #: Largest transient (elements) inside a sequential map that `make_sequential` keeps on the stack.
 REGISTER_LIMIT = 1024

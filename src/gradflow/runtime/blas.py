@@ -31,6 +31,7 @@ the models of `benchmarks/models.py`) and OpenBLAS otherwise or when `GRADFLOW_B
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import hashlib
 import os
@@ -41,6 +42,7 @@ import dace
 from dace.sdfg import nodes as nd
 from dace.transformation.transformation import ExpandTransformation
 
+from gradflow.core.errors import InvalidArgumentError
 from gradflow.library import convolution
 from gradflow.runtime.cache import cache_root
 
@@ -86,8 +88,6 @@ def gemm_library() -> str:
     `team_gemm.h` decides it (an unknown GRADFLOW_BLAS is an `InvalidArgumentError`)."""
     choice = os.environ.get("GRADFLOW_BLAS", "auto")
     if choice not in BLAS_CHOICES:
-        from gradflow.core.errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"the environment variable GRADFLOW_BLAS is {choice!r}; it takes one of "
                                    f"{', '.join(map(repr, BLAS_CHOICES))}", "unset it for the default ('auto')")
     if choice == "openblas" or not available():
@@ -99,17 +99,13 @@ def gemm_library() -> str:
 
 
 def _openblas_threads() -> int:
-    import ctypes
-
     return int(ctypes.CDLL(library_path()).scipy_openblas_get_num_threads())
 
 
 @functools.cache
 def _torch_mkl() -> bool:
     """Whether torch's libtorch_cpu.so exports the MKL entry points `team_gemm.h` looks up."""
-    import ctypes
-
-    import torch
+    import torch  # gradflow.runtime.calling has imported it already
 
     path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     try:
@@ -327,8 +323,6 @@ def one_thread() -> bool:
     path = library_path()
     if path is None or "OPENBLAS_NUM_THREADS" in os.environ:
         return False
-    import ctypes
-
     ctypes.CDLL(path).scipy_openblas_set_num_threads(ctypes.c_int(1))
     return True
 

@@ -78,18 +78,6 @@ def _scope_local(sdfg: dace.SDFG, name: str) -> bool:
                if n.data == name)
 
 
-def _reduces_to_one_element(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
-    """Some write-conflict edge leaving the map's body writes an element independent of the map's
-    parameters: every iteration updates the same one."""
-    params = set(entry.map.params)
-    for e in state.in_edges(state.exit_node(entry)):
-        if e.data.wcr is not None and e.data.subset is not None and not e.data.is_empty():
-            used = {str(s) for s in e.data.subset.free_symbols}
-            if not used & params:
-                return True
-    return False
-
-
 def _sums_without_one_owner(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
     """The map's body makes write-conflict sums and no one of its parameters owns all of them (see
     `nest_reductions.owns`), so DaCe would make adds atomic (or `runtime/races.py` the map sequential)."""
@@ -105,8 +93,7 @@ def _sequential_candidates(sdfg: dace.SDFG, min_parallel: int) -> list[tuple[dac
         for node in state.nodes():
             if (isinstance(node, nd.MapEntry) and node.map.schedule == dace.ScheduleType.Default
                     and state.entry_node(node) is None
-                    and (_small(state, node, min_parallel) or _reduces_to_one_element(state, node)
-                         or _sums_without_one_owner(state, node))):
+                    and (_small(state, node, min_parallel) or _sums_without_one_owner(state, node))):
                 found.append((state, node))
     return found
 

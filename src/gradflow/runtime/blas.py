@@ -83,14 +83,20 @@ def describe() -> str:
 BLAS_CHOICES = ("auto", "openblas")
 
 
-def gemm_library() -> str:
-    """"mkl" or "openblas": which library the matrix products of programs loaded now run on, as
-    `team_gemm.h` decides it (an unknown GRADFLOW_BLAS is an `InvalidArgumentError`)."""
+def blas_choice() -> str:
+    """GRADFLOW_BLAS (default "auto"); an unknown value is an `InvalidArgumentError`. Cheap: `compile_sdfg`
+    checks it at every call, so a misspelt value fails there, not silently in the generated code."""
     choice = os.environ.get("GRADFLOW_BLAS", "auto")
     if choice not in BLAS_CHOICES:
         raise InvalidArgumentError(f"the environment variable GRADFLOW_BLAS is {choice!r}; it takes one of "
                                    f"{', '.join(map(repr, BLAS_CHOICES))}", "unset it for the default ('auto')")
-    if choice == "openblas" or not available():
+    return choice
+
+
+def gemm_library() -> str:
+    """"mkl" or "openblas": which library the matrix products of programs loaded now run on, as
+    `team_gemm.h` decides it (an unknown GRADFLOW_BLAS is an `InvalidArgumentError`)."""
+    if blas_choice() == "openblas" or not available():
         return "openblas"
     one_thread()  # as compile_sdfg does before any program runs
     if _openblas_threads() != 1:

@@ -124,7 +124,7 @@ def compile_sdfg(program: dace.SDFG | Graph) -> CompiledSDFG:
     root = usable_cache_root()
     folder = root / key
     blas.one_thread()
-    blas.gemm_library()  # a misspelt GRADFLOW_BLAS fails here, not silently in the generated code
+    blas.blas_choice()  # a misspelt GRADFLOW_BLAS fails here, not silently in the generated code
     heap.keep_freed_blocks()
     with _LOCK:
         hit = _LOADED.get(str(folder))

@@ -4,6 +4,7 @@ sums DaCe makes atomic, are left as they are."""
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import subprocess
@@ -132,3 +133,47 @@ def test_the_check_works_on_a_copy_of_what_the_caller_gave() -> None:
     compile_sdfg(graph)
     assert fingerprint(graph.sdfg) == before
     assert all(e.map.schedule != dace.ScheduleType.Sequential for e in _maps(graph.sdfg))
+
+
+class _ExpandShiftedAdd(dace.transformation.ExpandTransformation):
+    environments: list = []
+
+    @staticmethod
+    def expansion(node, state: dace.SDFGState, sdfg: dace.SDFG) -> dace.SDFG:
+        inner = shifted_sum.to_sdfg()  # (x, y) -> y[i + k] += x[...] over a map on (i, k)
+        inner.name = "shifted_add_expansion"
+        return inner
+
+
+@dace.library.node
+class _ShiftedAdd(nd.LibraryNode):
+    """A library node whose expansion is the sum DaCe lets race; nothing of it is visible before the build
+    expands it."""
+
+    implementations = {"pure": _ExpandShiftedAdd}
+    default_implementation = "pure"
+
+    def __init__(self, name: str = "shifted_add") -> None:
+        super().__init__(name, inputs={"A"}, outputs={"y"})
+
+
+def test_a_racing_sum_inside_a_library_expansion_is_checked_too() -> None:
+    # the code generator expands library nodes after the caller's last look at the SDFG; the check runs on
+    # what it expands, so the expansion's map (in a nested SDFG) is built sequential
+    outer = shifted_sum.to_sdfg()
+    sdfg = dace.SDFG("calls_a_library_node")
+    for name, desc in outer.arrays.items():
+        sdfg.add_datadesc(name, copy.deepcopy(desc))
+    state = sdfg.add_state()
+    node = _ShiftedAdd()
+    state.add_node(node)
+    [inp] = [n for n in outer.arrays if n != "y"]
+    state.add_edge(state.add_read(inp), None, node, "A", dace.Memlet.from_array(inp, sdfg.arrays[inp]))
+    state.add_edge(node, "y", state.add_write("y"), None, dace.Memlet.from_array("y", sdfg.arrays["y"]))
+    assert _maps(sdfg) == []
+    graph = Graph.of(sdfg)
+    compile_sdfg(graph)
+    folder = usable_cache_root() / build_key(graph.sdfg, graph.fingerprint)
+    [code] = [open(p).read() for p in glob.glob(str(folder / "src" / "cpu" / "*.cpp"))]
+    assert "reduce(y + (i + k)" in code
+    assert "#pragma omp parallel" not in code

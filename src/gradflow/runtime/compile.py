@@ -42,6 +42,9 @@ import dace
 import sympy
 from dace.codegen import compiler as dace_compiler
 from dace.codegen.compiled_sdfg import CompiledSDFG
+from dace.sdfg import infer_types
+from dace.sdfg import nodes as nd
+from dace.transformation.passes.insert_explicit_copies import InsertExplicitCopies
 
 from gradflow.core import progress
 from gradflow.core.dace_warnings import ignore_tape_pushes
@@ -279,14 +282,11 @@ def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the entry from other users of a shared cache
     private = copy.deepcopy(sdfg)
     private.build_folder = str(staging)
-    serialized = races.serialize_racing_sums(private)  # DaCe's own check lets some parallel sums race
-    if serialized:
-        log.info("sequential in %s (their parallel sums could race): %s", sdfg.name, ", ".join(serialized))
     start = time.perf_counter()
     _build(private, staging)
     library, stub = _libraries(staging)
     arguments = _entry_parameters(staging, private)
-    calling = _calling(private, arguments)
+    calling = _calling(copy.copy(sdfg), arguments)  # as `_load` will see it: `private` is expanded now
     if calling is None:
         raise CompilationError(f"the build of SDFG '{sdfg.name}' takes parameters {arguments}, which are not "
                                "all its data and symbols")
@@ -337,12 +337,32 @@ def _integer_divisions() -> Iterator[None]:
         dace.symbolic.sympy_intdiv_fix = original
 
 
+def _as_code_generation_sees_it(sdfg: dace.SDFG) -> None:
+    """In place, the steps DaCe's `generate_code` takes before it emits code that add maps or set their
+    schedules (connector types, default schedules, explicit copies, library expansions), so that the race
+    check sees every map that will be compiled; `generate_code` repeats them and finds nothing left to do."""
+    explicit = dace.config.Config.get_bool("compiler", "cpu", "explicit_copy")
+    while True:  # until an expansion adds no implicit copy (`generate_code` would make it a node and expand it)
+        infer_types.infer_connector_types(sdfg)
+        infer_types.set_default_schedule_and_storage_types(sdfg, None)
+        if explicit and InsertExplicitCopies().apply_pass(sdfg, {}) is not None:
+            infer_types.infer_connector_types(sdfg)
+        elif not any(isinstance(n, nd.LibraryNode) for n, _ in sdfg.all_nodes_recursive()):
+            return
+        sdfg.expand_library_nodes()
+
+
 def _build(sdfg: dace.SDFG, folder: Path) -> None:
+    """Build `sdfg` (the caller's private copy, changed in place) in `folder`."""
     try:
         # no source-line info: DaCe would inspect the stack at every node its expansions add
         with dace.config.set_temporary("compiler", "use_cache", value=False), \
                 dace.config.set_temporary("compiler", "lineinfo", value="none"), blas.compile_context(), \
                 vector_math.declared(sdfg), _integer_divisions(), progress.step(f"compiling SDFG '{sdfg.name}'"):
+            _as_code_generation_sees_it(sdfg)  # inside the contexts: they choose the expansions
+            serialized = races.serialize_racing_sums(sdfg)  # DaCe's own check lets some parallel sums race
+            if serialized:
+                log.info("sequential in %s (their parallel sums could race): %s", sdfg.name, ", ".join(serialized))
             sdfg.compile(return_program_handle=False)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)

@@ -13,7 +13,9 @@ Before a build, every sum DaCe would leave unprotected is checked here with a so
 parallel map it leaves: iterations that differ in the map's parallel parameters (the first `collapse`
 ones, which OpenMP shares out) write disjoint elements, because some dimensions of the index depend on
 those parameters alone, affinely with constant coefficients, and determine them. A map that fails runs
-sequentially (the adds are then correct as plain adds; the program's other maps are unchanged).
+sequentially (the adds are then correct as plain adds; the program's other maps are unchanged). The
+build runs it on the SDFG as the code generator will see it: library nodes expanded (their expansions
+make maps too), default schedules set.
 """
 
 from __future__ import annotations

@@ -130,6 +130,44 @@ def test_kernels_match_torch_and_add_into_gradients(kernels, config, dtype, thre
         np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale * 10)
 
 
+#: float32 NCHW convolutions and whether the kernels hand them to torch's once it is loaded (unit strides and
+#: dilations, more than 1x1, 16 channels or more a side, fewer than 64 output channels: `by_torch`)
+ROUTES = [
+    ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW"), True),
+    ((2, 16, 11, 10, 32, 5, 3, (1, 1), (1, 1), "NCHW"), True),
+    ((2, 16, 11, 10, 32, 3, 3, (2, 2), (1, 1), "NCHW"), False),  # strided
+    ((2, 32, 12, 12, 16, 3, 3, (1, 1), (2, 1), "NCHW"), False),  # dilated
+    ((2, 16, 9, 9, 16, 1, 1, (1, 1), (1, 1), "NCHW"), False),  # 1x1
+    ((2, 16, 9, 9, 64, 3, 3, (1, 1), (1, 1), "NCHW"), False),  # 64 output channels
+    ((2, 8, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW"), False),  # 8 input channels
+]
+
+
+@pytest.mark.parametrize("config, routed", ROUTES,
+                         ids=lambda c: "x".join(map(str, c[:7])) + f"_s{c[7][0]}{c[7][1]}d{c[8][0]}{c[8][1]}"
+                         if isinstance(c, tuple) else str(c))
+def test_torchs_convolution_takes_the_shapes_its_rule_admits_with_the_kernels_contract(kernels, config, routed):
+    # once `gradflow.torch.convolution` has loaded torch's (later tests in this process then also run through
+    # it, which the test above accepts: same contract, same tolerance): y overwritten, gradients added into
+    from gradflow.torch import convolution
+
+    convolution.load()
+    x, w, dy, dims = _case(config, np.float32, seed=3)
+    want_y, want_gx, want_gw = _torch(x, w, dy, config)
+    kernels.set_threads(1)
+    y = np.full(want_y.shape, np.nan, dtype=np.float32)
+    old_gx = np.random.default_rng(9).normal(size=x.shape).astype(np.float32)
+    old_gw = np.random.default_rng(10).normal(size=w.shape).astype(np.float32)
+    gx, gw = old_gx.copy(), old_gw.copy()
+    before = convolution.torch_calls()
+    kernels.forward_f(_ptr(dims), _ptr(x), _ptr(w), _ptr(y))
+    kernels.grad_input_f(_ptr(dims), _ptr(dy), _ptr(w), _ptr(gx))
+    kernels.grad_weights_f(_ptr(dims), _ptr(x), _ptr(dy), _ptr(gw))
+    assert convolution.torch_calls() - before == (3 if routed else 0)
+    for got, want in ((y, want_y), (gx - old_gx, want_gx), (gw - old_gw, want_gw)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max() * 10)
+
+
 # --- the nodes in compiled SDFGs, both expansions -----------------------------------------------------------
 
 _NODES = {"forward": Convolution, "grad_input": ConvolutionGradInput, "grad_weights": ConvolutionGradWeights}

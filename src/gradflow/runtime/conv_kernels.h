@@ -17,10 +17,18 @@
 // its both-transposed (TT) small kernel gives wrong results under concurrent calls of different shapes
 // and is never called here. Channels-last operands (`nhwc`, NPBench's layout) are unfolded with one row
 // per output pixel instead, whose columns follow the weights' (KH, KW, C, M) rows.
+//
+// Where torch's convolution has been loaded into the process (`gradflow.torch.convolution`, when a torch
+// module is compiled; `GRADFLOW_CONV=own` keeps these kernels), the float32 NCHW convolutions outside a
+// parallel region of the shapes where it measured faster are handed to it (`by_torch`): oneDNN's direct
+// convolutions need no unfolded copy, which took a quarter of a small ResNet block's time here.
 #pragma once
+#include <dlfcn.h>
 #include <omp.h>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace gradflow_conv {
@@ -46,6 +54,41 @@ inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long m, long n, long k,
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long m, long n, long k, const double* a, long lda,
                  const double* b, long ldb, double beta, double* c, long ldc) {
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
+}
+
+typedef int (*torch_conv_t)(int, const long*, const float*, const float*, float*);
+
+// gradflow_aten_conv2d of gradflow/torch/aten_conv.cpp, if loaded (looked up again until it is)
+inline torch_conv_t torch_conv() {
+    static std::atomic<torch_conv_t> found{nullptr};
+    torch_conv_t f = found.load(std::memory_order_relaxed);
+    if (!f) {
+        f = (torch_conv_t)dlsym(RTLD_DEFAULT, "gradflow_aten_conv2d");
+        found.store(f, std::memory_order_relaxed);
+    }
+    return f;
+}
+
+// op 0 (forward), 1 (grad_input) or 2 (grad_weights) computed by torch; false: the caller computes it
+template <typename T>
+bool by_torch(int op, const Shape& s, const T* a, const T* b, T* out) {
+    if constexpr (!std::is_same<T, float>::value) {
+        return false;
+    } else {
+        // Where it was measured faster (benchmarks/conv_route.py, benchmarks/models.py): unit strides and
+        // dilations (strided ones lost: ResNet-18's 3x3 stride-2 1.5x, its 1x1 stride-2 shortcut 8x), more
+        // than 1x1 (no unfolding to save there: one product), 16 channels or more a side (fewer fill
+        // oneDNN's 16-channel blocks mostly with padding: LeNet's 1->6->16, 3-channel stems), and fewer than
+        // 64 output channels: the unfolding costs about 1/M of the products, and from 64 on (ResNet-18's
+        // layers) both routes measured alike within this machine's noise.
+        if (s.nhwc || s.KH * s.KW == 1 || s.SH != 1 || s.SW != 1 || s.DH != 1 || s.DW != 1 || s.C < 16 ||
+            s.M < 16 || s.M >= 64 || s.N < 1 || omp_in_parallel())
+            return false;
+        torch_conv_t f = torch_conv();
+        if (!f) return false;
+        const long shape[13] = {s.N, s.C, s.H, s.W, s.M, s.KH, s.KW, s.OH, s.OW, s.SH, s.SW, s.DH, s.DW};
+        return f(op, shape, a, b, out) == 1;
+    }
 }
 
 // f(col offset, x offset, length, x step) for every run of one image's unfolded matrix that is contiguous
@@ -123,6 +166,7 @@ void over_images(long n, int threads, F&& f) {
 // y[n] = w @ unfold(x[n]) for every image (y overwritten)
 template <typename T>
 void forward(const Shape& s, const T* x, const T* w, T* y) {
+    if (by_torch(0, s, x, w, y)) return;
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W;
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
         std::vector<T> col(s.direct() ? 0 : R * P);
@@ -139,6 +183,7 @@ void forward(const Shape& s, const T* x, const T* w, T* y) {
 // dx[n] += fold(w^T @ dy[n]) for every image
 template <typename T>
 void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
+    if (by_torch(1, s, dy, w, dx)) return;
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W;
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
         std::vector<T> col(s.direct() ? 0 : R * P);
@@ -158,6 +203,7 @@ void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
 // dw += sum over images of dy[n] @ unfold(x[n])^T
 template <typename T>
 void grad_weights(const Shape& s, const T* x, const T* dy, T* dw) {
+    if (by_torch(2, s, x, dy, dw)) return;
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W, size = s.M * R;
     const int threads = image_threads(s.N);
     std::vector<T> partial(threads > 1 ? threads * size : 0, T(0));

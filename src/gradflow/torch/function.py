@@ -18,6 +18,7 @@ from gradflow.core.graph import Graph, as_sdfg
 from gradflow.core.names import check_identifiers
 from gradflow.runtime.compile import compile_sdfg
 from gradflow.runtime.plan import plan_for
+from gradflow.torch import convolution
 from gradflow.torch.plan import FunctionPlan, build_plan, default_inputs_outputs, differentiable_inputs
 
 DISPATCHERS = ("ctypes", "cpp")
@@ -114,6 +115,8 @@ class Function:
         # the last output is the forward's error flag (`gradflow.core.checks`): checked, never returned
         self._flag_output = flag_output
         self.dispatcher = dispatcher
+        # before the programs run (their kernels look torch's convolution up at their first call)
+        convolution.use_torch_convolutions(as_sdfg(vjp.forward), as_sdfg(vjp.backward))
         self.forward_compiled = compile_sdfg(vjp.forward)
         self.backward_compiled = compile_sdfg(vjp.backward)
         for compiled, expected in ((self.forward_compiled, plan.forward), (self.backward_compiled, plan.backward)):

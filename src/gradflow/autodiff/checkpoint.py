@@ -52,7 +52,7 @@ from gradflow.autodiff.context import ReverseContext
 from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.forwarding import STORE_ALL
 from gradflow.autodiff.nesting import IN, inner_region, nested_vjp
-from gradflow.autodiff.protocols import control_rule
+from gradflow.autodiff.protocols import ControlContext, control_rule
 from gradflow.autodiff.structure import symbols_read
 from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
@@ -240,7 +240,15 @@ def is_outlined(item) -> bool:
     return getattr(item, "kind", None) == "loop" and _step_node(item) is not None
 
 
-def stored_state(item, rev) -> tuple[str, ...]:
+def _snapshots(rev: ControlContext) -> int:
+    """The snapshot count of the build's policy (a loop is checkpointed only under a policy that has one)."""
+    count = rev.spec.forwarding.snapshots
+    if count is None:
+        raise AssertionError("a checkpointed loop under a policy without snapshots")
+    return count
+
+
+def stored_state(item, rev: ControlContext) -> tuple[str, ...]:
     """The arrays each snapshot of the outlined loop `item` holds (none when reversing a step reads no
     forward state besides arrays no step writes: see `backward_reads_state`)."""
     node = _step_node(item)
@@ -252,7 +260,7 @@ def stored_state(item, rev) -> tuple[str, ...]:
     return ()
 
 
-def slot_bytes(item, rev, sizes: dict[str, int]) -> int:
+def slot_bytes(item, rev: ControlContext, sizes: dict[str, int]) -> int:
     """The bytes of one snapshot slot of the outlined loop `item` (its `stored_state` arrays)."""
     from gradflow.analysis.cost import evaluate
 
@@ -260,7 +268,7 @@ def slot_bytes(item, rev, sizes: dict[str, int]) -> int:
                for a in stored_state(item, rev))
 
 
-def online(item, rev) -> bool:
+def online(item, rev: ControlContext) -> bool:
     """Whether the outlined loop `item` is checkpointed online: a while loop, or a counted loop whose trip
     count the program computes (a symbol it assigns, such as a count read from an array element), so that
     it is known only once the loop has run."""
@@ -270,7 +278,7 @@ def online(item, rev) -> bool:
     return bool({str(s) for s in sympy.sympify(numerator).free_symbols} & rev.assigned)
 
 
-def snapshot_bytes(item, rev, sizes: dict[str, int], snapshots: int) -> int:
+def snapshot_bytes(item, rev: ControlContext, sizes: dict[str, int], snapshots: int) -> int:
     """An upper bound of the bytes the outlined loop `item` keeps with `snapshots` snapshots: a counted
     loop's slots and one for the state its last step starts from; a loop checkpointed online, its slots
     and its trip record (`OnlineSnapshots.info`)."""
@@ -326,7 +334,7 @@ def trip_count(item, sizes: dict[str, int]) -> int:
     return max(int(sympy.floor(value / divisor)), 0)
 
 
-def _read_before(item, rev) -> frozenset[str]:
+def _read_before(item, rev: ControlContext) -> frozenset[str]:
     """Arrays an operation before the loop reads (reversed after it: they need the loop's initial values)."""
     first = item.body.items[0].site.index
     return frozenset(a for site in rev.sites if site.index < first for a in site.read_arrays())
@@ -353,7 +361,7 @@ def _rewritten_whole(node: nd.NestedSDFG, edge, sdfg: dace.SDFG) -> bool:
     return covers_array(sdfg, edge.data) and overwritten_before_read(node.sdfg, edge.src_conn)
 
 
-def backward_reads_state(node: nd.NestedSDFG, state, rev) -> bool:
+def backward_reads_state(node: nd.NestedSDFG, state, rev: ControlContext) -> bool:
     """Whether the step's vjp (built as the nested rule builds it, storing everything) reads any forward
     value other than arrays the step only reads. When it does not (a linear stencil such as jacobi's),
     nothing needs to be stored and every step is reversed without rerunning any."""
@@ -418,10 +426,10 @@ class CheckpointedLoop:
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.counted.var}) if item.counted is not None else frozenset()
 
-    def tape_bytes(self, item, rev, loops: tuple):
+    def tape_bytes(self, item, rev: ControlContext, loops: tuple):
         return 0  # the snapshots are priced by the checkpoint policy itself, not by the budget planner
 
-    def record(self, item, rev, loops: tuple) -> Snapshots | OnlineSnapshots:
+    def record(self, item, rev: ControlContext, loops: tuple) -> Snapshots | OnlineSnapshots:
         if loops:  # `chosen_loops` outlines only outermost loops
             raise NotDifferentiableError(f"loop '{item.label}' is inside another loop: it cannot be checkpointed",
                                          "leave it out of Forwarding.checkpoint(loops=...)")
@@ -434,7 +442,7 @@ class CheckpointedLoop:
             return Snapshots((), {}, (), 0, c.var, symbolic.symstr(c.start), c.step, 0)
         carried = stored_state(item, rev)
         if carried:
-            ahead, backward = revolve.forward_phase(revolve.schedule(trips, policy.snapshots))
+            ahead, backward = revolve.forward_phase(revolve.schedule(trips, _snapshots(rev)))
         else:  # nothing to store: reverse the steps last to first, rerunning none
             ahead = ()
             backward = tuple(revolve.Action(revolve.REVERSE, 0, p) for p in reversed(range(trips)))
@@ -453,7 +461,7 @@ class CheckpointedLoop:
             desc = rev.sdfg.arrays[array]
             slots[array], _ = rev.sdfg.add_array(f"gradflow_snap_{array}", (count,) + tuple(desc.shape),
                                                  desc.dtype, transient=True, find_new_name=True)
-            rev.stores[slots[array]] = f"<snapshots of {array}>"
+            rev.note_store(slots[array], f"<snapshots of {array}>")
         if carried:
             loop = item.loop
             block = ConditionalBlock(f"snapshot_{item.label}", sdfg=rev.sdfg)
@@ -468,23 +476,23 @@ class CheckpointedLoop:
                     _copy_slot(take, array, slots[array], str(slot), to_snapshot=True)
         return Snapshots(carried, slots, backward, trips, c.var, first, c.step, current)
 
-    def _record_online(self, item, rev) -> OnlineSnapshots:
+    def _record_online(self, item, rev: ControlContext) -> OnlineSnapshots:
         """Instrument the forward of a loop whose trip count is known once it has run: a trip counter, and
         snapshots at the multiples of a stride that doubles whenever the slots are full (`revolve.thinned`,
         the same steps in Python). A counted loop also records its variable's first value (its start may be
         a symbol the program assigns again later)."""
         sdfg, loop, label = rev.sdfg, item.loop, item.label
-        s = rev.spec.forwarding.snapshots
+        s = _snapshots(rev)
         carried = stored_state(item, rev)
         info, _ = sdfg.add_array(f"gradflow_online_{label}", (ONLINE_INFO,), dace.int64, transient=True,
                                  find_new_name=True)
-        rev.stores[info] = f"<trip count of {label}>"
+        rev.note_store(info, f"<trip count of {label}>")
         slots = {}
         for array in carried:
             desc = sdfg.arrays[array]
             slots[array], _ = sdfg.add_array(f"gradflow_snap_{array}", (s,) + tuple(desc.shape), desc.dtype,
                                              transient=True, find_new_name=True)
-            rev.stores[slots[array]] = f"<snapshots of {array}>"
+            rev.note_store(slots[array], f"<snapshots of {array}>")
         n, stride, k, at = rev.fresh("gf_on"), rev.fresh("gf_od"), rev.fresh("gf_ok"), rev.fresh("gf_om")
         parent = loop.parent_graph
         parent.add_state_before(loop, f"online_init_{label}", is_start_block=parent.start_block is loop,
@@ -539,7 +547,7 @@ class CheckpointedLoop:
         loop.add_edge(store, old_start, dace.InterstateEdge())
         return OnlineSnapshots(carried, slots, s, info, var, step)
 
-    def reverse(self, item, recorded, rev, ctx: ReverseContext, body) -> None:
+    def reverse(self, item, recorded, rev: ControlContext, ctx: ReverseContext, body) -> None:
         is_online = isinstance(recorded, OnlineSnapshots)
         if not is_online and not recorded.trips:
             return
@@ -615,8 +623,8 @@ class CheckpointedLoop:
                 body(item.body)
 
     @staticmethod
-    def _online_interpreter(item, recorded: OnlineSnapshots, rev, ctx: ReverseContext, setup, kind: str, arg: str,
-                            at: str, first: str) -> LoopRegion:
+    def _online_interpreter(item, recorded: OnlineSnapshots, rev: ControlContext, ctx: ReverseContext, setup,
+                            kind: str, arg: str, at: str, first: str) -> LoopRegion:
         """The loop that asks the run-time schedule generator (`revolve.NEXT_ACTION_CPP`) for one action per
         iteration, from what the forward recorded, until it says DONE; the caller fills in the dispatch.
         `first` is set to the loop variable's first value the forward recorded."""

@@ -1,7 +1,8 @@
 """Control-flow reversal rules: the `control` table, keyed by item kind ("loop", "conditional",
 "assignment").
 
-A `ControlRule` says, for one kind of item of the control-flow tree (`structure.py`):
+A `ControlRule` says, for one kind of item of the control-flow tree (`structure.py`), given the build's
+`ControlContext` `rev` (`protocols.py`: all a rule may use of it):
 - `restores(item)`: the loop variables its reversal sets in every reversed iteration (so operations
   inside may read them; `check_symbols` rejects reads of a loop variable elsewhere);
 - `tape_bytes(item, rev, loops)`: the bytes of the stacks `record` will create (the budget planner
@@ -34,7 +35,7 @@ from dace.properties import CodeBlock
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.autodiff.context import ReverseContext
-from gradflow.autodiff.protocols import Body, control_rule
+from gradflow.autodiff.protocols import Body, ControlContext, control_rule
 from gradflow.autodiff.spec import OVERFLOW, set_flag
 from gradflow.autodiff.tape import Stack
 
@@ -57,13 +58,13 @@ class CountedLoop:
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.counted.var})
 
-    def tape_bytes(self, item, rev, loops: tuple):
+    def tape_bytes(self, item, rev: ControlContext, loops: tuple):
         return 0
 
-    def record(self, item, rev, loops: tuple) -> None:
+    def record(self, item, rev: ControlContext, loops: tuple) -> None:
         return None
 
-    def reverse(self, item, recorded: None, rev, ctx: ReverseContext, body: Body) -> None:
+    def reverse(self, item, recorded: None, rev: ControlContext, ctx: ReverseContext, body: Body) -> None:
         c = item.counted
         first = "<=" if c.step < 0 else ">="
         cond = f"{c.var} {first} {symbolic.symstr(c.start)}"
@@ -91,12 +92,12 @@ class RecordedLoop:
     def restores(self, item) -> frozenset[str]:
         return frozenset({item.loop.loop_variable} if item.loop.loop_variable else ())
 
-    def tape_bytes(self, item, rev, loops: tuple):
+    def tape_bytes(self, item, rev: ControlContext, loops: tuple):
         var = item.loop.loop_variable
         per_iteration = rev.priced_capacity(loops + (item.loop,)) if var and var in rev.used_symbols else 0
         return 8 * (rev.priced_capacity(loops) + per_iteration) + 8 * (2 if per_iteration else 1)
 
-    def record(self, item, rev, loops: tuple) -> RecordedTrips:
+    def record(self, item, rev: ControlContext, loops: tuple) -> RecordedTrips:
         loop = item.loop
         inside = loops + (loop,)
         counter, index = rev.fresh("gf_n"), rev.fresh("gf_k")
@@ -112,16 +113,16 @@ class RecordedLoop:
             stack = rev.tape.new_stack(f"{var}_{loop.label}", rev.capacity(inside), (), dace.int64)
             rev.tape.push_symbol(loop, tick, stack, var)
             iteration.append((stack, var))
-            rev.stores[stack.array] = f"<symbol {var}>"
+            rev.note_store(stack.array, f"<symbol {var}>")
         trips = rev.tape.new_stack(f"trips_{loop.label}", rev.capacity(loops), (), dace.int64)
         rev.tape.push_symbol(region, loop, trips, counter)
-        rev.stores[trips.array] = "<trip count>"
+        rev.note_store(trips.array, "<trip count>")
         bound = rev.user_bound(loop)
         if bound is not None:
             _stop_at_bound(loop, counter, bound, rev.overflow_number(loop), rev)
         return RecordedTrips(trips, counter, index, tuple(iteration))
 
-    def reverse(self, item, recorded: RecordedTrips, rev, ctx: ReverseContext, body: Body) -> None:
+    def reverse(self, item, recorded: RecordedTrips, rev: ControlContext, ctx: ReverseContext, body: Body) -> None:
         rev.tape.pop_symbol(ctx, recorded.trips, recorded.counter)
         k = recorded.index
         loop = LoopRegion(f"reverse_{item.label}", f"{k} >= 0", k, f"{k} = {recorded.counter} - 1",
@@ -133,7 +134,7 @@ class RecordedLoop:
             body(item.body)
 
 
-def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev) -> None:
+def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev: ControlContext) -> None:
     """Stop the while loop after `bound` iterations and set `gradflow_overflow` to `number` if it would have
     gone on (see `forwarding.py`)."""
     if OVERFLOW not in rev.sdfg.arrays:
@@ -167,10 +168,10 @@ class RecordedBranch:
     def restores(self, item) -> frozenset[str]:
         return frozenset()
 
-    def tape_bytes(self, item, rev, loops: tuple):
+    def tape_bytes(self, item, rev: ControlContext, loops: tuple):
         return 8 * rev.priced_capacity(loops) + 8
 
-    def record(self, item, rev, loops: tuple) -> RecordedChoice:
+    def record(self, item, rev: ControlContext, loops: tuple) -> RecordedChoice:
         block = item.block
         taken = rev.fresh("gf_b")
         region = block.parent_graph
@@ -182,10 +183,10 @@ class RecordedBranch:
                                     assignments={taken: str(j)})
         stack = rev.tape.new_stack(f"branch_{block.label}", rev.capacity(loops), (), dace.int64)
         rev.tape.push_symbol(region, block, stack, taken)
-        rev.stores[stack.array] = "<branch taken>"
+        rev.note_store(stack.array, "<branch taken>")
         return RecordedChoice(stack, taken)
 
-    def reverse(self, item, recorded: RecordedChoice, rev, ctx: ReverseContext, body: Body) -> None:
+    def reverse(self, item, recorded: RecordedChoice, rev: ControlContext, ctx: ReverseContext, body: Body) -> None:
         rev.tape.pop_symbol(ctx, recorded.taken, recorded.symbol)
         block = ConditionalBlock(f"reverse_{item.label}", sdfg=ctx.sdfg)
         ctx.add_block(block)
@@ -212,11 +213,11 @@ class RecordedAssignment:
     def restores(self, item) -> frozenset[str]:
         return frozenset()
 
-    def tape_bytes(self, item, rev, loops: tuple):
+    def tape_bytes(self, item, rev: ControlContext, loops: tuple):
         used = sum(1 for sym in item.symbols if sym in rev.used_symbols)
         return used * (8 * rev.priced_capacity(loops) + 8 + 16)  # the stack, its top slot, the final value
 
-    def record(self, item, rev, loops: tuple) -> RecordedSymbols:
+    def record(self, item, rev: ControlContext, loops: tuple) -> RecordedSymbols:
         region = item.state.parent_graph
         saved = []
         for sym, dtype in zip(item.symbols, item.types):
@@ -224,11 +225,11 @@ class RecordedAssignment:
                 continue
             stack = rev.tape.new_stack(f"{sym}_{item.label}", rev.capacity(loops), (), dtype)
             rev.tape.push_symbol_before(region, item.state, stack, sym)
-            rev.stores[stack.array] = f"<symbol {sym}>"
+            rev.note_store(stack.array, f"<symbol {sym}>")
             rev.keep_final(sym, dtype)
             saved.append((stack, sym))
         return RecordedSymbols(tuple(saved))
 
-    def reverse(self, item, recorded: RecordedSymbols, rev, ctx: ReverseContext, body: Body) -> None:
+    def reverse(self, item, recorded: RecordedSymbols, rev: ControlContext, ctx: ReverseContext, body: Body) -> None:
         for stack, sym in reversed(recorded.saved):
             rev.tape.pop_symbol(ctx, stack, sym)

@@ -38,6 +38,7 @@ from gradflow.analysis.loops import describe_loop, upper_bound
 from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, copy_region, fill
+from gradflow.autodiff.protocols import ControlRule
 from gradflow.autodiff.recompute import RecomputePlan, plan_recomputation
 from gradflow.autodiff.spec import (
     BACKWARD_LABEL,
@@ -90,10 +91,17 @@ def _control_rule_for(tables: ADTables, item):
     return rule
 
 
+def _control(tables: ADTables, item) -> ControlRule:
+    """The implementation of `item`'s control rule, typed: the engine hands it itself as its `ControlContext`
+    (so the type checker holds `Reversal` to that protocol, and the rules to using nothing else)."""
+    return _control_rule_for(tables, item).fn
+
+
 @attrs.define
 class Reversal:
-    """The state of one reverse-mode build, and what control rules may use while they record and reverse:
-    the tape, capacities of per-iteration storage, fresh symbol names, the record of what is stored."""
+    """The state of one reverse-mode build. Control rules see it as a `protocols.ControlContext` (the tape,
+    capacities of per-iteration storage, fresh symbol names, the record of what is stored) and nothing
+    more; the engine's own steps and the budget planner use the rest."""
 
     sdfg: dace.SDFG
     spec: ADSpec
@@ -192,6 +200,9 @@ class Reversal:
                 self.bounded[id(loop)] = (loop, user)
             return user
         return None
+
+    def note_store(self, array: str, what: str) -> None:
+        self.stores[array] = what
 
     def keep_final(self, symbol: str, dtype) -> None:
         """Save `symbol`'s value at the end of the forward sweep for the backward sweep to start from."""
@@ -357,7 +368,7 @@ class Reversal:
                 self.record_regions(child, loops + item.encloses, tables, ctx)
             rule = _control_rule_for(tables, item)
             ctx.note_rule(rule.name)
-            self.recorded[id(item)] = rule.fn.record(item, self, loops)
+            self.recorded[id(item)] = _control(tables, item).record(item, self, loops)
 
     def control_tape_bytes(self, seq: Seq | None = None, loops: tuple = ()):
         """Bytes of the stacks the control rules will create (known before anything is recorded)."""
@@ -365,7 +376,7 @@ class Reversal:
         for item in (seq or self.tree).items:
             if item.kind == OPERATION:
                 continue
-            total += _control_rule_for(self.tables, item).fn.tape_bytes(item, self, loops)
+            total += _control(self.tables, item).tape_bytes(item, self, loops)
             for child in item.children:
                 total += self.control_tape_bytes(child, loops + item.encloses)
         return total
@@ -389,8 +400,7 @@ class Reversal:
                 for array, stack, sub in after:
                     self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
             else:
-                rule = _control_rule_for(ctx.tables, item)
-                rule.fn.reverse(item, self.recorded[id(item)], self, ctx, body)
+                _control(ctx.tables, item).reverse(item, self.recorded[id(item)], self, ctx, body)
 
     def _pops_around(self, site: OpSite, recompute: RecomputePlan) -> tuple[list, list]:
         """The restores of what `site` overwrote, split into those before its reverse and those after it.
@@ -548,7 +558,7 @@ def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Diffe
     accesses = [OpAccess(site.read_arrays(), site.written_arrays()) for site in sites]
     act = activity(sdfg.arrays, accesses, spec.wrt, spec.of)
     active = {s.index for s in sites if accesses[s.index].writes & act.carrying}
-    restores = {id(loop): _control_rule_for(tables, item).fn.restores(item)
+    restores = {id(loop): _control(tables, item).restores(item)
                 for item in regions for loop in item.encloses}
     check_symbols(sdfg, sites, active, restores, loops.values(), act.varied)
 
@@ -585,7 +595,7 @@ def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Diffe
     rev.arguments = frozenset(map(str, sdfg.free_symbols))
     rev.assigned = frozenset(k for e in sdfg.all_interstate_edges() for k in e.data.assignments)
     rev.tape_free = frozenset(s.index for s in sites if any(
-        _control_rule_for(tables, loops[id(loop)]).fn.tape_free for loop in s.loops))
+        _control(tables, loops[id(loop)]).tape_free for loop in s.loops))
     results = [ctx.results_read(site.state) if site.index in active else frozenset() for site in sites]
     return Survey(tree, sites, regions, rules, accesses, active, buffers, grads, cotangents, region, ctx, needs, rev,
                   results)

@@ -15,13 +15,18 @@ implement. Rule modules import their verb from here; the built-in tables are col
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from gradflow.autodiff.structure import Seq
 from gradflow.core.rule_table import RuleTable, rule_verb
 
 if TYPE_CHECKING:  # annotations only: the engine sits above the rules
+    import dace
+    from dace.sdfg.state import LoopRegion
+
     from gradflow.autodiff.context import OpSite, ReverseContext
+    from gradflow.autodiff.spec import ADSpec, Differentiate
+    from gradflow.autodiff.tape import Tape
 
 REVERSE, LIBRARY, CONTROL = "reverse", "library", "control"
 
@@ -45,6 +50,52 @@ class ReverseRule(Protocol):
 Body = Callable[[Seq], None]
 
 
+class ControlContext(Protocol):
+    """What a control rule may use of the build while it prices, records and reverses a region (the
+    engine's `Reversal` is one; a rule sees nothing else of it): the program, the tape, fresh names,
+    capacities of per-iteration storage, and what the rest of the build knows about symbols and sites."""
+
+    @property
+    def sdfg(self) -> dace.SDFG: ...
+
+    @property
+    def spec(self) -> ADSpec: ...
+
+    @property
+    def tape(self) -> Tape: ...
+
+    @property
+    def used_symbols(self) -> frozenset[str]:
+        """Symbols the backward sweep reads."""
+
+    @property
+    def assigned(self) -> frozenset[str]:
+        """Symbols assigned on interstate edges of the program."""
+
+    @property
+    def sites(self) -> Sequence[OpSite]:
+        """The program's operations, in forward order."""
+
+    @property
+    def differentiate(self) -> Differentiate:
+        """Reverse mode of a sub-program (with the build's tables)."""
+
+    def fresh(self, stem: str) -> str: ...
+
+    def capacity(self, loops: Sequence[LoopRegion], register: bool = True): ...
+
+    def priced_capacity(self, loops: Sequence[LoopRegion]): ...
+
+    def user_bound(self, loop: LoopRegion) -> int | None: ...
+
+    def overflow_number(self, loop: LoopRegion) -> int: ...
+
+    def keep_final(self, symbol: str, dtype) -> None: ...
+
+    def note_store(self, array: str, what: str) -> None:
+        """Record that tape array `array` holds `what` (shown in the build's report of stored values)."""
+
+
 class ControlRule(Protocol):
     """A `control` table rule (the methods are described in `autodiff/control.py`'s module docstring).
     `tape_free`: the operations inside the region record nothing on the tape (the rule's own record,
@@ -54,11 +105,11 @@ class ControlRule(Protocol):
 
     def restores(self, item) -> frozenset[str]: ...
 
-    def tape_bytes(self, item, rev, loops: tuple): ...
+    def tape_bytes(self, item, rev: ControlContext, loops: tuple): ...
 
-    def record(self, item, rev, loops: tuple) -> object: ...
+    def record(self, item, rev: ControlContext, loops: tuple) -> object: ...
 
-    def reverse(self, item, recorded: object, rev, ctx: ReverseContext, body: Body) -> None: ...
+    def reverse(self, item, recorded: object, rev: ControlContext, ctx: ReverseContext, body: Body) -> None: ...
 
 
 def library_rule_for(table: RuleTable, node):

@@ -43,6 +43,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.propagation import propagate_memlet
 from dace.transformation.dataflow import MapExpansion, StripMining
 
+from gradflow.analysis import indices
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
 
@@ -55,17 +56,9 @@ _REORDERED = (dace.dtypes.ReductionType.Sum, dace.dtypes.ReductionType.Max, dace
 def owns(subset, param: str, params: set[str]) -> bool:
     """Some single-element dimension of `subset` is `a * param + b`, a >= 1, with no other parameter."""
     sym = symbolic.pystr_to_symbolic(param)
-    for begin, end, _ in subset.ndrange():
-        if symbolic.simplify(begin - end) != 0:
-            continue
-        names = {str(s) for s in sympy.sympify(begin).free_symbols}
-        if param not in names or names & (params - {param}):
-            continue
-        expr = sympy.expand(sympy.sympify(begin))
-        coeff = expr.coeff(sym)
-        if coeff.free_symbols or not sympy.simplify(expr - coeff * sym).free_symbols.isdisjoint({sym}):
-            continue
-        if coeff.is_number and coeff >= 1:
+    for begin in indices.point_indices(subset):
+        row = indices.affine_row(begin, [sym], params - {param})
+        if row is not None and row[0] >= 1:
             return True
     return False
 

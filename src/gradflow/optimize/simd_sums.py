@@ -24,12 +24,12 @@ from typing import ClassVar
 
 import attrs
 import dace
-import sympy
 from dace import dtypes, registry, symbolic
 from dace.codegen.instrumentation.provider import InstrumentationProvider
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
 
+from gradflow.analysis import indices
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
 
@@ -63,13 +63,9 @@ def _one_per_iteration(memlet, params: list[str]) -> bool:
     if memlet.subset.num_elements() != 1:
         return False
     ps = [symbolic.symbol(p) for p in params]
-    rows = []
-    for begin, _, _ in memlet.subset.ndrange():
-        index = symbolic.pystr_to_symbolic(str(begin))
-        row = [sympy.diff(index, p) for p in ps]
-        if all(c.is_number for c in row):
-            rows.append(row)
-    return bool(rows) and sympy.Matrix(rows).rank() == len(ps)
+    rows = [indices.affine_row(symbolic.pystr_to_symbolic(str(begin)), ps)
+            for begin in indices.point_indices(memlet.subset)]
+    return indices.injective([row for row in rows if row is not None], len(ps))
 
 
 def reductions(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> dict[str, str] | None:

@@ -26,23 +26,9 @@ from dace import symbolic
 from dace.codegen.targets.cpp import is_write_conflicted
 from dace.sdfg import nodes as nd
 
+from gradflow.analysis import indices
+
 _SEQUENTIAL = (dace.ScheduleType.Sequential, dace.ScheduleType.Snitch)
-
-
-def _affine_row(expr, params: list[sympy.Symbol], others: set[sympy.Symbol]) -> list | None:
-    """The constant coefficients of `expr` in `params`, or None when it is not affine in them with
-    constant coefficients or uses one of `others` (the map's other parameters)."""
-    expr = sympy.expand(sympy.sympify(expr))
-    if expr.free_symbols & others:
-        return None
-    row = []
-    for p in params:
-        c = sympy.diff(expr, p)
-        if c.free_symbols or not c.is_number:
-            return None
-        row.append(c)
-    rest = sympy.expand(expr - sum(c * p for c, p in zip(row, params)))
-    return row if not rest.free_symbols & set(params) else None
 
 
 def _span(expr, entry: nd.MapEntry, shared: list[sympy.Symbol]):
@@ -76,8 +62,8 @@ def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
     steps = [step for (_, _, step) in m.range.ranges[:count]]
     rows = []
     for begin, end, _ in subset.ndrange():
-        row = _affine_row(begin, shared, others)
-        if row is not None and _affine_row(end, shared, others) == row and symbolic.simplify(end - begin) == 0:
+        row = indices.affine_row(begin, shared, others)
+        if row is not None and symbolic.simplify(end - begin) == 0:
             rows.append(row)
             continue
         if count != 1:
@@ -96,7 +82,7 @@ def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
         reach = sympy.sympify(spread) + width  # from the first element any iteration with this p writes to the last
         if (reach < abs(a * steps[0])) == sympy.true and (width >= 0) == sympy.true:
             return True
-    return bool(rows) and sympy.Matrix(rows).rank() == count
+    return indices.injective(rows, count)
 
 
 def _unprotected(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, object]]:

@@ -1,7 +1,7 @@
 """Reverse rule for maps that reduce with a max or min write-conflict resolution (`o >> Y(1, max)[i]`).
 
 Forward: Y[o] = max(Y_old[o], max over the iterations i writing Y[o] of f(x_i)). The derivative is split
-equally among the ties, as `torch.amax` does: every candidate equal to the result (the old value of Y[o]
+equally among the ties (`ties.py`), as `torch.amax` does: every candidate equal to the result (the old value of Y[o]
 included) gets g[o] / count[o]. Backward, in states:
 1. R = Y_old; R[o] (max-WCR) = f(x_i) over the map   -- the result, recomputed from the stored inputs;
 2. count = (Y_old == R); count[o] += (f(x_i) == R[o]) over the map;
@@ -20,6 +20,7 @@ from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import element_function
 from gradflow.autodiff.emit import add_element_tasklet, copy_array, full_index, map_ranges
 from gradflow.autodiff.protocols import reverse_rule
+from gradflow.autodiff.rules.ties import share, tie
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.symbolic import assignments_code, derivative
 from gradflow.core.wcr import SUM, reduction_type
@@ -104,8 +105,8 @@ class ExtremumReverse:
         full, index = full_index(sdfg, out.array)
         add_element_tasklet(ctx.new_state(f"count_{label}_old"), f"count_old_{label}", full,
                             {"__y": dace.Memlet(f"{old}[{index}]"), "__r": dace.Memlet(f"{result}[{index}]")},
-                            "__c = (__y == __r)", {"__c": dace.Memlet(f"{count}[{index}]")})
-        code = assignments_code([("__v", expr)], cse=False) + "\n__c = (__v == __r)"
+                            f"__c = {tie('__y')}", {"__c": dace.Memlet(f"{count}[{index}]")})
+        code = assignments_code([("__v", expr)], cse=False) + f"\n__c = {tie('__v')}"
         add_element_tasklet(ctx.new_state(f"count_{label}"), f"count_{label}", ranges,
                             {**values(), "__r": dace.Memlet(f"{result}[{out.subset}]")}, code,
                             {"__c": dace.Memlet(f"{count}[{out.subset}]", wcr=SUM)})
@@ -130,11 +131,11 @@ class ExtremumReverse:
             inputs["__r"] = dace.Memlet(f"{result}[{out.subset}]")
             inputs["__c"] = dace.Memlet(f"{count}[{out.subset}]")
             inputs["__g"] = dace.Memlet(f"{gy}[{out.subset}]")
-            code = (assignments_code([("__v", expr)], cse=False) + "\n__hit = (__v == __r) * __g / __c\n"
+            code = (assignments_code([("__v", expr)], cse=False) + f"\n__hit = {share('__v')}\n"
                     + assignments_code(lines, cse=False))
             add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_{label}", ranges, inputs, code, outputs)
         # 4. what flows on to the old value of Y
         add_element_tasklet(ctx.new_state(f"reverse_{label}_old"), f"rev_old_{label}", full,
                             {"__y": dace.Memlet(f"{old}[{index}]"), "__r": dace.Memlet(f"{result}[{index}]"),
                              "__c": dace.Memlet(f"{count}[{index}]"), "__g": dace.Memlet(f"{gy}[{index}]")},
-                            "__o = (__y == __r) * __g / __c", {"__o": dace.Memlet(f"{gy}[{index}]")})
+                            f"__o = {share('__y')}", {"__o": dace.Memlet(f"{gy}[{index}]")})

@@ -38,6 +38,7 @@ from gradflow.autodiff.rules.library._common import (
     where,
 )
 from gradflow.autodiff.rules.product import product_reverse
+from gradflow.autodiff.rules.ties import share, tie
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.wcr import SUM, reduction_type
 
@@ -160,7 +161,7 @@ class ReduceReverse:
         fill(ctx.new_state(f"count_{label}_zero"), count, "0")
         add_element_tasklet(ctx.new_state(f"count_{label}"), f"count_{label}", ranges or None,
                             {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]")},
-                            "__c = (__x == __r)", {"__c": dace.Memlet(f"{count}[{yo}]", wcr=SUM)})
+                            f"__c = {tie('__x')}", {"__c": dace.Memlet(f"{count}[{yo}]", wcr=SUM)})
         add_element_tasklet(ctx.new_state(f"reverse_{label}"), f"rev_{kind}_{label}", ranges or None,
                             {"__x": dace.Memlet(f"{vx}[{xi}]"), "__r": dace.Memlet(f"{result}[{yo}]"),
                              "__c": dace.Memlet(f"{count}[{yo}]"), "__g": dace.Memlet(f"{gy}[{yo}]")},
@@ -168,7 +169,7 @@ class ReduceReverse:
 
 
 #: the gradient of an extremum's element: its share among the elements equal to the result
-_SPREAD = "__o = (__x == __r) * __g / __c"
+_SPREAD = f"__o = {share('__x')}"
 
 
 def _names(subset: str) -> set[str]:
@@ -192,9 +193,9 @@ def _count_and_spread_by_output(state: dace.SDFGState, label: str, kept: dict[st
     tally, tally_exit = state.add_map(f"count_{label}", reduced, schedule=dace.ScheduleType.Sequential)
     spread, spread_exit = state.add_map(f"spread_{label}", reduced, schedule=dace.ScheduleType.Sequential)
     zero = state.add_tasklet(f"zero_count_{label}", {}, {"__o"}, "__o = 0")
-    counted = state.add_tasklet(f"count_{label}", {"__x", "__r"}, {"__c"}, "__c = (__x == __r)")
+    counted = state.add_tasklet(f"count_{label}", {"__x", "__r"}, {"__c"}, f"__c = {tie('__x')}")
     divide = state.add_tasklet(f"share_{label}", {"__g", "__c"}, {"__s"}, "__s = __g / __c")
-    spreads = state.add_tasklet(f"rev_{label}", {"__x", "__r", "__s"}, {"__o"}, "__o = (__x == __r) * __s")
+    spreads = state.add_tasklet(f"rev_{label}", {"__x", "__r", "__s"}, {"__o"}, f"__o = {tie('__x')} * __s")
     state.add_nedge(outer, zero, dace.Memlet())
     start, total, each = state.add_access(count), state.add_access(count), state.add_access(share)
     state.add_edge(zero, "__o", start, None, dace.Memlet(f"{count}[0]"))

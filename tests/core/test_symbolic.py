@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from gradflow.core.symbolic import Element, UnsupportedCode, parse_tasklet, read_tasklet, unassigned
+from gradflow.core.symbolic import Element, UnsupportedCode, derivative, parse_tasklet, read_tasklet, unassigned
 
 x, y, c = (sympy.Symbol(n, real=True) for n in ("x", "y", "c"))
 
@@ -98,3 +98,20 @@ def test_a_float_declaration_assigns_nothing_and_an_integer_one_is_refused() -> 
     assert float(out.subs(a, 3)) == 6.0 and float(out.subs(a, -3)) == -3.0
     with pytest.raises(UnsupportedCode, match="AnnAssign"):
         parse_tasklet("t: dace.int64\no = a", ["a"], ["o"])
+
+
+@pytest.mark.parametrize("kind", [sympy.Min, sympy.Max])
+@pytest.mark.parametrize("values", [
+    (1.0, 2.0, 3.0),  # no tie: all to the extremum
+    (2.0, 1.0, 1.0),  # a two-way tie of three arguments
+    (1.0, 1.0, 1.0),  # a three-way tie
+])
+def test_a_min_or_max_of_three_splits_its_derivative_among_ties(kind, values) -> None:
+    # SymPy's own derivative gives 1/2 to every tie, so a three-way tie passed on 3/2: fuzz seed 16567
+    a, b, c = sympy.symbols("a b c", real=True)
+    expr = kind(a, kind(b, c))  # SymPy flattens it to one three-argument node, as a fused tasklet's
+    at = dict(zip((a, b, c), values)) if kind is sympy.Min else dict(zip((a, b, c), (-v for v in values)))
+    got = [float(derivative(expr, x).subs(at)) for x in (a, b, c)]
+    extremum = kind(*at.values())
+    tied = [x for x in (a, b, c) if at[x] == extremum]
+    assert got == [1 / len(tied) if x in tied else 0.0 for x in (a, b, c)]

@@ -210,6 +210,16 @@ def program(x0: dace.float64[N], w0: dace.float64[N], T: dace.int64, S: dace.flo
         acc1[:] = acc1[:] * np.sum(np.tanh(x0))
     S[0] += np.sum(x0 * w0) + np.sum(acc1 * 1.0)
 """, {"N": 6, "M": 5}, ("x0",), {"T": 0}, ("vjp", "store_all", True)),
+    # `--seed 16567` at e00e5ac, programs 88 and 89 (WRONG): `np.minimum(a, np.minimum(a, b))`, fused into one
+    # tasklet reading a twice, is SymPy's Min(a, a', b), whose derivative gave 1/2 to every tie; the second
+    # step meets b equal to a (a copy the first step made), a three-way tie that passed on 3/2 of the
+    # gradient. Ties now split 1/k (`core.symbolic._SplitTies`).
+    "three_way_tie_of_a_fused_minimum": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N], x2: dace.float64[M], w0: dace.float64[M], w1: dace.float64[N], w2: dace.float64[M], idx: dace.int64[7], T: dace.int64, S: dace.float64[1]):
+    for i1 in range(M - 3, 1, -2):
+        x1[2:] = np.minimum(x1[:N - 2], np.minimum(x1[:N - 2], x1[1:N - 1]))
+    S[0] += np.sum(x1 * w1)
+""", {"N": 8, "M": 7}, ("x0", "x1", "x2"), {"idx": [5, 5, 2, 1, 4, 4, 3], "T": 2}, DEFAULT),
 }
 
 

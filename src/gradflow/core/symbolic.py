@@ -428,10 +428,57 @@ def parse_tasklet(
     return meaning.outputs
 
 
+class _SplitTies:
+    """A min or max of three or more values whose derivative splits equally among the arguments equal to
+    the result: 1/k to each of k ties. SymPy's own, `Heaviside(x - Max(others))`, gives 1/2 to every tie
+    whatever k, so a three-way tie passed on 3/2 of the gradient; `np.minimum(a, np.minimum(a, b))` fused
+    into one tasklet is `Min(a, a', b)` (two reads of one element), whose ties with `b` are the rule there,
+    not the exception, wherever `b` holds a copy of `a` (fuzz seed 16567, program 88). Any split that sums
+    to 1 is the derivative wherever the min is differentiable (tied arguments then have equal gradients);
+    two arguments keep SymPy's Heaviside form (1/2 each at a tie, torch's convention)."""
+
+    plain: type
+    args: tuple
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        result = self.plain(*self.args)
+        mine = self.args[argindex - 1]
+        # the ties counted as 1 + the other arguments equal to the result: never 0, even where SymPy folds the
+        # sum into pieces under conditions that cannot hold together (a 1/0 there is `zoo`, no tasklet code)
+        others = [sympy.Piecewise((1, sympy.Eq(a, result)), (0, True)) for k, a in enumerate(self.args)
+                  if k != argindex - 1]
+        return sympy.Piecewise((1 / (1 + sympy.Add(*others)), sympy.Eq(mine, result)), (0, True))
+
+
+class _SplitMin(_SplitTies, sympy.Function):
+    plain = sympy.Min
+
+
+class _SplitMax(_SplitTies, sympy.Function):
+    plain = sympy.Max
+
+
+def _with_split_ties(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with every min and max of three or more arguments as `_SplitMin` / `_SplitMax`."""
+    return expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)) and len(e.args) > 2,
+                        lambda e: (_SplitMin if isinstance(e, sympy.Min) else _SplitMax)(*e.args))
+
+
 def derivative(expr: sympy.Expr, wrt: sympy.Symbol) -> sympy.Expr:
     """d expr / d wrt, with distributions (DiracDelta) replaced by their almost-everywhere value 0; a truth
-    value (`a == b` stored as a number, as gradients of `max` are) is a step, whose derivative is 0."""
-    d = sympy.diff(number_of(expr), wrt)
+    value (`a == b` stored as a number, as gradients of `max` are) is a step, whose derivative is 0; a min or
+    max of three or more values splits its derivative among ties (`_SplitTies`)."""
+    expr = number_of(expr)
+    if expr.has(sympy.Min, sympy.Max):
+        split = _with_split_ties(expr)
+        if split != expr:
+            d = sympy.diff(split, wrt).replace(lambda e: isinstance(e, (_SplitMin, _SplitMax)),
+                                               lambda e: e.plain(*e.args))
+            return _finished(d, expr, wrt)
+    return _finished(sympy.diff(expr, wrt), expr, wrt)
+
+
+def _finished(d: sympy.Expr, expr: sympy.Expr, wrt: sympy.Symbol) -> sympy.Expr:
     if d.has(sympy.DiracDelta):
         d = d.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.Integer(0))
     if d.has(sympy.Derivative):

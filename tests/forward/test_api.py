@@ -157,3 +157,29 @@ def test_product_tangent_is_exact_where_factors_are_zero(x):
     _, tangents = f(x=x, tan_x=v)
     want = torch.func.jvp(torch.prod, (torch.tensor(x),), (torch.tensor(v),))[1]
     np.testing.assert_allclose(tangents["S"][0], want.item(), rtol=1e-14, atol=1e-15)
+
+
+@dace.program
+def _cubed_min_of_neighbours(x: dace.float64[N], w: dace.float64[N], S: dace.float64[1]):
+    y = x[:N - 1] ** 3
+    z = np.minimum(y[:N - 2], y[1:]) ** 3
+    S[0] += np.sum(z * w[:N - 2])
+
+
+def test_hvp_through_a_min_of_computed_values_equals_torch():
+    # the min's backward tasklet and its tangent both name temporaries `__cse1`, ...; the tangent's came
+    # first and made one a bool, so the backward's gradient of y read 1.0 (H v 1.81 where torch has 0.0157;
+    # fuzz seed 16567, program 88). The tangent's temporaries now avoid the tasklet's names.
+    n = 5
+    x, w = np.linspace(0.3, 0.9, n), np.random.default_rng(3).standard_normal(n)
+    weights = torch.tensor(w)
+
+    def loss(t):
+        y = t[:n - 1] ** 3
+        return (torch.minimum(y[:n - 2], y[1:]) ** 3 * weights[:n - 2]).sum()
+
+    f = gradflow.hvp(_cubed_min_of_neighbours, wrt="x", of="S")
+    for v in np.eye(n):
+        want = torch.autograd.functional.hvp(loss, torch.tensor(x), torch.tensor(v))[1].numpy()
+        got = f(x=x.copy(), w=w, S=np.zeros(1), tan_x=v)["x"]
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

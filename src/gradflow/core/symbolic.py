@@ -601,15 +601,18 @@ print_code = _Printer()
 print_code_single = _Printer(single=True)
 
 
-def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = True, single: bool = False) -> str:
+def assignments_code(assignments: Sequence[tuple[str, sympy.Expr]], cse: bool = True, single: bool = False,
+                     reserved: Iterable[str] = ()) -> str:
     """Tasklet code assigning each expression to its name, sharing common subexpressions (`single`: for a
-    float32 tasklet, see `_Printer`)."""
+    float32 tasklet, see `_Printer`). The subexpressions' names avoid `reserved` (the names of code the
+    lines will share a tasklet with: DaCe declares a name's C++ type at its first assignment, so a `__cse1`
+    first a truth value and then a number would keep the number as a bool)."""
     printer = print_code_single if single else print_code
     names = [n for n, _ in assignments]
     exprs = [e for _, e in assignments]
     lines = []
     if cse and exprs:
-        taken = set(names)
+        taken = set(names) | set(reserved)
         symbols = (sympy.Symbol(f"__cse{i}", real=True) for i in range(10**6))
         replacements, reduced = sympy.cse(exprs, symbols=(s for s in symbols if s.name not in taken))
         for sym, value in replacements:

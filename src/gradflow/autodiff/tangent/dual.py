@@ -13,6 +13,8 @@ read through one carries none.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import sympy
 from dace import dtypes
@@ -120,7 +122,10 @@ def dual_tasklet(state: SDFGState, node: nd.Tasklet, mirror: StateMirror, consta
         if isinstance(dtype, dtypes.typeclass) and dtype.type is not None and _integer(dtype):
             value = stored_as(value, dtype)
         assigned.append((TAN + e.src_conn, tangent_of(value)))
-    lines = [assignments_code(assigned)] if assigned else []
+    # the tangent's temporaries share the tasklet with the original code's own (`__cse0`, ... of its
+    # derivative): other names, or the first assignment's C++ type (a bool) holds both (a wrong hvp of a min)
+    primal_names = set(re.findall(r"[A-Za-z_]\w*", node.code.as_string))
+    lines = [assignments_code(assigned, reserved=primal_names)] if assigned else []
     tangent_outs = {e.src_conn for e in outs}
     for write in meaning.writes:
         if write.element.conn not in tangent_outs:

@@ -368,7 +368,8 @@ class Reversal:
                 self.record_regions(child, loops + item.encloses, tables, ctx)
             rule = _control_rule_for(tables, item)
             ctx.note_rule(rule.name)
-            self.recorded[id(item)] = _control(tables, item).record(item, self, loops)
+            implementation: ControlRule = rule.fn  # typed, as `_control` returns it
+            self.recorded[id(item)] = implementation.record(item, self, loops)
 
     def control_tape_bytes(self, seq: Seq | None = None, loops: tuple = ()):
         """Bytes of the stacks the control rules will create (known before anything is recorded)."""

@@ -7,9 +7,9 @@ Each shape's forward, input gradient and weight gradient (float32, NCHW, the inp
 timed through `runtime/conv_kernels.h` compiled as DaCe compiles programs (-O3 -march=native), with
 torch's convolution loaded (`gradflow.torch.convolution.load()`) and switched off and on call by call
 (`set_enabled`): off, the kernels' own unfolding and products; on, torch's for the shapes their rule
-admits (`by_torch`), the kernels' again for the others (the same route twice). The shapes are the convolutions of `benchmarks/models.py`'s
-ResNet block (batch 32) and ResNet-18 (batch 64). Times: the fastest of `--repeats` calls of all three
-(each after a warm-up call).
+admits (`by_torch`), the kernels' again for the others (the same route twice). The shapes are the
+convolutions of `benchmarks/models.py`'s ResNet block (batch 32) and ResNet-18 (batch 64). Times: the
+fastest of `--repeats` calls of all three (each after a warm-up call).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ gradflow's convolution kernels (`runtime/conv_kernels.h`) unfold each image into
 torch's CPU convolution (oneDNN) convolves directly. On a 16-channel ResNet block at one thread the
 unfolding and folding alone took a quarter of gradflow's forward+backward time, and torch's convolution
 forward plus both gradients took 1.9 ms where the kernels took 2.9-3.4 ms. So when a `Function` is made
-of programs with convolutions (a torch model with a `Conv2d` through `gradflow.torch.compile`), `aten_conv.cpp` is built (once
-per torch version, in the cache) and loaded with RTLD_GLOBAL: the kernels look `gradflow_aten_conv2d` up
-with dlsym and hand it the float32 NCHW convolutions, run outside a parallel region, of the shapes where it
-measured faster (`by_torch` in `conv_kernels.h`; others, and any that torch refuses, stay with the
-kernels). `GRADFLOW_CONV=own` keeps the kernels for all of them.
+of programs with convolutions (a torch model with a `Conv2d` through `gradflow.torch.compile`),
+`aten_conv.cpp` is built (once per torch version, in the cache) and loaded with RTLD_GLOBAL: the kernels
+look `gradflow_aten_conv2d` up with dlsym and hand it the float32 NCHW convolutions, run outside a parallel
+region, of the shapes where it measured faster (`by_torch` in `conv_kernels.h`; others, and any that torch
+refuses, stay with the kernels). `GRADFLOW_CONV=own` keeps the kernels for all of them.
 """
 
 from __future__ import annotations
@@ -60,16 +60,14 @@ def load() -> None:
     GRADFLOW_CONV says (`use_torch_convolutions` is the switch that reads it)."""
     with _LOCK:
         if not _LOADED:
-            _LOADED.append(ctypes.CDLL(str(_build()), mode=ctypes.RTLD_GLOBAL))
+            library = ctypes.CDLL(str(_build()), mode=ctypes.RTLD_GLOBAL)
+            library.gradflow_aten_conv2d_calls.restype = ctypes.c_long  # set once, not at every count
+            _LOADED.append(library)
 
 
 def torch_calls() -> int:
     """How many convolution kernel calls torch has computed in this process (0 while it is not loaded)."""
-    if not _LOADED:
-        return 0
-    count = _LOADED[0].gradflow_aten_conv2d_calls
-    count.restype = ctypes.c_long
-    return int(count())
+    return int(_LOADED[0].gradflow_aten_conv2d_calls()) if _LOADED else 0
 
 
 def set_enabled(on: bool) -> None:

@@ -21,8 +21,9 @@ CASES = {c.name: c for c in (*cases(), *NPBENCH)}
 #: reference's `relu` drops it. Checked against torch with `torch.maximum` instead, below.
 NOT_FINITE = {"nb_resnet"}
 
-#: a sample of programs for the Hessian-vector products (loops, branches, library nodes, nesting)
-HVP = [n for n in sorted(CASES)[::3] if n not in NOT_FINITE]
+#: a sample of programs for the Hessian-vector products (loops, branches, library nodes, nesting), and the
+#: products with zero factors (the reverse of a product multiplies with a write-conflict product)
+HVP = sorted({n for n in sorted(CASES)[::3] if n not in NOT_FINITE} | {"df_prod", "df_prod_map"})
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CASES if n not in REFUSED and n not in NOT_FINITE))
@@ -37,10 +38,9 @@ def test_refusals_are_typed(name):
 
 
 #: Hessian-vector products refused, with the message: while loops without a bound (the gradient program's
-#: growable tape is C++ code, which forward mode refuses, with a hint to bound the loop), and the reverse of
-#: `np.prod` (its exact treatment of zero factors multiplies with a write-conflict product)
+#: growable tape is C++ code, which forward mode refuses, with a hint to bound the loop)
 HVP_REFUSED = {"lp_api_do_while": "give the while loop a bound", "lp_bound_from_data": "give the while loop a bound",
-               "lp_newton_sqrt": "give the while loop a bound", "df_prod": "write-conflict resolution"}
+               "lp_newton_sqrt": "give the while loop a bound"}
 
 
 @pytest.mark.parametrize("name", [n for n in HVP if n not in REFUSED and n not in HVP_REFUSED])

@@ -42,7 +42,7 @@ import dace
 from dace.sdfg import nodes as nd
 from dace.transformation.transformation import ExpandTransformation
 
-from gradflow.core.errors import InvalidArgumentError
+from gradflow.core.environment import env_choice
 from gradflow.library import convolution
 from gradflow.runtime.cache import cache_root
 
@@ -86,11 +86,7 @@ BLAS_CHOICES = ("auto", "openblas")
 def blas_choice() -> str:
     """GRADFLOW_BLAS (default "auto"); an unknown value is an `InvalidArgumentError`. Cheap: `compile_sdfg`
     checks it at every call, so a misspelt value fails there, not silently in the generated code."""
-    choice = os.environ.get("GRADFLOW_BLAS", "auto")
-    if choice not in BLAS_CHOICES:
-        raise InvalidArgumentError(f"the environment variable GRADFLOW_BLAS is {choice!r}; it takes one of "
-                                   f"{', '.join(map(repr, BLAS_CHOICES))}", "unset it for the default ('auto')")
-    return choice
+    return env_choice("GRADFLOW_BLAS", BLAS_CHOICES, "auto")
 
 
 def gemm_library() -> str:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import threading
 from pathlib import Path
 
 import dace
 import torch
 
-from gradflow.core.errors import CompilationError, InvalidArgumentError
+from gradflow.core.environment import env_choice
+from gradflow.core.errors import CompilationError
 from gradflow.library import convolution as nodes
 from gradflow.runtime.compile import usable_cache_root
 
@@ -35,11 +35,7 @@ _LOADED: list[ctypes.CDLL] = []
 
 def conv_choice() -> str:
     """GRADFLOW_CONV (default "torch"); an unknown value is an `InvalidArgumentError`."""
-    choice = os.environ.get("GRADFLOW_CONV", "torch")
-    if choice not in CONV_CHOICES:
-        raise InvalidArgumentError(f"the environment variable GRADFLOW_CONV is {choice!r}; it takes one of "
-                                   f"{', '.join(map(repr, CONV_CHOICES))}", "unset it for the default ('torch')")
-    return choice
+    return env_choice("GRADFLOW_CONV", CONV_CHOICES, "torch")
 
 
 def has_convolutions(*sdfgs: dace.SDFG) -> bool:

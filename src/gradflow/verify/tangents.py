@@ -19,11 +19,9 @@ from gradflow.verify.compare import agree
 from gradflow.verify.corpus.case import Case, to_tensors
 from gradflow.verify.programs import ATOL, RTOL, forwarding_of
 
-#: corpus programs forward mode refuses, with the message: write-conflict maxima and products written as maps
-#: (not `np.max`/`np.prod`)
+#: corpus programs forward mode refuses, with the message: write-conflict maxima written as maps (not `np.max`)
 REFUSED = {
     "df_softmax_wcr": "write-conflict resolution",
-    "df_prod_map": "write-conflict resolution",
 }
 
 

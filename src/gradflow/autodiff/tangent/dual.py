@@ -45,7 +45,7 @@ def _indexed(name: str, index) -> str:
     return f"{name}[{', '.join(print_code(i) for i in index)}]"
 
 
-def _selected(term: sympy.Expr) -> sympy.Expr:
+def selected(term: sympy.Expr) -> sympy.Expr:
     """A tangent term whose derivative is piecewise (a step: `max`, `abs`, a branch) as a choice between
     products, not a product with an indicator: where the branch is inactive the term is 0 even when the
     tangent is not finite (`relu` after a `sqrt` of 0), as torch's `where`-based rules give."""
@@ -60,7 +60,8 @@ def _check_wcr(where: str, edge) -> None:
     if edge.data.wcr is not None and reduction_type(edge.data.wcr) != dtypes.ReductionType.Sum:
         raise NotDifferentiableError(
             f"{where}: output '{edge.src_conn}' is written with the write-conflict resolution {edge.data.wcr}; "
-            "forward mode differentiates write-conflict sums only")
+            "forward mode differentiates write-conflict sums and products only",
+            "compute a maximum or minimum with np.max / np.min (a Reduce node)")
 
 
 def _settled(where: str, edge, value: sympy.Expr) -> sympy.Expr:
@@ -76,11 +77,14 @@ def _settled(where: str, edge, value: sympy.Expr) -> sympy.Expr:
         "assign it on every path (NORMALIZE's complete_conditional_writes reads the old value explicitly)")
 
 
-def dual_tasklet(state: SDFGState, node: nd.Tasklet, mirror: StateMirror, constants: set[str]) -> bool:
+def dual_tasklet(state: SDFGState, node: nd.Tasklet, mirror: StateMirror, constants: set[str],
+                 elsewhere: frozenset = frozenset()) -> bool:
     """Make `node` compute the tangents of what it writes into arrays with a tangent, and lay their memlet
-    paths; False (nothing changed) when it writes no such array."""
+    paths; False (nothing changed) when it writes no such array. The out edges in `elsewhere` get their
+    tangents from another rule (a product's, `products.py`)."""
     where = f"tasklet '{node}' in state '{state.label}'"
-    outs = [e for e in state.out_edges(node) if not e.data.is_empty() and mirror.has_tangent(e.data.data)]
+    outs = [e for e in state.out_edges(node)
+            if not e.data.is_empty() and mirror.has_tangent(e.data.data) and e not in elsewhere]
     if not outs:
         return False
     if node.language != dtypes.Language.Python:
@@ -106,7 +110,7 @@ def dual_tasklet(state: SDFGState, node: nd.Tasklet, mirror: StateMirror, consta
         total = sympy.Integer(0)
         for symbol, tan in tangents.items():
             if symbol in value.free_symbols:
-                total += _selected(derivative(value, symbol) * tan)
+                total += selected(derivative(value, symbol) * tan)
         return total.xreplace(values)
 
     assigned = []

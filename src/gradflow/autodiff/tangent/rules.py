@@ -8,6 +8,7 @@ from dace.sdfg import nodes as nd
 from gradflow.autodiff.context import OpSite
 from gradflow.autodiff.tangent.context import TangentContext, TangentSpec, tangent_rule
 from gradflow.autodiff.tangent.dual import dual_tasklet
+from gradflow.autodiff.tangent.products import product_edges, product_tangents
 from gradflow.autodiff.tangent.zeros import zero_path, zero_subset
 from gradflow.core.errors import NotDifferentiableError
 
@@ -40,9 +41,12 @@ class DualTasklets:
                 raise NotDifferentiableError(
                     f"state '{state.label}': a map body copies a value without tangent into '{local.data}', whose "
                     "tangent other writes give")
+        products = frozenset(product_edges(site, ctx))
+        if products:
+            product_tangents(site, ctx)
         for node in members:
             if isinstance(node, nd.Tasklet):
-                dual_tasklet(state, node, mirror, constants[node])
+                dual_tasklet(state, node, mirror, constants[node], products)
             elif isinstance(node, nd.NestedSDFG):
                 nested_tangent(state, node, ctx)
             elif isinstance(node, nd.LibraryNode) and any(

@@ -19,7 +19,7 @@ import time
 import traceback
 
 #: evals with programs in `programs/`
-EVALS = ("hello", "lse", "llsq", "ode", "gmm")
+EVALS = ("hello", "lse", "llsq", "ode", "gmm", "lstm")
 
 
 def _timed(call, runs: int, seconds: float) -> tuple[object, list[dict]]:

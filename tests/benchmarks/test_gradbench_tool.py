@@ -160,3 +160,42 @@ def test_relay_compares_relatively_and_at_the_output_scale() -> None:
     assert compare([5.0, 1e-20], [5.0, -3e-19], 1e-8)[0]  # rounding-level values far below the scale
     assert not compare({"a": [1.0]}, {"a": [1.0, 2.0]}, 1e-8)[0]
     assert not compare({"a": [1.0]}, {"b": [1.0]}, 1e-8)[0]
+
+
+def _lstm(main_params, extra_params, state, sequence) -> float:
+    """ADBench's LSTM objective, element by element as its C++ reference computes it."""
+    def sigmoid(v):
+        return 1.0 / (1.0 + np.exp(-v))
+
+    layers, b = main_params.shape[0] // 2, sequence.shape[1]
+    hidden, cell = state[0::2].copy(), state[1::2].copy()
+    total = 0.0
+    for t in range(sequence.shape[0] - 1):
+        layer_input = sequence[t] * extra_params[0]
+        for k in range(layers):
+            weight, bias = main_params[2 * k], main_params[2 * k + 1]
+            for j in range(b):
+                forget = sigmoid(layer_input[j] * weight[j] + bias[j])
+                ingate = sigmoid(hidden[k, j] * weight[b + j] + bias[b + j])
+                outgate = sigmoid(layer_input[j] * weight[2 * b + j] + bias[2 * b + j])
+                change = np.tanh(hidden[k, j] * weight[3 * b + j] + bias[3 * b + j])
+                cell[k, j] = cell[k, j] * forget + ingate * change
+                hidden[k, j] = outgate * np.tanh(cell[k, j])
+            layer_input = hidden[k]
+        y = layer_input * extra_params[1] + extra_params[2]
+        total += np.sum(sequence[t + 1] * (y - np.log(np.sum(np.exp(y)) + 2)))
+    return -total / ((sequence.shape[0] - 1) * b)
+
+
+def test_lstm(tool) -> None:
+    rng = np.random.default_rng(5)
+    layers, chars, bits = 2, 6, 3
+    arrays = {"main_params": rng.random((2 * layers, 4 * bits)), "extra_params": rng.random((3, bits)),
+              "state": rng.random((2 * layers, bits)),
+              "sequence": rng.integers(0, 2, (chars, bits)).astype(np.float64)}
+    given = {name: value.tolist() for name, value in arrays.items()} | {"min_runs": 1, "min_seconds": 0}
+    assert np.isclose(_evaluate(tool, "lstm", "objective", given), _lstm(**arrays), rtol=1e-12)
+    main = _central(lambda v: _lstm(**(arrays | {"main_params": v})), arrays["main_params"])
+    extra = _central(lambda v: _lstm(**(arrays | {"extra_params": v})), arrays["extra_params"])
+    np.testing.assert_allclose(_evaluate(tool, "lstm", "jacobian", given),
+                               np.concatenate([main.ravel(), extra.ravel()]), rtol=1e-6, atol=1e-9)

@@ -3,8 +3,8 @@ show by itself (its gradients are checked against torch in test_loops_grad.py).
 
 - `lift_control_flow` raises conditional interstate edges into structured regions, leaves structured
   SDFGs alone, and names the blocks of what it cannot raise;
-- a floating-point value that reaches the differentiated code through a symbol is rejected, never a
-  silently missing gradient path;
+- a floating-point value that reaches the differentiated code through a symbol is differentiated through
+  (`demote_data_symbols`), or rejected where it cannot be, never a silently missing gradient path;
 - a loop variable read after its loop is rejected;
 - without a loop bound the split forward/backward pair reruns the forward sweep in the backward SDFG, and
   works as a torch autograd Function.
@@ -18,8 +18,8 @@ import pytest
 from dace import InterstateEdge
 
 import gradflow
-from gradflow.transforms.lifting import LiftControlFlow, branching_blocks
 from gradflow.core.graph import Graph
+from gradflow.transforms.lifting import LiftControlFlow, branching_blocks
 from gradflow.verify.corpus import loops, unstructured
 
 N = dace.symbol("N")
@@ -83,15 +83,37 @@ def test_branches_that_may_all_be_false_are_rejected() -> None:
         gradflow.grad(sdfg, wrt="X", of="S")
 
 
-def test_a_float_symbol_carrying_differentiated_data_is_rejected() -> None:
-    """t = X[0] on an edge, then S = S + t * X[1]: the path through t has no gradient; refuse it."""
+def test_a_float_symbol_carrying_differentiated_data_is_differentiated_through() -> None:
+    """t = X[0] on an edge, then S = S + t * X[1]: `demote_data_symbols` gives t a value the tasklet reads,
+    so the path through t has its gradient (it was refused before; never a silently missing path)."""
     sdfg = _program("carrier")
     a = sdfg.add_state("a", is_start_block=True)
     b = sdfg.add_state("b")
     sdfg.add_edge(a, b, InterstateEdge(assignments={"t": "X[0]"}))
     _accumulate(b, "o = s + t * x", "1")
+    x = np.array([0.7, -1.3, 2.0])
+    value, grad = gradflow.value_and_grad(sdfg, wrt="X", of="S")(X=x.copy(), S=np.array([0.5]))
+    assert value == pytest.approx(0.5 + x[0] * x[1], rel=1e-15)
+    np.testing.assert_allclose(grad, [x[1], x[0], 0.0], rtol=1e-15)
+
+
+def test_a_float_symbol_a_nested_program_reads_is_rejected() -> None:
+    """The same symbol handed to a nested SDFG (its symbol mapping) cannot be demoted: refused, naming it."""
+    inner = _program("inner")
+    inner.add_symbol("t", dace.float64)
+    _accumulate(inner.add_state("body", is_start_block=True), "o = s + t * x", "1")
+    sdfg = _program("carrier_nested")
+    a = sdfg.add_state("a", is_start_block=True)
+    b = sdfg.add_state("b")
+    sdfg.add_edge(a, b, InterstateEdge(assignments={"t": "X[0]"}))
+    node = b.add_nested_sdfg(inner, {"X", "S"}, {"S"}, symbol_mapping={"N": "N", "t": "t"})
+    b.add_edge(b.add_read("X"), None, node, "X", dace.Memlet("X[0:N]"))
+    b.add_edge(b.add_read("S"), None, node, "S", dace.Memlet("S[0]"))
+    b.add_edge(node, "S", b.add_write("S"), None, dace.Memlet("S[0]"))
     with pytest.raises(gradflow.NotDifferentiableError, match=r"symbol 't'.*computed from 'X'"):
         gradflow.grad(sdfg, wrt="X", of="S")
+    with pytest.raises(gradflow.NotDifferentiableError, match=r"symbol 't'.*computed from 'X'"):
+        gradflow.jvp(sdfg, wrt="X", of="S")
     # The same symbol is fine when it carries data that does not depend on the differentiated inputs.
     assert "grad_S" in gradflow.grad(sdfg, wrt="S", of="S").arrays
 

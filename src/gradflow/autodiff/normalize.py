@@ -21,6 +21,9 @@
   becomes a `Reduce` node;
 - `lower_indirection` (`indirection.py`): accesses through index arrays become tasklets that index
   whole-array memlets;
+- `demote_data_symbols` (`data_symbols.py`): floating-point symbols DaCe made of values computed from
+  data (a scalar a condition reads) get transient scalars that the tasklets reading them read instead, so
+  derivatives flow through them (after the last pass that runs DaCe's `simplify`, which would undo it);
 - `complete_conditional_writes` (`conditional_writes.py`): a tasklet output assigned on some paths only
   reads the old value of its element explicitly;
 - `bound_transient_shapes` (`shapes.py`): transients sized by loop variables get their upper-bound size;
@@ -200,6 +203,7 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
     checkpoints by name). Reverse mode needs its output: structured control flow, one operation per state,
     no views, no breaks."""
     from gradflow.transforms.conditional_writes import CompleteConditionalWrites
+    from gradflow.transforms.data_symbols import DemoteDataSymbols
     from gradflow.transforms.fusion import FuseMaps
     from gradflow.transforms.idioms import RaiseConvolutions
     from gradflow.transforms.indirection import LowerIndirection
@@ -214,7 +218,8 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
 
     expand = ExpandLibraryNodes(library_rules if library_rules is not None else default_library_rules())
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, FoldProductScales(),
-                     HoistRowProducts(), RaiseLoopReductions(), LowerIndirection(), CompleteConditionalWrites(),
+                     HoistRowProducts(), RaiseLoopReductions(), LowerIndirection(), DemoteDataSymbols(),
+                     CompleteConditionalWrites(),
                      BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(), CollapseMaps(), SplitOperations()))
 
 

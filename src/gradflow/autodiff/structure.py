@@ -16,14 +16,13 @@ block named.
 
 from __future__ import annotations
 
-import re
-
 import attrs
 import dace
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion, SDFGState
 
 from gradflow.analysis.loops import CountedLoop, assigned_symbols, counted_loop, guarded_counted_loop
 from gradflow.analysis.ops import decompose
+from gradflow.analysis.symbols import assigned_types, data_symbols
 from gradflow.autodiff.context import OpSite
 from gradflow.core.errors import NotDifferentiableError
 
@@ -126,26 +125,6 @@ def block_chain(region: ControlFlowRegion) -> list:
     if len(blocks) != len(region.nodes()):
         raise NotDifferentiableError(f"region '{region.label}' has blocks unreachable from its start block")
     return blocks
-
-
-def assigned_types(sdfg: dace.SDFG) -> dict[str, dace.typeclass]:
-    """The type DaCe infers for every symbol assigned on an interstate edge of `sdfg` (int64 when it cannot
-    tell). An edge's inference that cannot tell (`None`, e.g. for `sinh(t)`) leaves the type the SDFG
-    declares: DaCe's frontend declares a scalar it turned into a symbol with the scalar's type (taking the
-    `None` for int64 hid a float64 symbol computed from the inputs, whose gradient was then dropped)."""
-    types: dict[str, dace.typeclass] = dict(sdfg.symbols)
-    edges = list(sdfg.all_interstate_edges())
-    for _ in range(2):  # a symbol may be assigned from one assigned on a later edge
-        for edge in edges:
-            for name, dtype in edge.data.new_symbols(sdfg, types).items():
-                if isinstance(dtype, dace.typeclass) or name not in sdfg.symbols:
-                    types[name] = dtype
-    return {k: (v if isinstance(v, dace.typeclass) and v in _TYPES else dace.int64)
-            for k, v in types.items() if any(k in e.data.assignments for e in edges)}
-
-
-_TYPES = (dace.int8, dace.int16, dace.int32, dace.int64, dace.uint8, dace.uint16, dace.uint32, dace.uint64,
-          dace.bool_, dace.float32, dace.float64)
 
 
 def _isolate(region: ControlFlowRegion, edge) -> SDFGState:
@@ -257,6 +236,12 @@ def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], restor
                 "loop (its value after the loop); the backward sweep does not restore it there",
                 "copy the value into an array (a tasklet) inside the loop",
             )
+    refuse_data_symbol_reads(sdfg, sites, varied)
+
+
+def refuse_data_symbol_reads(sdfg: dace.SDFG, sites: list[OpSite], varied: frozenset[str]) -> None:
+    """An operation that reads a floating-point symbol computed from a varied array is refused (both modes:
+    the symbol's value is a constant to the code, so its derivative would be lost, a silent 0)."""
     carriers = data_symbols(sdfg, varied)
     for site in sites:
         used = sorted({str(s) for s in site.state.free_symbols} & set(carriers))
@@ -269,27 +254,6 @@ def check_symbols(sdfg: dace.SDFG, sites: list[OpSite], active: set[int], restor
                 "scalar variable that a condition reads a symbol: write it into a one-element array "
                 f"(`{used[0]} = np.zeros(1); {used[0]}[0] = ...`)",
             )
-
-
-def data_symbols(sdfg: dace.SDFG, varied: frozenset[str]) -> dict[str, str]:
-    """Floating-point symbols assigned on interstate edges from arrays in `varied` (directly or through
-    other such symbols) -> the array their value comes from."""
-    types = assigned_types(sdfg)
-    edges = [e for e in sdfg.all_interstate_edges() if e.data.assignments]
-    found: dict[str, str] = {}
-    changed = True
-    while changed:
-        changed = False
-        for edge in edges:
-            for name, expr in edge.data.assignments.items():
-                if name in found or types.get(name) not in (dace.float32, dace.float64):
-                    continue
-                read = set(re.findall(r"[A-Za-z_]\w*", str(expr)))
-                source = sorted(read & set(varied)) or sorted(found[s] for s in read & set(found))
-                if source:
-                    found[name] = source[0]
-                    changed = True
-    return found
 
 
 def symbols_read(region: ControlFlowRegion) -> set[str]:

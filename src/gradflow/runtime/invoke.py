@@ -73,6 +73,8 @@ class Invoker:
             if k in given:
                 raise ArgumentError(f"argument '{k}' given both by position and by name")
             if k not in plan.names:
+                if k in self.graph.sdfg.symbols and isinstance(v, (int, np.integer)):
+                    continue  # a size the program declares but no longer uses (a backward sweep's loop bound)
                 raise ArgumentError(f"unknown argument '{k}'; the program takes {order + list(plan.symbols)}")
             given[k] = v
         for name, value in given.items():
@@ -98,7 +100,12 @@ class Invoker:
         """Zero-filled arrays for the program's array arguments among `names`, sized by the symbol `values`."""
         made: dict[str, Any] = {}
         specs = [(spec, tuple(d.evaluate(values) for d in spec.shape)) for spec in self.runner.plan.arrays
-                 if spec.name in names]
+                 if spec.name in names and all(f in values for d in spec.shape for f in d.free)]
+        unsized = sorted(a.name for a in self.runner.plan.arrays if a.name in names
+                         and any(f not in values for d in a.shape for f in d.free))
+        if unsized:
+            raise ArgumentError(f"argument(s) {', '.join(map(repr, unsized))} missing, and their sizes read symbols "
+                                "the program does not take", "pass them")
         for spec, shape in specs:  # all checked before any is allocated
             check_fits(f"array '{spec.name}'", shape, spec.dtype, values)
         for spec, shape in specs:

@@ -93,6 +93,9 @@ def infer_symbols(
         )
     for spec, shape in given:
         for axis, (dim, extent) in enumerate(zip(spec.shape, shape)):
+            if any(f not in symbols for f in dim.free):
+                continue  # a size the compiled program does not take (a tape sized by a loop bound it no
+                # longer reads): nothing to check it against, and the program never reads it
             expected = dim.evaluate(symbols)
             if expected != int(extent):
                 why = f" ({dim.symbol} = {symbols[dim.symbol]} from {source[dim.symbol]})" if dim.symbol else ""
@@ -135,13 +138,17 @@ def check_array(spec: ArgSpec, array: Any, symbols: Mapping[str, int], *, writte
                     f"convert it first (torch: .to(torch.{spec.dtype}), numpy: .astype(np.{spec.dtype})); "
                     "gradflow.torch.function(..., convert=True) converts floating inputs itself")
     shape = tuple(array.shape)
-    expected_shape = tuple(d.evaluate(symbols) for d in spec.shape)
-    if shape != expected_shape:
+
+    def known(dims) -> tuple:  # None where the size reads a symbol the program does not take (infer_symbols)
+        return tuple(d.evaluate(symbols) if all(f in symbols for f in d.free) else None for d in dims)
+
+    expected_shape = known(spec.shape)
+    if len(shape) != len(expected_shape) or any(e is not None and e != n for e, n in zip(expected_shape, shape)):
         raise _fail(name, f"expected shape {expected_shape}, got {shape}")
     strides = element_strides(array)
-    expected = tuple(d.evaluate(symbols) for d in spec.strides)
+    expected = known(spec.strides)
     # strides of an array without elements address nothing (numpy gives some of them zero strides)
-    if 0 not in shape and any(e != s for e, s, n in zip(expected, strides, shape) if n > 1):
+    if 0 not in shape and any(e is not None and e != s for e, s, n in zip(expected, strides, shape) if n > 1):
         raise _fail(name, f"has strides {strides} (in elements), the compiled SDFG expects {expected}",
                     "pass a contiguous copy (torch: .contiguous(), numpy: np.ascontiguousarray); "
                     "gradflow.torch.function(..., convert=True) copies inputs itself")

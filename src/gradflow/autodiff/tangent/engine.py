@@ -22,6 +22,7 @@ from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.ops import decompose
 from gradflow.autodiff.context import OpSite
 from gradflow.autodiff.emit import fill
+from gradflow.autodiff.structure import refuse_data_symbol_reads
 from gradflow.autodiff.tangent.context import (
     Differentiate,
     TangentContext,
@@ -101,6 +102,7 @@ def tangent_program(sdfg: dace.SDFG, spec: TangentSpec, tables: TangentTables,
             break
     varied = {a for a in varied | set(spec.of) if is_float(sdfg.arrays[a])}
     writers = [s for s, acc in zip(sites, accesses) if (acc.writes | _written_inside(s)) & varied]
+    refuse_data_symbol_reads(sdfg, sites, frozenset(varied))  # (a symbol hides its value from activity)
     tangents = {a: _add_tangent(sdfg, a, spec) for a in sorted(varied)}
     ctx = TangentContext(sdfg, tangents, tables, differentiate)
     for site in writers:

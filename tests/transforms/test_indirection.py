@@ -138,3 +138,30 @@ def test_np_prod_is_a_product_reduce() -> None:
 def test_a_python_callback_is_named() -> None:
     with pytest.raises(NotDifferentiableError, match=r"tasklet 'callback_\w+'.*numpy_median.*Python callbacks"):
         gradflow.grad(median.to_sdfg(), wrt="A", of="S")
+
+
+@dace.program
+def gather_by_pairs(A: f64[N, 3], pairs: i64[M, 2], W: f64[M], S: f64[1]):
+    out = np.ndarray([M], dtype=np.float64)
+    for j in dace.map[0:M]:
+        row = pairs[j, 0]
+        col = pairs[j, 1]
+        out[j] = A[row, col] * A[row, 2] * W[j]
+    S[0] = np.sum(out)
+
+
+def test_an_index_read_from_a_two_dimensional_index_array_is_lowered() -> None:
+    # `pairs[j, 0]` on the interstate edge: its slice is a tuple, which the rewrite wrote as "(j, 0)", one
+    # subscript DaCe's memlet parser rejected (a crash in lower_indirection, found writing GradBench's ba)
+    A = np.arange(12.0).reshape(4, 3) / 7 + 0.5
+    pairs = np.array([[0, 1], [3, 0], [0, 1], [2, 2]])
+    W = np.array([0.3, -1.1, 0.7, 2.0])
+    V = np.random.default_rng(2).standard_normal(A.shape)
+    _, tangents = gradflow.value_and_jvp(gather_by_pairs, wrt="A", of="S")(A=A, pairs=pairs, W=W, S=np.zeros(1),
+                                                                          tan_A=V)
+    want = sum((V[r, c] * A[r, 2] + A[r, c] * V[r, 2]) * w for (r, c), w in zip(pairs, W))
+    np.testing.assert_allclose(tangents["S"][0], want, rtol=1e-13)
+    # reverse mode: the second index stays a symbol the map body's nested SDFG reads, whose gathers reverse
+    # mode does not accumulate concurrently; refused, naming the array
+    with pytest.raises(NotDifferentiableError, match="overlapping parts of 'A'"):
+        gradflow.grad(gather_by_pairs, wrt="A", of="S")

@@ -103,7 +103,9 @@ def _index_code(expr: ast.expr, arrays) -> tuple[str, tuple[tuple[str, str], ...
     class Swap(ast.NodeTransformer):
         def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
             if isinstance(node.value, ast.Name) and node.value.id in arrays:
-                reads.append((node.value.id, ast.unparse(node.slice)))
+                # `obs[j, 0]`: a tuple slice unparses as "(j, 0)", which a memlet would read as one tuple
+                dims = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+                reads.append((node.value.id, ", ".join(ast.unparse(d) for d in dims)))
                 return ast.Name(f"__i{len(reads) - 1}", ast.Load())
             return self.generic_visit(node)
 

@@ -215,7 +215,8 @@ def report(records: list[dict], tools=REFERENCES) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("evals", nargs="+", help="GradBench evals to run (hello, lse, llsq, ode, gmm, lstm)")
+    parser.add_argument("evals", nargs="+",
+                        help="GradBench evals to run (hello, lse, llsq, ode, gmm, lstm, ba, kmeans)")
     parser.add_argument("--gradbench", type=Path, default=Path(os.environ.get("GRADBENCH", "gradbench")),
                         help="a checkout of github.com/gradbench/gradbench (or $GRADBENCH)")
     parser.add_argument("--tools", nargs="*", default=list(REFERENCES), choices=REFERENCES,

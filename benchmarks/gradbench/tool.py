@@ -19,7 +19,7 @@ import time
 import traceback
 
 #: evals with programs in `programs/`
-EVALS = ("hello", "lse", "llsq", "ode", "gmm", "lstm")
+EVALS = ("hello", "lse", "llsq", "ode", "gmm", "lstm", "ba", "kmeans")
 
 
 def _timed(call, runs: int, seconds: float) -> tuple[object, list[dict]]:

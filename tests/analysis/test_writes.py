@@ -70,7 +70,39 @@ def read_then_written_in_one_state(X: f64[N], S: f64[1]):
     S[0] = S[0] * 2.0 + np.sum(X)
 
 
+@dace.program
+def two_of_four_columns(X: f64[N], Y: f64[N, 4]):
+    for i in dace.map[0:N]:  # the memlet out of the map names all of Y (a bounding box)
+        Y[i, 0] = X[i]
+        Y[i, 2] = X[i]
+
+
+@dace.program
+def four_of_four_columns(X: f64[N], Y: f64[N, 4]):
+    for i in dace.map[0:N]:
+        Y[i, 0] = X[i]
+        Y[i, 1] = X[i]
+        Y[i, 3] = X[i]
+        Y[i, 2] = X[i]
+
+
+@dace.program
+def the_diagonal(X: f64[N], Y: f64[N, N]):
+    for i in dace.map[0:N]:
+        Y[i, i] = X[i]
+
+
+@dace.program
+def every_element_of_a_map(X: f64[N], Y: f64[N, 4]):
+    for i, j in dace.map[0:N, 0:4]:
+        Y[i, j] = X[i]
+
+
 @pytest.mark.parametrize("program, name, expected", [
+    (two_of_four_columns, "Y", False),   # half of each row, whatever the map's memlet says
+    (four_of_four_columns, "Y", True),   # four writes, one per column: joined, they cover Y
+    (the_diagonal, "Y", False),          # one parameter in two dimensions
+    (every_element_of_a_map, "Y", True),
     (overwrite_then_loop, "Y", True),   # written whole in the first state, read in the loop after
     (overwrite_then_loop, "X", False),  # only read
     (overwrite_then_loop, "S", False),  # read and written in the loop

@@ -10,9 +10,10 @@ array, never hands the program uninitialised memory to read.
 from __future__ import annotations
 
 import enum
+import itertools
 
 import dace
-from dace import subsets
+from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
@@ -110,7 +111,7 @@ def _block_exposes(block, name: str) -> bool:
             if node.data != name or block.out_degree(node) == 0:
                 continue
             full = subsets.Range.from_array(block.sdfg.arrays[name])
-            if not any(_sets(block, e) and _covers(e, name, full) for e in block.in_edges(node)):
+            if not any(_sets(block, e) and _covers(block, e, name, full) for e in block.in_edges(node)):
                 return True
         return False
     if isinstance(block, ConditionalBlock):
@@ -197,19 +198,95 @@ def _state(state: dace.SDFGState, name: str, full: subsets.Range) -> _First:
         for e in state.in_edges(node):
             if not _sets(state, e):
                 return _First.UNSURE
-            whole = whole or _covers(e, name, full)
+            whole = whole or _covers(state, e, name, full)
         if state.out_degree(node) > 0 and not whole:
             return _First.UNSURE
         covered = covered or whole
     return _First.OVERWRITES if covered else _First.UNSURE
 
 
-def _covers(edge, name: str, full: subsets.Range) -> bool:
-    """Whether the write `edge` names every element of `full` of the array `name`."""
+def _covers(state: dace.SDFGState, edge, name: str, full: subsets.Range) -> bool:
+    """Whether the write `edge` sets every element of `full` of the array `name`. Out of a map, the
+    edge's subset is only the bounding box DaCe propagated from the writes inside (a map writing 10 of each
+    4 x 4 block names the whole array): there, the elements the writes inside set are counted instead
+    (`map_writes_cover`)."""
     sub = edge.data.subset if edge.data.data == name else edge.data.other_subset
     try:
-        return sub is not None and bool(sub.covers(full))
+        if sub is None or not bool(sub.covers(full)):
+            return False
     except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
+        return False
+    return not isinstance(edge.src, nd.MapExit) or map_writes_cover(state, edge, full)
+
+
+def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
+    """Whether the writes inside the map whose exit `edge` leaves set every element of `full` (an
+    under-approximation: False whenever it cannot be shown).
+
+    Each write inside (a leaf of the edge's memlet tree) sets, over the maps around it, a box when every
+    dimension of its subset is either free of the maps' parameters or exactly one parameter (step 1, ranges
+    free of other parameters, no parameter in two dimensions); boxes equal but in one dimension, where they
+    meet or overlap, are joined; the writes cover `full` when one box does."""
+    boxes = []
+    for leaf in state.memlet_tree(edge).leaves():
+        sub = leaf.data.subset if leaf.data.data == edge.data.data else leaf.data.other_subset
+        if sub is None or leaf.data.dynamic or not isinstance(leaf.src, (nd.Tasklet, nd.AccessNode, nd.LibraryNode)):
+            return False
+        ranges: dict[str, tuple] = {}
+        scope = state.entry_node(leaf.src)
+        while scope is not None:
+            ranges.update({str(p): r for p, r in zip(scope.map.params, scope.map.range)})
+            scope = state.entry_node(scope)
+        bounds = {str(f) for r in ranges.values() for x in r for f in symbolic.pystr_to_symbolic(x).free_symbols}
+        if bounds & set(ranges):  # a triangular nest: no box
+            return False
+        box, used = [], set()
+        for begin, end, step in sub:
+            names = {str(f) for x in (begin, end, step) for f in symbolic.pystr_to_symbolic(x).free_symbols}
+            if not names & set(ranges):
+                box.append((begin, end, step))
+                continue
+            param = str(begin)
+            if begin != end or param not in ranges or param in used or ranges[param][2] != 1:
+                return False
+            used.add(param)
+            box.append(ranges[param])
+        boxes.append(box)
+    return any(subsets.Range(b).covers(full) for b in _joined(boxes))
+
+
+def _joined(boxes: list[list[tuple]]) -> list[list[tuple]]:
+    """`boxes` with any two that are equal but in one dimension of step 1, where their ranges meet or
+    overlap, joined into one, until none are."""
+    boxes = [list(b) for b in boxes]
+    changed = True
+    while changed:
+        changed = False
+        for a, b in itertools.combinations(range(len(boxes)), 2):
+            x, y = boxes[a], boxes[b]
+            differ = [d for d in range(len(x)) if x[d] != y[d]]
+            if len(differ) != 1:
+                continue
+            d = differ[0]
+            (xb, xe, xs), (yb, ye, ys) = x[d], y[d]
+            if xs != 1 or ys != 1 or not (_known(xe + 1 - yb >= 0) and _known(ye + 1 - xb >= 0)):
+                continue
+            low = xb if _known(xb <= yb) else yb if _known(yb <= xb) else None
+            high = xe if _known(xe >= ye) else ye if _known(ye >= xe) else None
+            if low is None or high is None:
+                continue
+            boxes[a] = x[:d] + [(low, high, 1)] + x[d + 1:]
+            del boxes[b]
+            changed = True
+            break
+    return boxes
+
+
+def _known(relation) -> bool:
+    """A symbolic comparison that holds for certain (False when SymPy cannot decide)."""
+    try:
+        return bool(relation)
+    except TypeError:
         return False
 
 

@@ -28,6 +28,7 @@ from dace.sdfg import nodes as nd
 
 from gradflow.analysis.access import accesses, chained_states, covers_array, element_write, touches
 from gradflow.analysis.ops import constant_beta
+from gradflow.analysis.writes import map_writes_cover
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
 
@@ -49,7 +50,9 @@ def _zeroing(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode
                 or not isinstance(outs[0].dst, nd.AccessNode)):
             continue
         code = body[0].code.as_string.replace(" ", "").strip()
-        if code.split("=")[-1] in ("0", "0.0") and _covers(state.sdfg, outs[0].data):
+        whole = dace.subsets.Range.from_array(state.sdfg.arrays[outs[0].data.data])
+        if (code.split("=")[-1] in ("0", "0.0") and _covers(state.sdfg, outs[0].data)
+                and map_writes_cover(state, outs[0], whole)):  # (the edge's subset is only a bounding box)
             yield entry, outs[0].dst
 
 

@@ -6,7 +6,13 @@ import dace
 import numpy as np
 import pytest
 
-from gradflow.analysis.writes import exposed_read, may_read_before_write, overwritten_before_read, written
+from gradflow.analysis.writes import (
+    exposed_read,
+    may_read_before_write,
+    overwritten_before_read,
+    overwritten_before_read_in,
+    written,
+)
 
 N = dace.symbol("N")
 f64 = dace.float64
@@ -239,3 +245,23 @@ def test_exposed_read(program, name, expected):
     """`exposed_read`: may a run read a value of the array from before the region (checkpointed steps
     snapshot only the arrays that expose a read)?"""
     assert exposed_read(program.to_sdfg(simplify=True), name) is expected
+
+
+@dace.program
+def shifted_interior(X: f64[N], Y: f64[N]):
+    Y[1:N - 1] = X[:N - 2] * 2.0  # DaCe's map runs over 0:N-2 and writes Y[__i0 + 1]
+
+
+@dace.program
+def reversed_interior(X: f64[N], Y: f64[N]):
+    for i in dace.map[0:N - 2]:
+        Y[N - 2 - i] = X[i]
+
+
+@pytest.mark.parametrize("program", [shifted_interior, reversed_interior])
+def test_a_map_writing_a_shifted_range_overwrites_that_range(program):
+    sdfg = program.to_sdfg(simplify=True)
+    interior = dace.subsets.Range.from_string("1:N - 1")
+    assert overwritten_before_read_in(sdfg, "Y", interior)
+    assert not overwritten_before_read_in(sdfg, "Y", dace.subsets.Range.from_string("0:N - 1"))
+    assert not overwritten_before_read(sdfg, "Y")

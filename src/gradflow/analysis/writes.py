@@ -224,9 +224,9 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
     under-approximation: False whenever it cannot be shown).
 
     Each write inside (a leaf of the edge's memlet tree) sets, over the maps around it, a box when every
-    dimension of its subset is either free of the maps' parameters or exactly one parameter (step 1, ranges
-    free of other parameters, no parameter in two dimensions); boxes equal but in one dimension, where they
-    meet or overlap, are joined; the writes cover `full` when one box does."""
+    dimension of its subset is either free of the maps' parameters or one parameter plus or minus a shift
+    free of them (step 1, ranges free of other parameters, no parameter in two dimensions); boxes equal but
+    in one dimension, where they meet or overlap, are joined; the writes cover `full` when one box does."""
     boxes = []
     for leaf in state.memlet_tree(edge).leaves():
         sub = leaf.data.subset if leaf.data.data == edge.data.data else leaf.data.other_subset
@@ -246,13 +246,33 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
             if not names & set(ranges):
                 box.append((begin, end, step))
                 continue
-            param = str(begin)
-            if begin != end or param not in ranges or param in used or ranges[param][2] != 1:
+            image = _shifted_range(begin, end, ranges, used)
+            if image is None:
                 return False
-            used.add(param)
-            box.append(ranges[param])
+            box.append(image)
         boxes.append(box)
     return any(subsets.Range(b).covers(full) for b in _joined(boxes))
+
+
+def _shifted_range(begin, end, ranges: dict[str, tuple], used: set[str]) -> tuple | None:
+    """The indices one dimension `begin == end == p + c` (or `c - p`) takes while the map parameter `p` runs
+    over its range of step 1, `c` free of the maps' parameters; None for any other form or a parameter
+    already used by another dimension. Marks `p` used."""
+    if begin != end:
+        return None
+    index = symbolic.pystr_to_symbolic(str(begin))
+    params = {str(f) for f in index.free_symbols} & set(ranges)
+    if len(params) != 1 or params & used:
+        return None
+    param = params.pop()
+    low, high, step = ranges[param]
+    symbol = symbolic.pystr_to_symbolic(param)
+    slope = index.diff(symbol)
+    shift = index - slope * symbol
+    if step != 1 or slope not in (1, -1) or symbol in shift.free_symbols:
+        return None
+    used.add(param)
+    return (low + shift, high + shift, 1) if slope == 1 else (shift - high, shift - low, 1)
 
 
 def _joined(boxes: list[list[tuple]]) -> list[list[tuple]]:

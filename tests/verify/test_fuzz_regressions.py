@@ -220,6 +220,20 @@ def program(x0: dace.float64[M], x1: dace.float64[N], x2: dace.float64[M], w0: d
         x1[2:] = np.minimum(x1[:N - 2], np.minimum(x1[:N - 2], x1[1:N - 1]))
     S[0] += np.sum(x1 * w1)
 """, {"N": 8, "M": 7}, ("x0", "x1", "x2"), {"idx": [5, 5, 2, 1, 4, 4, 3], "T": 2}, DEFAULT),
+    # the `map` production's first sample (seed 12 of `programs(features=("map", ...))`, 4 of 25 refused): a
+    # map body DaCe nests (it writes z6[i7, 2] twice) reading S[0] and x1[1], the same elements in every
+    # iteration, was refused ("map iterations read overlapping parts of 'S'"); its reverse map now runs
+    # sequentially, each iteration adding into the shared gradients in turn.
+    "map_body_reads_shared_elements": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N], w0: dace.float64[M], w1: dace.float64[N], S: dace.float64[1]):
+    S[:] = (x1[N - 1] + x0[2])
+    z6 = np.zeros((N, N), dtype=np.float64)
+    for i7 in dace.map[0:N]:
+        z6[i7, 2] = np.minimum(x0[1], S[0])
+        z6[i7, 0] = (x0[M - 1] + x1[i7] * x0[M - 1])
+        z6[i7, 2] = (2.0 * x1[1])
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1) + np.sum(z6 * 1.0)
+""", {"N": 7, "M": 5}, ("x0", "x1"), {}, ("vjp", "recompute_all", False)),
 }
 
 

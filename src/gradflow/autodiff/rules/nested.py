@@ -12,8 +12,12 @@ the forward one was a map body:
              (the nested backward adds to it rather than overwriting it).
 
 The nested outputs become scratch transients of the recomputation. Afterwards the outer gradients of the
-overwritten outputs are cleared. Each map iteration accumulates into its own part of an input gradient
-(checked: every map parameter indexes a dimension on its own), so iterations do not race.
+overwritten outputs are cleared. Each map iteration accumulates into its part of an input gradient; when
+every map parameter indexes a dimension of that part on its own, the parts are disjoint and the reverse
+map runs in parallel like the forward one. When iterations read overlapping parts (every point of a map
+reads a shared parameter, a whole vector), their accumulations would race: the reverse map is then
+sequential (`ScheduleType.Sequential`, which no later pass makes parallel), each iteration adding into the
+gradient in turn.
 
 An in/out connector `c` (the node updates part of an array in place) is split inside the nested vjp: its
 input becomes `gradflow_in_<c>`, copied into a private `c` the rerun works on, so the rerun never writes
@@ -77,18 +81,29 @@ def _partial_outputs(node: nd.NestedSDFG, ins: dict, outs: dict, where: str) -> 
         node.sdfg, c, inner_region(node, e.data, where)))
 
 
-def _check_disjoint(entry: nd.MapEntry, memlet: dace.Memlet, where: str) -> None:
+def _disjoint(entry: nd.MapEntry, memlet: dace.Memlet) -> bool:
+    """Whether the map's iterations access disjoint parts through `memlet`: every map parameter indexes a
+    dimension on its own."""
     params = set(entry.map.params)
     owned = set()
     for begin, end, _ in memlet.subset:
         free = {str(s) for s in dace.symbolic.pystr_to_symbolic(str(begin)).free_symbols} & params
         if begin == end and len(free) == 1:
             owned |= free
-    if owned != params:
-        raise NotDifferentiableError(
-            f"{where}: map iterations read overlapping parts of '{memlet.data}' ({memlet.subset}); their "
-            "gradients would be accumulated concurrently",
-        )
+    return owned == params
+
+
+def _overlapping(entry: nd.MapEntry | None, active_in: list[str], read_memlets: dict, shared: list[str],
+                 where: str) -> list[str]:
+    """The active inputs the map's iterations read in overlapping parts (every point reads one shared
+    parameter): their gradients' accumulations would race, so the reverse map runs its iterations one
+    after another. An array updated in place in overlapping parts would be a race of the forward map."""
+    overlapping = [c for c in active_in if entry is not None and not _disjoint(entry, read_memlets[c])]
+    for c in overlapping:
+        if c in shared:
+            raise NotDifferentiableError(f"{where}: map iterations update overlapping parts of "
+                                         f"'{read_memlets[c].data}' ({read_memlets[c].subset}) in place")
+    return overlapping
 
 
 def _inner_vjp(node: nd.NestedSDFG, wrt: list[str], of: list[str], regions: dict[str, subsets.Range],
@@ -143,9 +158,7 @@ class NestedReverse:
         active_in = sorted(c for c, m in read_memlets.items()
                            if ctx.grad_of(m.data) and is_float(node.sdfg.arrays[c]))
         shared = sorted((set(ins) & set(outs)) | set(partial))
-        if entry is not None:
-            for c in active_in:
-                _check_disjoint(entry, read_memlets[c], where)
+        overlapping = _overlapping(entry, active_in, read_memlets, shared, where)
         inner_in = {c: IN + c if c in shared else c for c in read_memlets}  # inner names of the forward inputs
         regions = {c: inner_region(node, read_memlets[c], where) for c in shared}
         # the part of each output's cotangent the call can read: what it writes (an in/out connector: what
@@ -188,7 +201,8 @@ class NestedReverse:
                                      dict(node.symbol_mapping),
                                      name=safe_label(f"vjp_{node.label}"))
         if entry is not None:
-            me, mx = state.add_map(safe_label(f"rev_{node.label}"), map_ranges(entry))
+            me, mx = state.add_map(safe_label(f"rev_{node.label}"), map_ranges(entry),
+                                   schedule=dace.ScheduleType.Sequential if overlapping else dace.ScheduleType.Default)
         reads: dict[str, nd.AccessNode] = {}
         writes: dict[str, nd.AccessNode] = {}
 

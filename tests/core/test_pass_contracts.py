@@ -4,6 +4,7 @@ pass without an entry here fails `test_every_registered_pass_has_a_contract`. Pu
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import dace
@@ -247,6 +248,34 @@ def _data_symbols(g: Graph) -> int:
                for value in e.data.assignments.values())
 
 
+P = dace.symbol("P")
+
+
+@dace.program
+def _halved_where_large(r: dace.float64[P, 2], out: dace.float64[P]):
+    for j in dace.map[0:P]:
+        rx = r[j, 0]  # DaCe makes `rx` a symbol assigned on an interstate edge: the condition reads it
+        if rx * rx > 1.0:
+            out[j] = rx / 2.0
+        else:
+            out[j] = r[j, 1]
+
+
+def _data_symbol_reads(g: Graph) -> int:
+    """Tasklets reading a floating-point symbol computed from data by name (not through a connector)."""
+    from gradflow.analysis.symbols import data_symbols
+
+    found = 0
+    for sdfg in g.sdfg.all_sdfgs_recursive():
+        carriers = set(data_symbols(sdfg, frozenset(sdfg.arrays)))
+        for state in sdfg.states():
+            for node in state.nodes():
+                if isinstance(node, nd.Tasklet):
+                    names = set(re.findall(r"\w+", node.code.as_string))
+                    found += len((names & carriers) - set(node.in_connectors))
+    return found
+
+
 def _conditional_writes(g: Graph) -> int:
     from gradflow.transforms.conditional_writes import _sites
 
@@ -342,6 +371,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "hoist_row_products": (_npbench_unviewed("nb_covariance"), None, _row_products, (1, 0)),
     "raise_loop_reductions": (lambda: Graph.of(loops.lp_softmax.to_sdfg()), None, _loop_reductions, (1, 0)),
     "lower_indirection": (lambda: Graph.of(dataflow.df_gather.to_sdfg()), None, _data_symbols, ("> 0", 0)),
+    "demote_data_symbols": (lambda: Graph.of(_halved_where_large.to_sdfg()), None, _data_symbol_reads, ("> 0", 0)),
     "complete_conditional_writes": (lambda: Graph.of(dataflow.df_masked_assign.to_sdfg()), None,
                                     _conditional_writes, ("> 0", 0)),
     "bound_transient_shapes": (lambda: Graph.of(loops.lp_growing_prefix.to_sdfg()), None, _loop_sized, ("> 0", 0)),

@@ -112,10 +112,10 @@ def test_pipelines_are_edited_by_name() -> None:
     pipe = ad_pipeline(Reverse(("X",), ("S",)))
     assert pipe.names() == ("set_aside_internal_names", "count_arguments_to_symbols", "lift_control_flow",
                             "lower_breaks", "raise_convolutions", "remove_views", "expand_library_nodes", "fold_product_scales", "hoist_row_products",
-                            "raise_loop_reductions", "lower_indirection", "complete_conditional_writes",
-                            "bound_transient_shapes", "loops_to_maps", "fuse_maps", "collapse_maps",
-                            "split_operations", "reverse")
-    assert pipe.without("collapse_maps").names()[15] == "split_operations"
+                            "raise_loop_reductions", "lower_indirection", "demote_data_symbols",
+                            "complete_conditional_writes", "bound_transient_shapes", "loops_to_maps", "fuse_maps",
+                            "collapse_maps", "split_operations", "reverse")
+    assert pipe.without("collapse_maps").names()[16] == "split_operations"
     assert pipe.insert_after("reverse", SplitVJP()).names()[-1] == "split_vjp"
     replaced = pipe.replace("reverse", Reverse(("X",), ("S",), forwarding=gradflow.RECOMPUTE_ALL))
     assert replaced.step("reverse").forwarding == gradflow.RECOMPUTE_ALL and pipe.step("reverse").forwarding != \

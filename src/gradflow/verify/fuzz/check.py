@@ -42,6 +42,8 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
+from gradflow.verify.fuzz.program import plain_maps
+
 #: (route, policy, optimize) triples; the first is what `gradflow.grad` does by default
 CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
                 for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False))
@@ -83,8 +85,9 @@ def spec_of(program, configs=(DEFAULT,), seed: int = 0) -> dict:
 
 def twin_source(source: str, sizes: Mapping[str, int]) -> str:
     """The numpy twin of a DaCe module's source: no `dace` import, no decorators or annotations, the size
-    symbols as integers. Lets a bug found by the fuzzer be kept as its DaCe source alone."""
-    tree = ast.parse(source)
+    symbols as integers, `dace.map` loops as `range` loops. Lets a bug found by the fuzzer be kept as its DaCe
+    source alone."""
+    tree = ast.parse(plain_maps(source))
     body = []
     for node in tree.body:
         if isinstance(node, ast.Import) and any(a.name == "dace" for a in node.names):

@@ -7,7 +7,8 @@ updates (`+=`, `-=`, `*=`) of arguments and temporaries through overlapping slic
 and sign, triangular nests, trip counts from an argument and from data; data-dependent `while` loops and
 `break`; accumulators that read their own target (`acc[0] = acc[0] * c + e`, `S[0] += S[0] * c`);
 conditionals on data and on the loop variable; conversions to integers (`astype`, assignment into an
-integer array); gathers and scatters through index arrays with repeated indices; nested programs.
+integer array); gathers and scatters through index arrays with repeated indices; nested programs; maps
+(`dace.map`) of scalar code writing some elements of each row of a zeroed temporary.
 
 Shapes are tracked as keys (`Span.key`): two operands of an element-wise operation always have equal keys,
 so a program is well formed whatever sizes it runs at; every index stays inside its array (each loop
@@ -23,8 +24,8 @@ import attrs
 from hypothesis import strategies as st
 
 from gradflow.verify.fuzz.program import (
-    Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, MatMul, Num, Op, Program, Read,
-    Reduce, Span, Transpose, Via, While,
+    Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, Map, MatMul, Num, Op, Program,
+    Read, Reduce, Span, Transpose, Via, While,
 )
 
 Shape = tuple  # of keys: () for a scalar, (key,) or (key, key) for arrays (see `Span.key`)
@@ -74,6 +75,7 @@ class Scope:
     counter: list = attrs.field(factory=lambda: [0])
     helpers: list = attrs.field(factory=list)
     features: frozenset = frozenset()
+    scalar: bool = False  # scalar code only (a map's body): element reads, calls and arithmetic
 
     def child(self, **changes) -> "Scope":
         return attrs.evolve(self, reads=dict(self.reads), writes=dict(self.writes), ints=dict(self.ints),
@@ -206,7 +208,8 @@ def expr(draw, scope: Scope, shape: Shape, depth: int):
     """An expression of `shape` (None when no array has it and it cannot be built)."""
     if depth <= 0:
         return _leaf(draw, scope, shape)
-    kind = draw(st.sampled_from(["leaf", "call", "op", "op", "reduce", "product", "minmax", "transpose"]))
+    kinds = ["leaf", "call", "op", "op", "minmax"] + ([] if scope.scalar else ["reduce", "product", "transpose"])
+    kind = draw(st.sampled_from(kinds))
     if kind == "leaf":
         return _leaf(draw, scope, shape)
     if kind == "call":
@@ -447,6 +450,34 @@ def scatter(draw, scope: Scope):
 
 
 @st.composite
+def map_fill(draw, scope: Scope):
+    """`z = np.zeros((D, E)); for i in dace.map[0:D]: z[i, k] = e(i) ...`: a map writing some elements of each
+    row of a fresh zeroed temporary (the rest keep their zeros), its body scalar code (element reads, calls,
+    arithmetic) that reads anything but `z`, as a kernel's map over points is written (GradBench's ba, ht)."""
+    dims = [d for d in _dims(scope) if d != 1 and not isinstance(d, int)]
+    if not dims:
+        return None
+    dim = draw(st.sampled_from(dims))
+    other = draw(st.sampled_from([None, "N", "M"]))
+    name, var = scope.fresh("z"), scope.fresh("i")
+    inner = scope.child(in_loop=True, depth=scope.depth + 1, scalar=True)
+    inner.loop_vars[var] = Var(dim, 0, 0)
+    body = []
+    for _ in range(draw(st.integers(1, 3))):
+        value = draw(some_expr(inner, (), draw(st.integers(1, 3))))
+        if value is None:
+            continue
+        index = (At(var, 0),) if other is None else (At(var, 0), At(None, draw(st.integers(0, 3))))
+        body.append(Assign(Read(name, index), draw(st.sampled_from(["=", "=", "+="])), value))
+    if not body:
+        return None
+    zeros = (dim,) if other is None else (dim, other)
+    scope.reads[name] = ("temp", tuple(full(d) for d in zeros))
+    scope.writes[name] = scope.reads[name]
+    return [Define(name, zeros=zeros), Map(var, dim, tuple(body))]
+
+
+@st.composite
 def statement(draw, scope: Scope):
     kinds = ["assign", "assign", "assign", "define"]
     if scope.counter[0] < 12 and scope.depth < 3:
@@ -457,6 +488,8 @@ def statement(draw, scope: Scope):
             kinds.append("while")
         if "scatter" in scope.features and not scope.in_loop:
             kinds.append("scatter")
+        if "map" in scope.features and not scope.in_loop:
+            kinds.append("map")
         if scope.helpers and not scope.in_loop:
             kinds.append("call")
     kind = draw(st.sampled_from(kinds))
@@ -472,6 +505,8 @@ def statement(draw, scope: Scope):
         found = draw(while_loop(scope))
     elif kind == "scatter":
         found = draw(scatter(scope))
+    elif kind == "map":
+        found = draw(map_fill(scope))
     else:
         helper = draw(st.sampled_from(scope.helpers))
         args: list[str] = []
@@ -498,7 +533,7 @@ def block(draw, scope: Scope, most: int) -> list:
 
 
 FEATURES = ("accumulate", "branch", "break", "cast", "gather", "scatter", "trips", "triangular", "while", "helper",
-            "view")
+            "view", "map")
 
 
 @st.composite

@@ -9,6 +9,7 @@ shrunk slightly), so no program divides by zero or takes the log of a negative n
 
 from __future__ import annotations
 
+import re
 from typing import Union
 
 import attrs
@@ -259,6 +260,28 @@ class While:
 
 
 @attrs.frozen
+class Map:
+    """`for var in dace.map[0:dim]:` over element assignments: independent iterations (the grammar has each
+    write only its own elements of a fresh temporary the body does not read). The twin runs it as a `range`
+    loop (`plain_maps`)."""
+
+    var: str
+    dim: Dim
+    body: tuple["Stmt", ...]
+
+    def lines(self) -> list[str]:
+        return [f"for {self.var} in dace.map[0:{self.dim}]:", *_indent(self.body)]
+
+
+_MAP_HEAD = re.compile(r"for (\w+) in dace\.map\[([^:\]]+):([^\]]+)\]:")
+
+
+def plain_maps(source: str) -> str:
+    """`source` with every `for v in dace.map[a:b]:` a `for v in range(a, b):` (the twin's loops)."""
+    return _MAP_HEAD.sub(r"for \1 in range(\2, \3):", source)
+
+
+@attrs.frozen
 class CallHelper:
     name: str
     args: tuple[str, ...]
@@ -267,7 +290,7 @@ class CallHelper:
         return [f"{self.name}({', '.join(self.args)})"]
 
 
-Stmt = Union[Assign, Define, For, If, Break, While, CallHelper]
+Stmt = Union[Assign, Define, For, If, Break, While, Map, CallHelper]
 
 
 def _indent(body: tuple) -> list[str]:
@@ -344,7 +367,8 @@ class Program:
             out += ["", ""] + _function(helper.name, helper.params, [line for s in helper.body for line in s.lines()],
                                         dace_module)
         out += ["", ""] + _function("program", self.arguments, self.body_lines(), dace_module)
-        return "\n".join(out) + "\n"
+        text = "\n".join(out) + "\n"
+        return text if dace_module else plain_maps(text)
 
 
 def _function(name: str, arguments, body: list[str], dace_module: bool) -> list[str]:

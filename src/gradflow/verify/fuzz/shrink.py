@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import attrs
 
 from gradflow.verify.fuzz.program import (
-    Assign, Call, Define, For, If, MatMul, Num, Op, Program, Read, Reduce, Transpose, While,
+    Assign, Call, Define, For, If, Map, MatMul, Num, Op, Program, Read, Reduce, Transpose, While,
 )
 
 _EXPRESSIONS = (Num, Read, Call, Op, Reduce, MatMul, Transpose)
@@ -69,7 +69,7 @@ def _node(node) -> Iterator:
     elif isinstance(node, Define) and node.value is not None:
         for smaller in _expressions(node.value):
             yield attrs.evolve(node, value=smaller)
-    elif isinstance(node, For):
+    elif isinstance(node, (For, Map)):
         for body in _statement_lists(node.body):
             yield attrs.evolve(node, body=body)
     elif isinstance(node, If):

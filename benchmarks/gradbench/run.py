@@ -13,8 +13,8 @@ with a relative tolerance: |a - b| <= rtol * max(|a|, |b|) + rtol * 1e-6 * (larg
 values far below the output's scale (a gradient that is zero up to rounding) are compared at that scale.
 The upstream comparison is absolute below 1 (an all-zero lse gradient would pass it); this one is not.
 The eval's own analysis is recorded too (for `hello` it is a Python check). `shim.py` says how the eval
-and the JAX tool are run (a stub for the C++ reference; JAX's CPU dispatch made synchronous, without which
-its tool times the dispatch of a call, not its computation).
+and the JAX and PyTorch tools are run (a stub for the C++ reference; JAX's CPU dispatch made synchronous,
+without which its tool times the dispatch of a call, not its computation; both tools in float64).
 
 Times: the minimum over the runs of each `evaluate` timing (the tools' first runs, which include JAX's
 compilation, only count if they are the fastest). All tools run with one thread (OMP_NUM_THREADS=1,
@@ -114,7 +114,9 @@ def best(response: dict | None) -> float | None:
 
 
 def relay(eval_name: str, gradbench: Path, tools: tuple[str, ...], eval_args: list[str], rtol: float,
-          log_path: Path) -> list[dict]:
+          log_path: Path, reference_functions: tuple[str, ...] = ()) -> list[dict]:
+    """Run one eval; the reference tools evaluate only `reference_functions` when given (a Jacobian that
+    takes them hours at the larger workloads), their other records say they were not asked."""
     python = sys.executable
     package = gradbench / "python" / "gradbench"
     env = {**os.environ, **ONE_THREAD,
@@ -125,7 +127,7 @@ def relay(eval_name: str, gradbench: Path, tools: tuple[str, ...], eval_args: li
                          *eval_args], gradbench, env, stderr)
     commands = {"gradflow": [python, str(HERE / "tool.py")],
                 "jax": [python, shim, "jax", str(package / "gradbench" / "tools" / "jax" / "run.py")],
-                "pytorch": [python, str(package / "gradbench" / "tools" / "pytorch" / "run.py")]}
+                "pytorch": [python, shim, "pytorch", str(package / "gradbench" / "tools" / "pytorch" / "run.py")]}
     children = {t: Process(commands[t], gradbench, env, stderr) for t in ("gradflow", *tools)}
     records, pending = [], {}
     defined: dict[str, set[str]] = {t: set() for t in children}
@@ -138,9 +140,13 @@ def relay(eval_name: str, gradbench: Path, tools: tuple[str, ...], eval_args: li
                 # a tool whose `define` failed for the module is not asked to evaluate it (upstream tools exit)
                 asked = {t: p for t, p in children.items()
                          if message["kind"] != "evaluate" or message["module"] in defined[t]}
-                answers = {t: p.ask(message) for t, p in asked.items()} | {
+                skipped = {t for t in tools if message["kind"] == "evaluate" and reference_functions
+                           and message["function"] not in reference_functions}
+                answers = {t: p.ask(message) for t, p in asked.items() if t not in skipped} | {
                     t: {"id": message["id"], "success": False, "error": "the tool does not define this module"}
-                    for t in children if t not in asked}
+                    for t in children if t not in asked} | {
+                    t: {"id": message["id"], "success": False, "error": "not asked (--reference-functions)"}
+                    for t in skipped & set(asked)}
                 if message["kind"] == "define":
                     for t, answer in answers.items():
                         if answer and answer.get("success"):
@@ -216,13 +222,15 @@ def report(records: list[dict], tools=REFERENCES) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("evals", nargs="+",
-                        help="GradBench evals to run (hello, lse, llsq, ode, gmm, lstm, ba, kmeans)")
+                        help="GradBench evals to run (hello, lse, llsq, ode, gmm, lstm, ba, ht, kmeans)")
     parser.add_argument("--gradbench", type=Path, default=Path(os.environ.get("GRADBENCH", "gradbench")),
                         help="a checkout of github.com/gradbench/gradbench (or $GRADBENCH)")
     parser.add_argument("--tools", nargs="*", default=list(REFERENCES), choices=REFERENCES,
                         help="reference tools to run beside gradflow")
     parser.add_argument("--eval-args", nargs=argparse.REMAINDER, default=[],
                         help="arguments passed to every eval (e.g. --min-seconds 0.2); must come last")
+    parser.add_argument("--reference-functions", nargs="*", default=[],
+                        help="ask the reference tools for these functions only (default: all)")
     parser.add_argument("--rtol", type=float, default=1e-8)
     parser.add_argument("--log", type=Path, default=Path("gradbench.jsonl"), help="JSON lines, appended")
     parser.add_argument("--report", type=Path, default=None, help="write the markdown table here")
@@ -232,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                      "(no python/gradbench/gradbench/eval.py)")
     records = []
     for name in args.evals:
-        records += relay(name, args.gradbench.resolve(), tuple(args.tools), args.eval_args, args.rtol, args.log)
+        records += relay(name, args.gradbench.resolve(), tuple(args.tools), args.eval_args, args.rtol, args.log,
+                         tuple(args.reference_functions))
     table = report(records, tuple(args.tools))
     if args.report:
         args.report.write_text(table)

@@ -19,7 +19,7 @@ import time
 import traceback
 
 #: evals with programs in `programs/`
-EVALS = ("hello", "lse", "llsq", "ode", "gmm", "lstm", "ba", "kmeans")
+EVALS = ("hello", "lse", "llsq", "ode", "gmm", "lstm", "ba", "ht", "kmeans")
 
 
 def _timed(call, runs: int, seconds: float) -> tuple[object, list[dict]]:

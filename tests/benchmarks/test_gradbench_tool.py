@@ -59,8 +59,8 @@ def _central(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
 
 def test_define_names_what_the_tool_lacks(tool) -> None:
     assert tool(kind="define", module="lse")["success"]
-    answer = tool(kind="define", module="ht")
-    assert not answer["success"] and "no programs for eval 'ht'" in answer["error"]
+    answer = tool(kind="define", module="det")
+    assert not answer["success"] and "no programs for eval 'det'" in answer["error"]
 
 
 def test_hello_and_lse(tool) -> None:
@@ -246,7 +246,7 @@ def test_ba(tool) -> None:
     rows, cols = [0], []
     for j, (c, q) in enumerate(obs):
         columns = [11 * c + k for k in range(11)] + [11 * n + 3 * q + k for k in range(3)] + [11 * n + 3 * m + j]
-        for r in range(2):
+        for _ in range(2):
             cols += columns
             rows.append(rows[-1] + 15)
     for j in range(p):
@@ -264,6 +264,86 @@ def test_ba(tool) -> None:
     all_rows, all_cols, all_vals = call()
     assert list(all_rows) == rows and list(all_cols) == cols
     np.testing.assert_allclose(all_vals, vals, rtol=1e-6, atol=1e-6)
+
+
+_PARENTS = [-1, 0, 1, 2, 3, 0, 5, 6, 7, 0, 9, 10, 11, 0, 13, 14, 15, 0, 17, 18, 19, 0]  # ADBench's hand
+
+
+def _rotation(axis: int, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    i, j = [(1, 2), (2, 0), (0, 1)][axis]
+    r = np.eye(3)
+    r[i, i], r[i, j], r[j, i], r[j, j] = c, -s, s, c
+    return r
+
+
+def _hand_vertices(theta, model) -> np.ndarray:
+    """ADBench's hand model, step by step: per-bone Euler rotations (x, then y, then z, the angles stored
+    x, z, y) from theta's finger layout, absolute transforms down the bone tree, linear blend skinning,
+    then Rodrigues' rotation by theta[0:3] and the translation theta[3:6]."""
+    bones = len(_PARENTS)
+    angles = np.zeros((bones, 3))
+    for f in range(5):
+        angles[2 + 4 * f, :2] = theta[6 + 4 * f:8 + 4 * f]
+        angles[3 + 4 * f, 0], angles[4 + 4 * f, 0] = theta[8 + 4 * f], theta[9 + 4 * f]
+    absolutes = []
+    for b, parent in enumerate(_PARENTS):
+        posed = np.eye(4)
+        posed[:3, :3] = _rotation(2, angles[b, 1]) @ _rotation(1, -angles[b, 2]) @ _rotation(0, angles[b, 0])
+        relative = model["base_relatives"][b] @ posed
+        absolutes.append(relative if parent < 0 else absolutes[parent] @ relative)
+    skinned = np.zeros((model["base_positions"].shape[0], 3))
+    for b in range(bones):
+        moved = (absolutes[b] @ model["inverse_base_absolutes"][b] @ model["base_positions"].T).T[:, :3]
+        skinned += model["weights"][:, b:b + 1] * moved
+    angle = np.linalg.norm(theta[:3])
+    k = theta[:3] / angle
+    cross = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
+    rotation = np.cos(angle) * np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * np.outer(k, k)
+    return skinned @ rotation.T + theta[3:6]
+
+
+def _hand_errors(theta, us, model, correspondences, points) -> np.ndarray:
+    v = _hand_vertices(theta, model)
+    if us is None:
+        return (points - v[correspondences]).ravel()
+    t = model["triangles"][correspondences]
+    return (points - (us[:, :1] * v[t[:, 0]] + us[:, 1:] * v[t[:, 1]] + (1 - us.sum(1, keepdims=True)) * v[t[:, 2]])
+            ).ravel()
+
+
+@pytest.mark.parametrize("variant", ["simple", "complicated"])
+def test_ht(tool, variant) -> None:
+    rng = np.random.default_rng(7)
+    bones, count, vertices = len(_PARENTS), 5, 12
+    model = {"base_relatives": rng.uniform(-1, 1, (bones, 4, 4)),
+             "inverse_base_absolutes": rng.uniform(-1, 1, (bones, 4, 4)),
+             "base_positions": np.concatenate([rng.uniform(-1, 1, (vertices, 3)), np.ones((vertices, 1))], axis=1),
+             "weights": rng.dirichlet(np.ones(bones), vertices), "triangles": rng.integers(0, vertices, (7, 3))}
+    for name in ("base_relatives", "inverse_base_absolutes"):
+        model[name][:, 3] = [0, 0, 0, 1]
+    correspondences = rng.integers(0, 7 if variant == "complicated" else vertices, count)
+    points, theta = rng.uniform(-1, 1, (count, 3)), rng.uniform(-0.8, 0.8, 26)
+    us = rng.uniform(0, 0.5, (count, 2)) if variant == "complicated" else None
+    given = {"theta": theta.tolist(), "us": [] if us is None else us.tolist(), "min_runs": 1, "min_seconds": 0,
+             "data": {"correspondences": correspondences.tolist(), "points": points.tolist(),
+                      "model": {"bone_count": bones, "parents": _PARENTS, "is_mirrored": False,
+                                **{k: v.tolist() for k, v in model.items()}}}}
+    want = _hand_errors(theta, us, model, correspondences, points)
+    np.testing.assert_allclose(_evaluate(tool, "ht", "objective", given), want, rtol=1e-12, atol=1e-14)
+    # the Jacobian: us's two columns (point i's rows against us[i, 0] and us[i, 1]), then theta's 26
+    columns = []
+    if us is not None:
+        for k in range(2):
+            step = np.zeros_like(us)
+            step[:, k] = 1e-6
+            columns.append((_hand_errors(theta, us + step, model, correspondences, points)
+                            - _hand_errors(theta, us - step, model, correspondences, points)) / 2e-6)
+    columns += [(_hand_errors(theta + h, us, model, correspondences, points)
+                 - _hand_errors(theta - h, us, model, correspondences, points)) / 2e-6 for h in np.eye(26) * 1e-6]
+    jacobian = np.array(_evaluate(tool, "ht", "jacobian", given))
+    assert jacobian.shape == (3 * count, 26 + (us is not None) * 2)
+    np.testing.assert_allclose(jacobian, np.stack(columns, axis=1), rtol=1e-6, atol=1e-7)
 
 
 def test_kmeans(tool) -> None:

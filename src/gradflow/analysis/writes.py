@@ -240,7 +240,8 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
         bounds = {str(f) for r in ranges.values() for x in r for f in symbolic.pystr_to_symbolic(x).free_symbols}
         if bounds & set(ranges):  # a triangular nest: no box
             return False
-        box, used = [], set()
+        box: list[tuple] = []
+        used: set[str] = set()
         for begin, end, step in sub:
             names = {str(f) for x in (begin, end, step) for f in symbolic.pystr_to_symbolic(x).free_symbols}
             if not names & set(ranges):

@@ -36,6 +36,7 @@ from returns.result import Success
 from gradflow.analysis.symbols import assigned_types
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
+from gradflow.transforms.indirection import swap_element_reads
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -105,29 +106,6 @@ def _candidates(sdfg: dace.SDFG) -> list[str]:
         wanted |= more
 
 
-def _element_reads(expr: str, arrays, start: int) -> tuple[str, list[tuple[str, str]]]:
-    """`expr` with each array element it reads (`A[i, 0]`, or a scalar container by name) replaced by a
-    connector `__a<k>` (k from `start` on), and those (array, subset)s."""
-    found: list[tuple[str, str]] = []
-
-    class Swap(ast.NodeTransformer):
-        def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
-            if isinstance(node.value, ast.Name) and node.value.id in arrays:
-                dims = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-                found.append((node.value.id, ", ".join(ast.unparse(d) for d in dims)))
-                return ast.Name(f"__a{start + len(found) - 1}", ast.Load())
-            return self.generic_visit(node)
-
-        def visit_Name(self, node: ast.Name) -> ast.AST:
-            if node.id in arrays:
-                found.append((node.id, "0"))
-                return ast.Name(f"__a{start + len(found) - 1}", ast.Load())
-            return node
-
-    tree = Swap().visit(ast.parse(expr, mode="eval"))
-    return ast.unparse(tree), found
-
-
 def _rename(code: str, names: dict[str, str]) -> str:
     class Rename(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.AST:
@@ -159,7 +137,8 @@ def _demote(sdfg: dace.SDFG, symbols: list[str]) -> None:
             for name, expr in edge.data.assignments.items():  # in order: a later one may read an earlier one
                 if name not in chosen:
                     continue  # (the state comes after the edge: a chosen value reads such a symbol's new value)
-                code, reads = _element_reads(str(expr), sdfg.arrays, len(inputs))
+                value = ast.parse(str(expr), mode="eval").body
+                code, reads = swap_element_reads(value, sdfg.arrays, "__a", len(inputs), whole_scalars=True)
                 for array, subset in reads:
                     inputs[f"__a{len(inputs)}"] = dace.Memlet(f"{array}[{subset}]")
                 used = {s for s in _NAME.findall(code) if s in chosen and s not in local}

@@ -98,6 +98,15 @@ class _Candidate:
 
 def _index_code(expr: ast.expr, arrays) -> tuple[str, tuple[tuple[str, str], ...]]:
     """`expr` with every array element it reads replaced by a connector `__i<k>`, and those elements."""
+    code, reads = swap_element_reads(copy.deepcopy(expr), arrays, "__i")
+    return code, tuple(reads)
+
+
+def swap_element_reads(expr: ast.expr, arrays, prefix: str, start: int = 0,
+                       whole_scalars: bool = False) -> tuple[str, list[tuple[str, str]]]:
+    """The code of `expr` (changed in place) with each element of `arrays` it reads (`A[i, 0]`; with
+    `whole_scalars`, also an array named alone, a scalar container, as element 0) replaced by a connector
+    `<prefix><k>` (k from `start` on), and the (array, subset) of each."""
     reads: list[tuple[str, str]] = []
 
     class Swap(ast.NodeTransformer):
@@ -106,11 +115,16 @@ def _index_code(expr: ast.expr, arrays) -> tuple[str, tuple[tuple[str, str], ...
                 # `obs[j, 0]`: a tuple slice unparses as "(j, 0)", which a memlet would read as one tuple
                 dims = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
                 reads.append((node.value.id, ", ".join(ast.unparse(d) for d in dims)))
-                return ast.Name(f"__i{len(reads) - 1}", ast.Load())
+                return ast.Name(f"{prefix}{start + len(reads) - 1}", ast.Load())
             return self.generic_visit(node)
 
-    code = ast.unparse(Swap().visit(copy.deepcopy(expr)))
-    return code, tuple(reads)
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if whole_scalars and node.id in arrays:
+                reads.append((node.id, "0"))
+                return ast.Name(f"{prefix}{start + len(reads) - 1}", ast.Load())
+            return node
+
+    return ast.unparse(Swap().visit(expr)), reads
 
 
 def _array_reads(expr: ast.expr, arrays) -> list[ast.Subscript]:

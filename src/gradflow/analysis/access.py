@@ -102,6 +102,16 @@ class ElementWrite:
     wcr: str | None
 
 
+def scope_ranges(state: dace.SDFGState, node) -> dict[str, tuple]:
+    """The parameters of every map around `node` in `state` -> their (begin, end, step) ranges."""
+    ranges: dict[str, tuple] = {}
+    scope = state.entry_node(node)
+    while scope is not None:
+        ranges.update({str(p): r for p, r in zip(scope.map.params, scope.map.range)})
+        scope = state.entry_node(scope)
+    return ranges
+
+
 def element_write(state: dace.SDFGState, edge) -> ElementWrite | None:
     """The `ElementWrite` behind `edge` (a map exit into an access node), or None. A sum must be the only
     write-conflict resolution; the tasklet's Python code must assign the connector unconditionally."""
@@ -119,11 +129,7 @@ def element_write(state: dace.SDFGState, edge) -> ElementWrite | None:
     tasklet = leaf.src
     if not isinstance(tasklet, nd.Tasklet) or leaf.data.dynamic or not _assigns(tasklet, leaf.src_conn):
         return None
-    ranges = {}
-    scope = state.entry_node(tasklet)
-    while scope is not None:
-        ranges.update({str(p): r for p, r in zip(scope.map.params, scope.map.range)})
-        scope = state.entry_node(scope)
+    ranges = scope_ranges(state, tasklet)
     shape = state.sdfg.arrays[edge.data.data].shape
     subset = leaf.data.subset
     if subset is None or len(subset) != len(shape):

@@ -17,6 +17,7 @@ from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.access import scope_ranges
 from gradflow.analysis.ops import constant_beta
 
 
@@ -232,11 +233,7 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
         sub = leaf.data.subset if leaf.data.data == edge.data.data else leaf.data.other_subset
         if sub is None or leaf.data.dynamic or not isinstance(leaf.src, (nd.Tasklet, nd.AccessNode, nd.LibraryNode)):
             return False
-        ranges: dict[str, tuple] = {}
-        scope = state.entry_node(leaf.src)
-        while scope is not None:
-            ranges.update({str(p): r for p, r in zip(scope.map.params, scope.map.range)})
-            scope = state.entry_node(scope)
+        ranges = scope_ranges(state, leaf.src)
         bounds = {str(f) for r in ranges.values() for x in r for f in symbolic.pystr_to_symbolic(x).free_symbols}
         if bounds & set(ranges):  # a triangular nest: no box
             return False

@@ -304,3 +304,42 @@ def test_a_value_dace_made_a_symbol_is_differentiated_through() -> None:
     spec = spec_from_source(HEADER + SCALAR_MADE_A_SYMBOL, {"N": 6, "M": 5}, ("x1",), {}, configs, seed=47)
     verdict = check_program(spec)
     assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.error} {verdict.detail}"
+
+
+# `gradflow fuzz --n 2000 --seed 27182` at 334d896, program 100 (WRONG under `vjp`/`budget` only), shrunk: the
+# budget checkpoints the loop inside the `if`; its reverse leaves x0's value before the loop in a working copy,
+# and the reverse of the line above the `if` read that copy whichever branch had run. When the branch was not
+# taken (seed 2: x0[3, 5] > 0) the copy was never written (d S / d x0[3, 0] from uninitialised memory); now
+# every branch of the reversed conditional, the left-out `else` included, leaves the value where the code
+# after it reads it (`control._join_values`).
+BRANCH_AROUND_A_CHECKPOINTED_LOOP = """@dace.program
+def program(x0: dace.float64[N, M], x2: dace.float64[N, M], w2: dace.float64[N, M], S: dace.float64[1]):
+    x2[1, 1:] += np.tanh(0.0 + 2.85 * np.tanh(x0[N - 2, :M - 1]))
+    if x0[N - 2, M - 1] < 0.0:
+        for i5 in range(2, M):
+            x0[:, :] = 1.0
+    S[0] += np.sum(x2 * w2)
+"""
+
+
+# the same written with a trip count as an argument and the loop reading its own last row (seed 1: wrong under
+# `grad` too before the fix)
+TRIPS_IN_A_BRANCH = """@dace.program
+def program(x0: dace.float64[N, M], x2: dace.float64[N, M], w2: dace.float64[N, M], T: dace.int64, S: dace.float64[1]):
+    x2[1, 1:] += np.tanh(x0[N - 2, :M - 1]) * x0[1, 1:]
+    if x0[N - 2, M - 1] < 0.0:
+        for i5 in range(0, T):
+            x0[1:, :] = np.sin(x0[:N - 1, :]) + x0[1:, :]
+    S[0] += np.sum(x2 * w2) + np.sum(x0 * w2)
+"""
+
+
+@pytest.mark.parametrize("source, integers, seed", [(BRANCH_AROUND_A_CHECKPOINTED_LOOP, {}, 2),  # not taken
+                                                    (BRANCH_AROUND_A_CHECKPOINTED_LOOP, {}, 3),  # taken
+                                                    (TRIPS_IN_A_BRANCH, {"T": 4}, 1)])
+def test_a_branch_around_a_checkpointed_loop_leaves_the_value_where_it_is_read(source: str, integers: dict,
+                                                                                seed: int) -> None:
+    configs = (DEFAULT, ("vjp", "budget", True), ("grad", "budget", True))
+    spec = spec_from_source(HEADER + source, {"N": 5, "M": 6}, ("x0", "x2"), integers, configs, seed=seed)
+    verdict = check_program(spec)
+    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.error} {verdict.detail}"

@@ -35,6 +35,7 @@ from dace.properties import CodeBlock
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.autodiff.context import ReverseContext
+from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.protocols import Body, ControlContext, control_rule
 from gradflow.autodiff.spec import OVERFLOW, set_flag
 from gradflow.autodiff.tape import Stack
@@ -190,11 +191,41 @@ class RecordedBranch:
         rev.tape.pop_symbol(ctx, recorded.taken, recorded.symbol)
         block = ConditionalBlock(f"reverse_{item.label}", sdfg=ctx.sdfg)
         ctx.add_block(block)
+        before = dict(ctx.values)
+        after = []
         for j, child in enumerate(item.branches):
             region = ControlFlowRegion(f"reverse_{item.label}_{j}", sdfg=ctx.sdfg)
             block.add_branch(f"{recorded.symbol} == {j}", region)
+            ctx.values = dict(before)
             with ctx.inside(region):
                 body(child)
+            after.append((region, ctx.values))
+        if all(condition is not None for condition, _ in item.block.branches):  # none taken: the `else` left out
+            after.append((None, before))
+        ctx.values = _join_values(ctx, block, before, after)
+
+
+def _join_values(ctx: ReverseContext, block: ConditionalBlock, before: dict[str, str], after: list) -> dict[str, str]:
+    """Where each array's value is read once the reversed branches rejoin. A branch may have moved it (a
+    checkpointed loop inside leaves the value before the loop in a working copy); the code reversed after the
+    conditional reads one array whichever branch ran, so every other branch copies its value there. (Without
+    the copy, a branch not taken left that array unset: uninitialised reads, wrong gradients.)"""
+    joined = dict(before)
+    for array in sorted({a for _, values in after for a in values}):
+        where = {values.get(array, array) for _, values in after}
+        if len(where) == 1:
+            joined[array] = where.pop()
+            continue
+        target = next(values[array] for _, values in after if values.get(array, array) != before.get(array, array))
+        for region, values in after:
+            if values.get(array, array) != target:
+                if region is None:  # the branch left out: an `else` that only copies
+                    region = ControlFlowRegion(f"{block.label}_none", sdfg=ctx.sdfg)
+                    block.add_branch(None, region)
+                with ctx.inside(region):
+                    copy_array(ctx.new_state(f"join_{region.label}_{array}"), values.get(array, array), target)
+        joined[array] = target
+    return joined
 
 
 @attrs.frozen

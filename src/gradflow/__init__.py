@@ -1,7 +1,7 @@
 """gradflow: automatic differentiation of DaCe SDFGs as pure graph rewriting.
 
 Public API: `grad`, `vjp`, `value_and_grad` (reverse mode), `jvp`, `value_and_jvp` (forward mode), `hvp`,
-`hessian` (second order), `jacfwd`, `jacrev` (dense Jacobians), the forwarding policies (`STORE_ALL`,
+`grad_and_hvp`, `hessian` (second order), `jacfwd`, `jacrev` (dense Jacobians), the forwarding policies (`STORE_ALL`,
 `RECOMPUTE_ALL`, `recompute`, `Forwarding`), `Graph`, `Pass`, `Pipeline` (custom pipelines),
 the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is reachable through the subpackages.
 """
@@ -25,7 +25,7 @@ from gradflow.core import (
 
 from gradflow.core.dace_warnings import ignore_tape_pushes
 from gradflow.api import grad, value_and_grad, vjp
-from gradflow.forward import hessian, hvp, jvp, value_and_jvp
+from gradflow.forward import grad_and_hvp, hessian, hvp, jvp, value_and_jvp
 from gradflow.jacobians import jacfwd, jacrev
 from gradflow.autodiff.forwarding import RECOMPUTE_ALL, STORE_ALL, Forwarding, recompute
 from gradflow.autodiff.interface import VJPResult
@@ -40,7 +40,8 @@ __version__ = "0.1.0"
 ignore_tape_pushes()  # DaCe's warning about the first tape push of a loop (see core/dace_warnings.py)
 
 __all__ = [
-    "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline", "jvp", "value_and_jvp", "hvp", "hessian",
+    "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline", "jvp", "value_and_jvp", "hvp", "grad_and_hvp",
+    "hessian",
     "jacfwd", "jacrev",
     "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
     "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError",

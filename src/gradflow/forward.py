@@ -1,4 +1,4 @@
-"""Forward mode and second order: `jvp`, `value_and_jvp`, `hvp`, `hessian`.
+"""Forward mode and second order: `jvp`, `value_and_jvp`, `hvp`, `grad_and_hvp`, `hessian`.
 
 `jvp` builds the tangent program (`autodiff/tangent/`): the program's outputs plus `tan_<out>`, the
 directional derivative of each `of` output along the input tangents `tan_<x>`. `hvp` is forward over
@@ -135,6 +135,17 @@ def hvp(program: Any, wrt: str | Sequence[str], of: str | None = None, *, forwar
     return HVP(_Call(graph, wrt_names), {x: grads[x] for x in wrt_names})
 
 
+def grad_and_hvp(program: Any, wrt: str | Sequence[str], of: str | None = None, *,
+                 forwarding: Forwarding | None = None, optimize: bool | Pipeline = True) -> Callable[..., tuple]:
+    """`hvp`'s program, called as `f(*arrays, tan_<x>=..., **arrays) -> ({x: gradient}, {x: H v})`. The
+    gradient is what the Hessian-vector program computes on its way (the primal of its tangent sweep, as
+    `jax.jvp(jax.grad(f), ...)` returns it): a Newton step needs both and pays for one program, not a
+    `value_and_grad` call besides."""
+    product = hvp(program, wrt, of, forwarding=forwarding, optimize=optimize)
+    assert isinstance(product, HVP)  # (hvp is typed as the callable it returns)
+    return GradAndHVP(product._call, product._grads)
+
+
 class HVP:
     """The function `hvp` returns: `{x: H v}` from the inputs and the direction's `tan_<x>` keywords."""
 
@@ -155,6 +166,16 @@ class HVP:
         arrays = self._call(args, kwargs)
         names = self._call.interface.arguments()
         return {x: arrays[names[g]] for x, g in self._grads.items()}
+
+
+class GradAndHVP(HVP):
+    """The function `grad_and_hvp` returns: `({x: gradient}, {x: H v})`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:  # type: ignore[override]
+        arrays = self._call(args, kwargs)
+        names = self._call.interface.arguments()
+        return ({x: arrays[g] for x, g in self._grads.items()},
+                {x: arrays[names[g]] for x, g in self._grads.items()})
 
 
 def hessian(program: Any, wrt: str, of: str | None = None, *, optimize: bool | Pipeline = True) -> Callable[..., Any]:

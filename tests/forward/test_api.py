@@ -183,3 +183,36 @@ def test_hvp_through_a_min_of_computed_values_equals_torch():
         want = torch.autograd.functional.hvp(loss, torch.tensor(x), torch.tensor(v))[1].numpy()
         got = f(x=x.copy(), w=w, S=np.zeros(1), tan_x=v)["x"]
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+P = dace.symbol("P")
+
+
+@dace.program
+def _kmeans_cost(points: dace.float64[P, D], centroids: dace.float64[K, D], S: dace.float64[1]):
+    distances = (np.sum(points * points, axis=1)[:, None] + np.sum(centroids * centroids, axis=1)[None, :]
+                 - 2.0 * (points @ np.transpose(centroids)))
+    S[0] = np.sum(np.min(distances, axis=1))
+
+
+def test_grad_and_hvp_return_torchs_gradient_and_hessian_vector_product():
+    # one program for both (GradBench's k-means Newton direction needs the two); sizes of several tiles
+    rng = np.random.default_rng(8)
+    f = gradflow.grad_and_hvp(_kmeans_cost, wrt="centroids", of="S")
+    for p, k, d in ((9, 3, 2), (40, 70, 3)):
+        points, centroids, v = rng.random((p, d)), rng.random((k, d)), rng.standard_normal((k, d))
+
+        def loss(c, points=points):
+            t = torch.tensor(points)
+            return ((t[:, None, :] - c[None, :, :]) ** 2).sum(-1).min(dim=1).values.sum()
+
+        c = torch.tensor(centroids)
+        want_grad = torch.func.grad(loss)(c).numpy()
+        want_hvp = torch.autograd.functional.hvp(loss, c, torch.tensor(v))[1].numpy()
+        got_grad, got_hvp = f(points=points, centroids=centroids.copy(), S=np.zeros(1), tan_centroids=v)
+        np.testing.assert_allclose(got_grad["centroids"], want_grad, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got_hvp["centroids"], want_hvp, rtol=1e-10, atol=1e-12)
+        # the same as `hvp` and `value_and_grad`, each on its own
+        alone = gradflow.hvp(_kmeans_cost, wrt="centroids", of="S")(points=points, centroids=centroids.copy(),
+                                                                   S=np.zeros(1), tan_centroids=v)
+        np.testing.assert_allclose(got_hvp["centroids"], alone["centroids"], rtol=1e-14, atol=0)

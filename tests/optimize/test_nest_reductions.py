@@ -220,3 +220,39 @@ def test_a_unit_stride_owner_is_tiled_innermost() -> None:
     # float32 sums of 32 terms of size 1: a few ulps of the terms, whatever the sum
     np.testing.assert_allclose(results[1], 0.5 + g.astype(np.float64).sum(axis=0), rtol=0, atol=2e-5)
     np.testing.assert_allclose(results[1], results[0], rtol=0, atol=2e-5)
+
+
+R, C = dace.symbol("R"), dace.symbol("C")
+
+
+@dace.program
+def column_sums(g: dace.float64[R, C], c: dace.float64[R, C], gb: dace.float64[C]):
+    # the same with symbolic sizes (k-means' gradient of |c|^2 summed over the points: C centroids)
+    for i, j in dace.map[0:R, 0:C]:
+        with dace.tasklet:
+            a << g[i, j]
+            o >> gb(1, lambda p, q: p + q)[j]
+            copy >> c[i, j]
+            o = a
+            copy = -2.0 * a
+
+
+def test_a_unit_stride_owner_of_symbolic_extent_is_tiled_with_a_short_last_tile() -> None:
+    plain = Graph.of(column_sums.to_sdfg())
+    nested = NestReductions()(plain).unwrap()
+    [(state, outer)] = _top_maps(nested.sdfg)
+    assert outer.map.range.ranges[0][2] == 64
+    [rows] = [n for n in state.scope_children()[outer] if isinstance(n, nd.MapEntry)]
+    [columns] = [n for n in state.scope_children()[rows] if isinstance(n, nd.MapEntry)]
+    assert (rows.map.params, columns.map.params) == (["i"], ["j"])
+    rng = np.random.default_rng(6)
+    for r, c in ((7, 150), (3, 64), (5, 10)):  # a short last tile, whole tiles, one short tile
+        g = rng.standard_normal((r, c))
+        results = []
+        for graph in (plain, nested):
+            gb, out = np.full(c, 0.25), np.zeros((r, c))
+            compile_sdfg(graph)(g=g, c=out, gb=gb, R=r, C=c)
+            np.testing.assert_array_equal(out, -2.0 * g)
+            results.append(gb)
+        np.testing.assert_allclose(results[1], 0.25 + g.sum(axis=0), rtol=1e-14, atol=1e-14)
+        np.testing.assert_allclose(results[1], results[0], rtol=1e-14, atol=1e-14)

@@ -1,7 +1,8 @@
 """kmeans: the k-means cost (the sum over points of the squared distance to the nearest centroid) and the
 Newton direction `dir = J / diag(H)` of GradBench's eval: the gradient with respect to the centroids over
 the diagonal of the Hessian (each centroid's coordinates only meet their own points, so H is diagonal and
-H 1 is that diagonal: one Hessian-vector product, forward over reverse, `gradflow.hvp`).
+H 1 is that diagonal: one Hessian-vector product, forward over reverse, whose program also yields the
+gradient: `gradflow.grad_and_hvp`).
 
 Written with numpy's all-pairs distances (|p|^2 + |c|^2 - 2 p.c, one matrix product) and `np.min` along
 the centroids, as a numpy user writes it.
@@ -40,17 +41,15 @@ def _cost(input):
 def _dir(input):
     import gradflow
 
-    _, value_and_grad = built(kmeans, "centroids", "S")
     if not _hvp:
-        _hvp["f"] = gradflow.hvp(kmeans, wrt="centroids", of="S")
-    hvp = _hvp["f"]
+        _hvp["f"] = gradflow.grad_and_hvp(kmeans, wrt="centroids", of="S")
+    grad_and_hvp = _hvp["f"]
     arguments = _inputs(input)
     ones = np.ones_like(arguments["centroids"])
 
     def call():
-        _, gradient = value_and_grad(**arguments)
-        diagonal = hvp(**arguments, S=np.zeros(1), tan_centroids=ones)["centroids"]
-        return gradient / diagonal
+        gradient, diagonal = grad_and_hvp(**arguments, S=np.zeros(1), tan_centroids=ones)
+        return gradient["centroids"] / diagonal["centroids"]
 
     return call, lambda d: d.tolist()
 

@@ -197,21 +197,30 @@ def _split_sum_connectors(state: dace.SDFGState, entry: nd.MapEntry) -> None:
 OWNER_TILE = 64
 
 
-def _unit_stride_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> int | None:
-    """The tile size for `_tile_owner` when the map has one owner, of a constant extent that tiles of
-    `OWNER_TILE` (or half of it) divide into two tiles or more, every memlet in the map that uses the
-    owner moves by one element per owner step (its row-major offset has derivative 1 in the owner), and
-    each sum target is written through one subset; else None."""
+def _unit_stride_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry,
+                       owned: list[str]) -> tuple[int, bool] | None:
+    """(tile size, whether it divides the owner's extent) for `_tile_owner` when the map has one owner,
+    every memlet in the map that uses the owner moves by one element per owner step (its row-major offset
+    has derivative 1 in the owner), and each sum target is written through one subset; else None. A
+    constant extent is tiled when `OWNER_TILE` (or half of it) divides it into two tiles or more; a symbolic
+    one (k-means' K centroids) in tiles of `OWNER_TILE`, the last one cut short."""
     if len(owned) != 1:
         return None
     owner = owned[0]
     begin, end, step = entry.map.range.ranges[entry.map.params.index(owner)]
     extent = symbolic.simplify(end - begin + 1)
-    if step != 1 or not extent.is_Integer:
+    if step != 1:
         return None
-    tile = next((t for t in (OWNER_TILE, OWNER_TILE // 2) if int(extent) % t == 0 and int(extent) >= 2 * t), None)
-    if tile is None:
+    if extent.is_Integer:
+        tile = next((t for t in (OWNER_TILE, OWNER_TILE // 2) if int(extent) % t == 0 and int(extent) >= 2 * t),
+                    None)
+        if tile is None:
+            return None
+        found = (tile, True)
+    elif extent.is_Number:
         return None
+    else:
+        found = (OWNER_TILE, False)
     sym = symbolic.pystr_to_symbolic(owner)
     edges = [*state.out_edges(entry), *state.in_edges(state.exit_node(entry))]
     subsets: dict[str, set[str]] = {}
@@ -235,10 +244,11 @@ def _unit_stride_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntr
         if slope != 1:
             return None
         used += 1
-    return tile if used else None
+    return found if used else None
 
 
-def _tile_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owner: str, tile: int) -> None:
+def _tile_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owner: str, tile: int,
+                divides: bool) -> None:
     """Parallel over tiles of `tile` owner values; inside, the other parameters in the map's order, then
     the owner's values of the tile (module doc). Each tile's sums stay within its own elements, so DaCe
     emits plain additions (its check of the tile map's memlets agrees)."""
@@ -249,17 +259,21 @@ def _tile_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owne
     m.params = order
     m.range = dace.subsets.Range([ranges[k] for k in perm])
     m.range.tile_sizes = [tiles[k] for k in perm]
-    StripMining.apply_to(sdfg, options={"dim_idx": len(order) - 1, "tile_size": tile, "divides_evenly": True},
+    StripMining.apply_to(sdfg, options={"dim_idx": len(order) - 1, "tile_size": tile, "divides_evenly": divides},
                          map_entry=entry, save=False, verify=False)
     m.schedule = dace.ScheduleType.Sequential  # the tile map StripMining put outside keeps the old schedule
+    # an uneven last tile's bound is a `SymExpr` (exact `Min(end, t + tile - 1)`, approximate `t + tile - 1`):
+    # the exact expression, which the passes after this one read
+    m.range = dace.subsets.Range([tuple(x.expr if isinstance(x, symbolic.SymExpr) else x for x in r)
+                                  for r in m.range.ranges])
     MapExpansion.apply_to(sdfg, options={"inner_schedule": dace.ScheduleType.Sequential}, map_entry=entry,
                           save=False, verify=False)
 
 
 def _nest(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> None:
-    tile = _unit_stride_owner(sdfg, state, entry, owned)
-    if tile is not None:
-        _tile_owner(sdfg, state, entry, owned[0], tile)
+    tiling = _unit_stride_owner(sdfg, state, entry, owned)
+    if tiling is not None:
+        _tile_owner(sdfg, state, entry, owned[0], *tiling)
         return
     m = entry.map
     summed = _summed(entry, owned)

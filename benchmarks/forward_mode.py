@@ -3,7 +3,7 @@ gradient, and both against JAX (`jax.jvp` of the jit-compiled kernel, `jax.jvp` 
 composition JAX users write), on the kernels of `benchmarks/kernels.py` at their benchmark sizes.
 
 Per kernel: gradflow's forward (`optimized`), tangent program (`jvp_graph`), gradient (`grad_graph`) and
-Hessian-vector program (`hvp`'s: the tangent program of the unoptimized gradient), each compiled and bound
+Hessian-vector program (`hvp`'s: the tangent program of the gradient, through `forward.BEFORE_TANGENT`), each compiled and bound
 to prebuilt arguments (`kernelbench.sides.GradflowCall`); the JAX kernel of `benchmarks/peers/` under `jit`.
 The tangent and the Hessian-vector product along one random direction are checked against JAX's (relative
 1e-8) before timing. Every side is timed interleaved in rounds (`kernelbench/timing.py`), medians of the
@@ -53,7 +53,7 @@ def measure_kernel(bench, kernel) -> dict:
     from benchmarks.kernelbench.timing import Timed, measure
     from gradflow.api import grad_graph
     from gradflow.autodiff.forwarding import STORE_ALL
-    from gradflow.forward import jvp_graph
+    from gradflow.forward import BEFORE_TANGENT, jvp_graph
 
     case = bench.case
     sdfg = case.to_sdfg()
@@ -68,9 +68,9 @@ def measure_kernel(bench, kernel) -> dict:
     tangent_graph = jvp_graph(sdfg, wrt, [of])
     tangent, t_args = _bound(tangent_graph, arrays, symbols, {f"tan_{x}": tangents[x] for x in wrt})
     gradient, _ = _bound(grad_graph(sdfg, wrt, of, forwarding=forwarding), arrays, symbols)
-    unoptimized = grad_graph(sdfg, wrt, of, forwarding=forwarding, optimize=False)
-    grads = unoptimized.meta["ad"].grads
-    hessian_graph = jvp_graph(unoptimized, wrt, [grads[x] for x in wrt])
+    inner = grad_graph(sdfg, wrt, of, forwarding=forwarding, optimize=BEFORE_TANGENT)  # as `gradflow.hvp`
+    grads = inner.meta["ad"].grads
+    hessian_graph = jvp_graph(inner, wrt, [grads[x] for x in wrt])
     hvp, h_args = _bound(hessian_graph, arrays, symbols, {f"tan_{x}": tangents[x] for x in wrt})
 
     statics = kernel.statics(symbols, arrays)

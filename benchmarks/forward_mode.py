@@ -3,11 +3,11 @@ gradient, and both against JAX (`jax.jvp` of the jit-compiled kernel, `jax.jvp` 
 composition JAX users write), on the kernels of `benchmarks/kernels.py` at their benchmark sizes.
 
 Per kernel: gradflow's forward (`optimized`), tangent program (`jvp_graph`), gradient (`grad_graph`) and
-Hessian-vector program (`hvp`'s: the tangent program of the gradient, through `forward.BEFORE_TANGENT`), each compiled and bound
-to prebuilt arguments (`kernelbench.sides.GradflowCall`); the JAX kernel of `benchmarks/peers/` under `jit`.
-The tangent and the Hessian-vector product along one random direction are checked against JAX's (relative
-1e-8) before timing. Every side is timed interleaved in rounds (`kernelbench/timing.py`), medians of the
-process CPU time of single calls, one thread.
+Hessian-vector program (`hvp`'s: the tangent program of the gradient, through `forward.BEFORE_TANGENT`), each
+compiled and bound to prebuilt arguments (`kernelbench.sides.GradflowCall`); the JAX kernel of
+`benchmarks/peers/` under `jit`. The tangent and the Hessian-vector product along one random direction are
+checked against JAX's (relative 1e-8) before timing. Every side is timed interleaved in rounds
+(`kernelbench/timing.py`), medians of the process CPU time of single calls, one thread.
 
     OMP_NUM_THREADS=1 python benchmarks/forward_mode.py [--only lp_lu,nb_gemm] [--out FILE]
 

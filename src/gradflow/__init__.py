@@ -1,8 +1,8 @@
 """gradflow: automatic differentiation of DaCe SDFGs as pure graph rewriting.
 
 Public API: `grad`, `vjp`, `value_and_grad` (reverse mode), `jvp`, `value_and_jvp` (forward mode), `hvp`,
-`grad_and_hvp`, `hessian` (second order), `jacfwd`, `jacrev` (dense Jacobians), the forwarding policies (`STORE_ALL`,
-`RECOMPUTE_ALL`, `recompute`, `Forwarding`), `Graph`, `Pass`, `Pipeline` (custom pipelines),
+`grad_and_hvp`, `hessian` (second order), `jacfwd`, `jacrev` (dense Jacobians), the forwarding policies
+(`STORE_ALL`, `RECOMPUTE_ALL`, `recompute`, `Forwarding`), `Graph`, `Pass`, `Pipeline` (custom pipelines),
 the typed errors, and `gradflow.onnx.load` (ONNX models). Everything else is reachable through the subpackages.
 """
 

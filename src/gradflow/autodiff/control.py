@@ -216,7 +216,8 @@ def _join_values(ctx: ReverseContext, block: ConditionalBlock, before: dict[str,
         if len(where) == 1:
             joined[array] = where.pop()
             continue
-        target = next(values[array] for _, values in after if values.get(array, array) != before.get(array, array))
+        target = next(values.get(array, array) for _, values in after
+                      if values.get(array, array) != before.get(array, array))
         for region, values in after:
             if values.get(array, array) != target:
                 if region is None:  # the branch left out: an `else` that only copies

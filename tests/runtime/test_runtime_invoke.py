@@ -88,3 +88,20 @@ def test_one_element_arrays_accept_numbers_and_other_ranks(rows):
 def test_an_omitted_array_larger_than_the_machine_is_a_typed_error_before_allocating(sq):
     with pytest.raises(ArgumentError, match=r"array '[YT]' would need 8192.0 GiB \(shape \(1099511627776,\), from N = "):
         sq.zeros(["Y", "T"], {"N": 2**40})
+
+
+def test_omitted_arrays_are_sized_by_each_calls_own_arguments(sq):
+    # the shapes of left-out arrays are remembered by what sizes them: a call with other sizes gets its own,
+    # a repeated one fresh arrays (never the previous call's), torch or numpy as the call's arguments are
+    seen = []
+    for n, as_torch in ((5, False), (7, False), (5, False), (5, True), (7, True)):
+        X, W = np.random.rand(n), np.random.rand(n)
+        if as_torch:
+            X, W = torch.from_numpy(X), torch.from_numpy(W)
+        arrays, got_torch = sq(X, W)
+        assert got_torch == as_torch and tuple(arrays["Y"].shape) == (n,) and tuple(arrays["T"].shape) == (n,)
+        np.testing.assert_allclose(np.asarray(arrays["Y"]), np.asarray(X * X * W))
+        assert all(arrays["Y"] is not y for y in seen)
+        seen.append(arrays["Y"])
+    with pytest.raises(ArgumentError, match="symbol"):
+        sq(np.ones(4), np.ones(4), N=5)  # a symbol that contradicts the shapes, after calls that were cached

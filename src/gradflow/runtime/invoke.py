@@ -38,6 +38,13 @@ def _one_element(value: Any, shape: tuple[int, ...]) -> Any:
     return value
 
 
+def _allocate(shapes: tuple, as_torch: bool) -> dict[str, Any]:
+    """Zero-filled arrays (torch tensors when `as_torch`) of the `(name, shape, dtype)` triples."""
+    if as_torch:
+        return {name: torch.zeros(shape, dtype=torch_dtype(dtype)) for name, shape, dtype in shapes}
+    return {name: np.zeros(shape, dtype=dtype) for name, shape, dtype in shapes}
+
+
 class Invoker:
     """Bind positional arguments and allocate omitted arrays, then call the SDFG through `Runner`
     (compiled lazily, once, through the content cache)."""
@@ -46,6 +53,8 @@ class Invoker:
         self.graph = graph
         self._runner: Runner | None = None
         self._allocatable: frozenset[str] | None = None
+        #: (arrays left out, shapes given, symbols given) -> the left-out arrays' (name, shape, dtype), checked
+        self._allocations: dict[tuple, tuple] = {}
 
     @property
     def allocatable(self) -> frozenset[str]:
@@ -98,7 +107,10 @@ class Invoker:
 
     def zeros(self, names: Any, values: dict[str, int], as_torch: bool = False) -> dict[str, Any]:
         """Zero-filled arrays for the program's array arguments among `names`, sized by the symbol `values`."""
-        made: dict[str, Any] = {}
+        return _allocate(self._shapes(names, values), as_torch)
+
+    def _shapes(self, names: Any, values: dict[str, int]) -> tuple:
+        """(name, shape, dtype) of each array among `names`, sized by `values`, all checked to fit."""
         specs = [(spec, tuple(d.evaluate(values) for d in spec.shape)) for spec in self.runner.plan.arrays
                  if spec.name in names and all(f in values for d in spec.shape for f in d.free)]
         unsized = sorted(a.name for a in self.runner.plan.arrays if a.name in names
@@ -108,10 +120,25 @@ class Invoker:
                                 "the program does not take", "pass them")
         for spec, shape in specs:  # all checked before any is allocated
             check_fits(f"array '{spec.name}'", shape, spec.dtype, values)
-        for spec, shape in specs:
-            made[spec.name] = (torch.zeros(shape, dtype=torch_dtype(spec.dtype)) if as_torch
-                               else np.zeros(shape, dtype=spec.dtype))
-        return made
+        return tuple((spec.name, shape, spec.dtype) for spec, shape in specs)
+
+    def _omitted_shapes(self, omitted: list, given: dict[str, Any], symbols: dict[str, int]) -> tuple:
+        """`_shapes` of the arrays left out, remembered by what sizes them (the shapes and symbols given): a
+        repeated call skips inferring the symbols and evaluating the shapes (tens of microseconds a call, as
+        much as a small program runs)."""
+        key = (tuple(a.name for a in omitted), tuple((n, tuple(v.shape)) for n, v in given.items()
+                                                     if hasattr(v, "shape")), tuple(sorted(symbols.items())))
+        try:
+            found = self._allocations.get(key)
+        except TypeError:  # an unhashable symbol value: `symbol_values` names it
+            found, key = None, None
+        if found is None:
+            found = self._shapes({a.name for a in omitted}, self.symbol_values(given, symbols))
+            if key is not None:
+                if len(self._allocations) >= 256:
+                    self._allocations.clear()
+                self._allocations[key] = found
+        return found
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], bool]:
         """Run the SDFG; returns every array argument by name (the given ones and the allocated ones,
@@ -127,6 +154,6 @@ class Invoker:
                     "writing all of them, so gradflow does not allocate them",
                     "pass them (e.g. np.zeros(...) where zeros are meant); only arrays the program certainly "
                     "overwrites before reading (outputs, gradients) may be left out")
-            given.update(self.zeros({a.name for a in omitted}, self.symbol_values(given, symbols), as_torch))
+            given.update(_allocate(self._omitted_shapes(omitted, given, symbols), as_torch))
         runner(**given, **symbols)
         return {a.name: given[a.name] for a in runner.plan.arrays if a.kind == ARRAY}, as_torch

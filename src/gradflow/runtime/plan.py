@@ -12,9 +12,9 @@ The plan is derived from the SDFG the library was compiled from, in exactly the 
 
 from __future__ import annotations
 
-import math
-
 import ctypes
+import functools
+import math
 from typing import Any, Mapping
 
 import attrs
@@ -149,15 +149,15 @@ class CallPlan:
                 return a
         raise KeyError(name)
 
-    @property
+    @functools.cached_property  # (read on every call)
     def names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.args)
 
-    @property
+    @functools.cached_property  # (read on every call)
     def arrays(self) -> tuple[ArgSpec, ...]:
         return tuple(a for a in self.args if a.kind == ARRAY)
 
-    @property
+    @functools.cached_property  # (read on every call)
     def symbols(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.args if a.kind == SYMBOL)
 

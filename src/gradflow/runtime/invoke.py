@@ -126,12 +126,13 @@ class Invoker:
         """`_shapes` of the arrays left out, remembered by what sizes them (the shapes and symbols given): a
         repeated call skips inferring the symbols and evaluating the shapes (tens of microseconds a call, as
         much as a small program runs)."""
-        key = (tuple(a.name for a in omitted), tuple((n, tuple(v.shape)) for n, v in given.items()
-                                                     if hasattr(v, "shape")), tuple(sorted(symbols.items())))
+        shapes = tuple((n, tuple(v.shape)) for n, v in given.items() if hasattr(v, "shape"))
+        key: tuple | None = (tuple(a.name for a in omitted), shapes, tuple(sorted(symbols.items())))
+        found: tuple | None = None
         try:
-            found = self._allocations.get(key)
+            found = self._allocations.get(key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable symbol value: `symbol_values` names it
-            found, key = None, None
+            key = None
         if found is None:
             found = self._shapes({a.name for a in omitted}, self.symbol_values(given, symbols))
             if key is not None:

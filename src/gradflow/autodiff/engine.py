@@ -321,11 +321,16 @@ class Reversal:
         after q (in program order, or in a later iteration of a loop around both) has its overwrite
         popped before q's reverse, and nothing pops it at q itself. The reverse of `P[i, j] = exp(x - m)`
         then reads `P` instead of calling `exp` again (lp_softmax: P's row is restored for the division
-        after it anyway)."""
+        after it anyway). Under a byte budget, only where the backward keeps the array anyway."""
         def popped(site: OpSite) -> bool:
             return any(a == array for a, _, _ in self.pops.get(site.index, ()))
 
         if array in recomputed or q.index in self.tape_free or popped(q) or not self._own_elements(q, array):
+            return False
+        if (self.spec.forwarding.max_bytes is not None and self.sdfg.arrays[array].transient
+                and not any(array in needed for needed in self.needs)):
+            # under a byte budget, reading the result back would keep a temporary alive for the backward
+            # that no reverse needs, which the plan did not count (fuzz seed 31415: 240 bytes over a budget)
             return False
         mine = q.written_subset(array)
         for p in self.sites:

@@ -245,6 +245,17 @@ def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
         z6[i6, 0] = np.sqrt(2.55 + 2.328 * np.tanh(x0[2]))
     S[0] += np.sum(z6 * 1.0) + np.sum(x0 * w0)
 """, {"N": 5, "M": 6}, ("x0",), {}, ("vjp", "budget", False)),
+    # the same run, program 467 (crash, "keeps 256 bytes (predicted 200)"), the same cause: the reverse of
+    # the square root read z4 back
+    "result_read_back_from_an_updated_temporary_under_a_budget": ("""@dace.program
+def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    z4 = np.zeros((N,), dtype=np.float64)
+    for i5 in dace.map[0:N]:
+        z4[i5] = S[0] + x0[i5, 1]
+        z4[i5] += 1.0
+    z4[:] = ((1.6 + 1.3 * np.tanh(z4)) ** 0.5)
+    S[0] += np.sum(z4 * 1.0) + np.sum(x0 * w0)
+""", {"N": 5, "M": 6}, ("x0",), {}, ("grad", "budget", True)),
 }
 
 

@@ -163,25 +163,96 @@ def upper_bound(expr: sympy.Expr, intervals: Mapping[str, tuple[sympy.Expr, symp
     return None
 
 
-def guarded_counted_loop(loop: LoopRegion, entry: dict[str, str], body_updates: dict[str, str]) -> CountedLoop | None:
-    """The counted loop a while loop `(i <cmp> b) and (...)` with `i = a` on entry and `i = i + s` in its
-    body would be without its extra conjuncts: an upper bound on its trip count (used for loops whose
-    `break` was lowered into a flag)."""
-    cond = _parse(loop.loop_condition.as_string)
-    if cond is None:
+def counter_bound(loop: LoopRegion) -> CountedLoop | None:
+    """A counted loop bounding the trips of `loop`, a loop without a variable whose condition has a conjunct
+    on a counter: `i = 0` before it, `while i < n and ...:`, `i = i + 1` once per iteration (as users write
+    a `while` with a cap, and as `lower_breaks` leaves a `for` with a `break`). None when that cannot be
+    shown; then the trip count is known only while the loop runs.
+
+    What makes it an upper bound: the counter is assigned exactly once in the body, as `i = i + s`, on an
+    edge of the body's chain of blocks (so once per iteration) after which nothing in the iteration reads it
+    (every block that does sees it within the counted loop's interval); the stop is not assigned in the
+    body; the start is the counter's last assignment before the loop in the enclosing chain, and nothing
+    between that assignment and the loop changes a symbol it reads. Start and stop read no data.
+    """
+    region = loop.parent_graph
+    if loop.loop_variable or loop.inverted or region is None or not loop.nodes():  # a do-while runs once more
         return None
-    conjunction = isinstance(cond, sympy.And) or type(cond).__name__ == "AND"  # DaCe parses `and` as its own AND
-    for rel in (cond.args if conjunction else (cond,)):
-        if type(rel) not in _CMP:
-            continue
+    body_assigned = _assignment_counts(loop)
+    entry_of = _entry_assignments(loop, region)
+    for rel in _conjuncts(loop.loop_condition.as_string):
         for var in sorted(str(s) for s in rel.free_symbols):
-            if var in entry and var in body_updates:
-                fake = LoopRegion(f"{loop.label}_bound", rel_to_str(rel), var, f"{var} = {entry[var]}",
-                                  f"{var} = {body_updates[var]}")
-                counted = counted_loop(fake, frozenset())
-                if counted is not None:
-                    return counted
+            update = _update_at_the_end(loop, var) if body_assigned.get(var) == 1 else None
+            if update is None or var not in entry_of:
+                continue
+            others = frozenset(n for n in body_assigned if n != var)
+            fake = LoopRegion(f"{loop.label}_bound", rel_to_str(rel), var, f"{var} = {entry_of[var]}",
+                              f"{var} = {update}")
+            counted = counted_loop(fake, others)
+            if counted is not None and "[" not in entry_of[var] and "[" not in symbolic.symstr(counted.stop):
+                return counted
     return None
+
+
+def _update_at_the_end(loop: LoopRegion, var: str) -> str | None:
+    """The value `var` is assigned on an edge of `loop`'s own chain of blocks (so once per iteration) after
+    which no block of the iteration reads it; None when there is no such edge or the body is no chain."""
+    edges = [e for e in loop.edges() if var in e.data.assignments]
+    if len(edges) != 1 or any(loop.out_degree(b) > 1 or loop.in_degree(b) > 1 for b in loop.nodes()):
+        return None
+    block = edges[0].dst
+    while block is not None:
+        if not isinstance(block, dace.SDFGState) or var in {str(s) for s in block.free_symbols}:
+            return None
+        out = loop.out_edges(block)
+        if out and var in {str(s) for s in out[0].data.free_symbols}:
+            return None
+        block = out[0].dst if out else None
+    return edges[0].data.assignments[var]
+
+
+def _conjuncts(condition: str) -> tuple:
+    cond = _parse(condition)
+    if cond is None:
+        return ()
+    conjunction = isinstance(cond, sympy.And) or type(cond).__name__ == "AND"  # DaCe parses `and` as its own AND
+    return tuple(rel for rel in (cond.args if conjunction else (cond,)) if type(rel) in _CMP)
+
+
+def _assignment_counts(region) -> dict[str, int]:
+    """How many interstate edges (and inner loop headers) inside `region` assign each symbol."""
+    counts: dict[str, int] = {}
+    for edge in region.all_interstate_edges():
+        for name in edge.data.assignments:
+            counts[name] = counts.get(name, 0) + 1
+    for block in region.all_control_flow_blocks():
+        if isinstance(block, LoopRegion) and block.loop_variable:
+            counts[block.loop_variable] = counts.get(block.loop_variable, 0) + 2  # never "exactly once"
+    return counts
+
+
+def _entry_assignments(loop: LoopRegion, region) -> dict[str, str]:
+    """The value each symbol was last assigned before `loop` along the chain of single predecessors in
+    `region`, kept only where no symbol it reads is assigned again on the way to the loop."""
+    found: dict[str, str] = {}
+    later: set[str] = set()  # symbols assigned between an edge and the loop
+    node = loop
+    for _ in range(len(region.nodes())):
+        ins = region.in_edges(node)
+        if len(ins) != 1:
+            break
+        assignments = ins[0].data.assignments
+        for name, value in assignments.items():
+            if name in found or name in later:
+                continue
+            reads = _parse(value)  # (the edge's assignments are simultaneous: `i = n, n = 0` gives i the old n)
+            if reads is not None and not ({str(s) for s in reads.free_symbols} & (later | set(assignments))):
+                found[name] = value
+        later |= set(assignments)
+        node = ins[0].src
+        if not isinstance(node, dace.SDFGState):
+            later |= assigned_symbols(node)
+    return found
 
 
 def rel_to_str(rel: sympy.Basic) -> str:

@@ -20,7 +20,7 @@ import attrs
 import dace
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion, SDFGState
 
-from gradflow.analysis.loops import CountedLoop, assigned_symbols, counted_loop, guarded_counted_loop
+from gradflow.analysis.loops import CountedLoop, assigned_symbols, counted_loop, counter_bound
 from gradflow.analysis.ops import decompose
 from gradflow.analysis.symbols import assigned_types, data_symbols
 from gradflow.autodiff.context import OpSite
@@ -45,7 +45,8 @@ class LoopItem:
     body: "Seq"
     depth: int  # number of loops around this one
     # Non-counted loops only: symbols the body assigns on its last edge (a loop variable updated at the end
-    # of each iteration, as `lower_breaks` leaves it), and a counted loop bounding the trip count by them.
+    # of each iteration, as `lower_breaks` leaves it), and a counted loop bounding the trip count by a
+    # counter in the condition (`analysis.loops.counter_bound`).
     iteration_symbols: tuple[str, ...] = ()
     bounded_by: CountedLoop | None = None
     kind = LOOP
@@ -178,11 +179,7 @@ def build_tree(sdfg: dace.SDFG) -> tuple[Seq, list[OpSite]]:
                     if (e.data.assignments and block.out_degree(tail) == 0 and isinstance(tail, SDFGState)
                             and not decompose(tail)):
                         updates.update(e.data.assignments)
-                entry = {}
-                for e in region.in_edges(block):
-                    entry.update(e.data.assignments)
-                items.append(LoopItem(block, None, body, len(loops), tuple(sorted(updates)),
-                                      guarded_counted_loop(block, entry, updates)))
+                items.append(LoopItem(block, None, body, len(loops), tuple(sorted(updates)), counter_bound(block)))
             elif isinstance(block, ConditionalBlock):
                 branches = tuple(walk(r, loops) for _, r in block.branches)
                 has_else = any(c is None for c, _ in block.branches)

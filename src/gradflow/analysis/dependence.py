@@ -393,3 +393,59 @@ def _renamed(subset, old: list[str], new: list[str]):
         return subset
     mapping = {symbolic.symbol(o): symbolic.symbol(n) for o, n in zip(old, new)}
     return subsets.Range([tuple(_plain(x).subs(mapping, simultaneous=True) for x in r) for r in subset])
+
+
+def read_part_of_a_map(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> subsets.Range | None:
+    """The iterations of `entry`'s map whose results are ever read, when that is fewer than it runs: the map
+    writes one transient `T` at `T[i]` (each iteration its own element, nothing else), `T` has this one
+    access node in the whole SDFG and is read from it by one edge, whose subset is a box inside the map's
+    range. The other iterations write elements no one reads and have no other effect: dropping them keeps
+    every result (`fuse_maps` then fuses the map with its reader when their ranges agree:
+    `x = y + h * k; z[1:] = w[1:] * x[:-1]`). None when that cannot be shown or every iteration is read."""
+    exit_node = state.exit_node(entry)
+    outs, ins = state.out_edges(exit_node), state.in_edges(exit_node)
+    if len(outs) != 1 or len(ins) != 1 or not isinstance(outs[0].dst, nd.AccessNode):
+        return None
+    name, params = outs[0].dst.data, list(entry.map.params)
+    desc = sdfg.arrays.get(name)
+    inner = ins[0].data
+    if (desc is None or not desc.transient or isinstance(desc, dace.data.View) or inner.wcr is not None
+            or outs[0].data.wcr is not None or inner.data != name or not isinstance(inner.subset, subsets.Range)
+            or len(inner.subset) != len(params) or len(desc.shape) != len(params)):
+        return None
+    if [sympy.simplify(_plain(b) - _plain(p)) for (b, e, s), p in zip(inner.subset, params)] != [0] * len(params) \
+            or any(_plain(b) != _plain(e) for b, e, _ in inner.subset):
+        return None  # not T[i] in iteration i
+    if not _accessed_at_one_node(sdfg, name):
+        return None
+    readers = state.out_edges(outs[0].dst)
+    if len(readers) != 1 or readers[0].data.wcr is not None:
+        return None
+    read = readers[0].data.get_src_subset(readers[0], state)
+    if not isinstance(read, subsets.Range) or len(read) != len(params):
+        return None
+    smaller = False
+    for (rb, re_, rs), (mb, me, ms) in zip(read, entry.map.range):
+        low, high = _number(_plain(rb) - _plain(mb)), _number(_plain(me) - _plain(re_))
+        if _number(_plain(rs) - 1) != 0 or _number(_plain(ms) - 1) != 0 or low is None or high is None \
+                or low < 0 or high < 0:
+            return None
+        smaller = smaller or low > 0 or high > 0
+    return subsets.Range([(b, e, 1) for b, e, _ in read]) if smaller else None
+
+
+def _accessed_at_one_node(sdfg: dace.SDFG, name: str) -> bool:
+    """`name` has exactly one access node in `sdfg` (nested SDFGs reach it only through access nodes here)
+    and no interstate edge or control-flow condition reads it."""
+    nodes = sum(1 for state in sdfg.states() for n in state.data_nodes() if n.data == name)
+    if nodes != 1 or any(name in edge.data.free_symbols for edge in sdfg.all_interstate_edges()):
+        return False
+    for region in sdfg.all_control_flow_regions():
+        codes = []
+        if isinstance(region, LoopRegion):
+            codes = [region.loop_condition, region.init_statement, region.update_statement]
+        elif isinstance(region, dace.sdfg.state.ConditionalBlock):
+            codes = [c for c, _ in region.branches]
+        if any(c is not None and name in c.as_string for c in codes):
+            return False
+    return True

@@ -10,6 +10,11 @@ Only maps whose bodies are tasklets (and scope-local data) are fused: a map over
 library node is an operation of its own for reverse mode. A pair is fused only when gradflow proves that
 it keeps the results (`analysis.dependence.fusion_keeps_results`: every array both maps touch, one writing
 it, is touched at one injective index in both); DaCe's applicability check is not the proof.
+
+Before fusing, a map whose only result is a temporary that one reader reads in part runs only the
+iterations whose elements are read (`analysis.dependence.read_part_of_a_map` proves the others dead). The
+Runge-Kutta stage `x = y + h * k` followed by `z[1:] = w[1:] * x[:-1]` writes N elements of which the
+product reads N - 1: trimmed to those, the two maps range alike and fuse, and `x` becomes a scalar.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from typing import ClassVar
 import attrs
 import dace
 from dace.sdfg import nodes as nd
+from dace.sdfg.propagation import propagate_memlets_scope
 from dace.transformation.dataflow import MapFusionVertical
 from dace.transformation.passes import pattern_matching
 from dace.transformation.passes.analysis import FindSingleUseData
 from returns.result import Success
 
-from gradflow.analysis.dependence import fusion_keeps_results
+from gradflow.analysis.dependence import fusion_keeps_results, read_part_of_a_map
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -47,6 +53,34 @@ class ElementwiseMapFusion(MapFusionVertical):
         return super().can_be_applied(graph, expr_index, sdfg, permissive)
 
 
+def _trim_dead_iterations(sdfg: dace.SDFG) -> bool:
+    """Give each top-level element-wise map whose result is read only in part the range of that part (see
+    the module docstring), until none does (a trimmed map reads less of its own producers); whether any
+    map changed."""
+    trimmed = False
+    while _trim_once(sdfg):
+        trimmed = True
+    return trimmed
+
+
+def _trim_once(sdfg: dace.SDFG) -> bool:
+    changed = False
+    for state in sdfg.states():
+        scopes = state.scope_dict()
+        for entry in [n for n in state.nodes() if isinstance(n, nd.MapEntry) and scopes[n] is None]:
+            body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
+            if not _elementwise_scope(state, entry) or any(
+                    isinstance(n, nd.Tasklet) and n.language != dace.dtypes.Language.Python for n in body):
+                continue
+            part = read_part_of_a_map(sdfg, state, entry)
+            if part is None:
+                continue
+            entry.map.range = part
+            propagate_memlets_scope(sdfg, state, state.scope_tree()[entry])
+            changed = True
+    return changed
+
+
 def _map_count(sdfg: dace.SDFG) -> int:
     return sum(isinstance(n, nd.MapEntry) for n, _ in sdfg.all_nodes_recursive())
 
@@ -62,6 +96,7 @@ class FuseMaps(Pass):
         if _map_count(graph.sdfg) < 2:
             return Success(graph)
         sdfg = graph.editable()
+        trimmed = _trim_dead_iterations(sdfg)
         single_use = FindSingleUseData().apply_pass(sdfg, {})
         # (see DaCe's FullMapFusion) Edges into and out of the fused map are kept as they were rather than
         # merged per array: merging would need a memlet propagation per fusion (most of the pass's time on
@@ -70,6 +105,6 @@ class FuseMaps(Pass):
         applied = pattern_matching.PatternMatchAndApplyRepeated([fusion], permissive=False, validate=False,
                                                                 print_report=False, progress=False) \
             .apply_pass(sdfg, {FindSingleUseData.__name__: single_use})
-        if not applied:
+        if not applied and not trimmed:
             return Success(graph)
         return Success(Graph.adopt(sdfg, graph.meta))

@@ -99,13 +99,7 @@ def _parse(code: str) -> sympy.Basic | None:
 def assigned_symbols(region) -> frozenset[str]:
     """Symbols that `region`'s body assigns: on its interstate edges, or as the variables of loops inside it
     (what `counted_loop` needs to know is not a bound or the variable itself)."""
-    names = set()
-    for edge in region.all_interstate_edges():
-        names |= set(edge.data.assignments)
-    for block in region.all_control_flow_blocks():
-        if isinstance(block, LoopRegion) and block.loop_variable:
-            names.add(block.loop_variable)
-    return frozenset(names)
+    return frozenset(_assignment_counts(region))
 
 
 def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedLoop | None:

@@ -35,9 +35,12 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
-def _elementwise_scope(state: dace.SDFGState, entry: nd.MapEntry) -> bool:
+def _elementwise_scope(state: dace.SDFGState, entry: nd.MapEntry, python_only: bool = False) -> bool:
+    """The map's body is tasklets and scope-local data (`python_only`: tasklets in Python, whose only
+    effects are their outputs)."""
     body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
-    return all(isinstance(n, (nd.Tasklet, nd.AccessNode)) for n in body)
+    return all(isinstance(n, nd.AccessNode) or (isinstance(n, nd.Tasklet) and (
+        not python_only or n.language == dace.dtypes.Language.Python)) for n in body)
 
 
 class ElementwiseMapFusion(MapFusionVertical):
@@ -68,9 +71,7 @@ def _trim_once(sdfg: dace.SDFG) -> bool:
     for state in sdfg.states():
         scopes = state.scope_dict()
         for entry in [n for n in state.nodes() if isinstance(n, nd.MapEntry) and scopes[n] is None]:
-            body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
-            if not _elementwise_scope(state, entry) or any(
-                    isinstance(n, nd.Tasklet) and n.language != dace.dtypes.Language.Python for n in body):
+            if not _elementwise_scope(state, entry, python_only=True):
                 continue
             part = read_part_of_a_map(sdfg, state, entry)
             if part is None:

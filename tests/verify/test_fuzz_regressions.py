@@ -114,6 +114,15 @@ def program(x1: dace.float64[M], x2: dace.float64[N], w2: dace.float64[N], T: da
             x1[M - 1] = x1[M - 1] * x2[1] + 1.0
     S[0] += np.sum(x2 * w2) + x1[M - 1]
 """, {"N": 6, "M": 5}, ("x1", "x2"), {"T": 3}, ("vjp", "recompute_all", True)),
+    # `--seed 61403` at f6594d1, program 31: under a budget in vjp mode (where T stays a scalar argument)
+    # the reversed `for i3 in range(1, T)` became a map over `1:T`; the split backward did not count a map
+    # range as a read of T and dropped it from its arguments (KeyError: 'T' in DaCe).
+    "split_backward_map_range_from_a_scalar_argument": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N, M], w0: dace.float64[M], w1: dace.float64[N, M], T: dace.int64, S: dace.float64[1]):
+    for i3 in range(1, T):
+        x0[M - 2] += x1[N - 1, i3 + 1]
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
+""", {"N": 7, "M": 5}, ("x0", "x1"), {"T": 3}, ("vjp", "budget", False)),
     # `--seed 202`, program 143: lowering the scatter ran DaCe's simplify, which removed the copy of the
     # strided operand `x0[1:M - 1:2]` of the sum and gave the Reduce node the strided memlet; DaCe's
     # expansion ignores the step (it summed x0[1], x0[2] instead of x0[1], x0[3]).

@@ -7,14 +7,17 @@ from dace.sdfg.state import ConditionalBlock, LoopRegion
 
 
 def arrays_used(blocks) -> set[str]:
-    """Arrays read or written by the states of `blocks`, or read by their interstate edges and by the
-    conditions of their loops and branches (a reversed `for i in range(T)` reads the scalar argument T)."""
+    """Arrays read or written by the states of `blocks`, or read by their interstate edges, by the
+    conditions of their loops and branches (a reversed `for i in range(T)` reads the scalar argument T), and
+    by the symbolic expressions of their states (the map a reversed `for i in range(T)` can become has the
+    range `1:T`, which reads T without an access node)."""
     used = set()
     for block in blocks:
         regions = [block] if isinstance(block, dace.SDFGState) else list(block.all_control_flow_blocks())
         for b in regions:
             if isinstance(b, dace.SDFGState):
                 used |= {n.data for n in b.data_nodes()}
+                used |= {str(s) for s in b.free_symbols} & set(b.sdfg.arrays)
         if not isinstance(block, dace.SDFGState):
             for edge in block.all_interstate_edges():
                 used |= set(edge.data.read_symbols())

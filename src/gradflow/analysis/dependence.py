@@ -416,7 +416,7 @@ def read_part_of_a_map(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntr
     if [sympy.simplify(_plain(b) - _plain(p)) for (b, e, s), p in zip(inner.subset, params)] != [0] * len(params) \
             or any(_plain(b) != _plain(e) for b, e, _ in inner.subset):
         return None  # not T[i] in iteration i
-    if not _accessed_at_one_node(sdfg, name):
+    if not accessed_at_one_node(sdfg, name):
         return None
     readers = state.out_edges(outs[0].dst)
     if len(readers) != 1 or readers[0].data.wcr is not None:
@@ -434,7 +434,7 @@ def read_part_of_a_map(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntr
     return subsets.Range([(b, e, 1) for b, e, _ in read]) if smaller else None
 
 
-def _accessed_at_one_node(sdfg: dace.SDFG, name: str) -> bool:
+def accessed_at_one_node(sdfg: dace.SDFG, name: str) -> bool:
     """`name` has exactly one access node in `sdfg` (nested SDFGs reach it only through access nodes here)
     and no interstate edge or control-flow condition reads it."""
     nodes = sum(1 for state in sdfg.states() for n in state.data_nodes() if n.data == name)

@@ -14,6 +14,7 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.optimize.dead_stores import DropDeadStores
+from gradflow.optimize.in_place import WriteInPlace
 from gradflow.optimize.layouts import TransientLayouts
 from gradflow.optimize.nest_reductions import NestReductions
 from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
@@ -40,8 +41,8 @@ from gradflow.transforms.views import RemoveViews
 #: convolution nodes, products and maps as its gradient.
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
-                     ForwardBroadcasts(), MergeElementSums(), FuseMaps(), OwnScatterWrites(), NestReductions(),
-                     LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
+                     ForwardBroadcasts(), MergeElementSums(), FuseMaps(), WriteInPlace(), OwnScatterWrites(),
+                     NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
                      SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
 
@@ -53,4 +54,4 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
            "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "ShareDeadBuffers",
-           "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "optimized"]
+           "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

@@ -35,7 +35,7 @@ from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
 
-def _elementwise_scope(state: dace.SDFGState, entry: nd.MapEntry, python_only: bool = False) -> bool:
+def elementwise_scope(state: dace.SDFGState, entry: nd.MapEntry, python_only: bool = False) -> bool:
     """The map's body is tasklets and scope-local data (`python_only`: tasklets in Python, whose only
     effects are their outputs)."""
     body = state.scope_subgraph(entry, include_entry=False, include_exit=False).nodes()
@@ -48,7 +48,7 @@ class ElementwiseMapFusion(MapFusionVertical):
 
     def can_be_applied(self, graph, expr_index, sdfg, permissive=False) -> bool:
         first = graph.entry_node(self.first_map_exit)
-        if not (_elementwise_scope(graph, first) and _elementwise_scope(graph, self.second_map_entry)):
+        if not (elementwise_scope(graph, first) and elementwise_scope(graph, self.second_map_entry)):
             return False
         # gradflow's own proof that fusing keeps the results; DaCe's check must agree too (it rewrites)
         if not fusion_keeps_results(graph, first, self.second_map_entry):
@@ -71,7 +71,7 @@ def _trim_once(sdfg: dace.SDFG) -> bool:
     for state in sdfg.states():
         scopes = state.scope_dict()
         for entry in [n for n in state.nodes() if isinstance(n, nd.MapEntry) and scopes[n] is None]:
-            if not _elementwise_scope(state, entry, python_only=True):
+            if not elementwise_scope(state, entry, python_only=True):
                 continue
             part = read_part_of_a_map(sdfg, state, entry)
             if part is None:

@@ -1,0 +1,182 @@
+"""`write_in_place`: an element-wise map whose result is a temporary copied into an array it reads writes
+that array directly.
+
+DaCe's frontend lowers an in-place update such as `y[:] = y + h * k` to a map that writes a temporary
+(`y_slice`) and a copy of the temporary into `y`. The copy is one more pass over memory per update; in
+GradBench's ode (a Runge-Kutta step of six maps) it was one pass in seven.
+
+The rewrite has a proof, checked here on the map's memlets (DaCe's transformations are not asked):
+- the temporary T is transient, has one access node in the whole SDFG (no interstate edge or condition
+  reads it), written by one edge from the map's exit and read by one edge: a plain copy (no write-conflict
+  resolution) of exactly the elements the map's iterations write (computed from the map's range, not
+  from DaCe's propagated memlet), element for element and with unit steps, into an access node D of the
+  array A;
+- the map is element-wise (Python tasklets and scope-local data in its body), writes nothing else of A, and every
+  write of T in it is one element whose index in each dimension is a distinct map parameter plus a
+  constant, every parameter used (distinct iterations write distinct elements); every read of A in it is
+  one element, the one the same write puts into A, by a node from which every write of T in the map is
+  reached. An iteration thus reads, from A, only the element it writes itself, before writing it: no
+  other iteration writes what it reads, whatever their order;
+- A's other access nodes in the state are only read (D aside), and each node that reads them outside the
+  map is an ancestor of the map's entry in the state: everything that reads A's old value runs before the
+  map writes the new one. Readers of D (the new value) stay after the map, now through its exit.
+Then the map writes A where T's element lands, T and the copy go. The values are those of the copy.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Iterator
+
+import attrs
+import dace
+import networkx as nx
+import sympy
+from dace import subsets
+from dace.sdfg import nodes as nd
+
+from gradflow.analysis.dependence import accessed_at_one_node
+from gradflow.core.passes import register_pass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
+from gradflow.transforms.fusion import elementwise_scope
+
+
+def _zero(expr) -> bool:
+    return sympy.simplify(sympy.sympify(expr)) == 0
+
+
+def _same(a, b) -> bool:
+    """The two subsets name the same elements (symbolically equal bounds and steps)."""
+    return a.dims() == b.dims() and all(_zero(x - y) for ra, rb in zip(a.ndrange(), b.ndrange())
+                                        for x, y in zip(ra, rb))
+
+
+def _written_box(subset, entry: nd.MapEntry) -> subsets.Range | None:
+    """What the map writes through the one-element `subset` over all its iterations, when each dimension
+    is one index `p + c` with p a map parameter of unit step, every parameter in exactly one dimension
+    (so distinct iterations write distinct elements); else None."""
+    params = [str(p) for p in entry.map.params]
+    ranges = dict(zip(params, entry.map.range.ndrange()))
+    seen, box = [], []
+    for begin, end, _ in subset.ndrange():
+        if not _zero(begin - end):
+            return None
+        expr = sympy.sympify(begin)
+        found = [s for s in expr.free_symbols if str(s) in params]
+        if len(found) != 1 or str(found[0]) in seen or not _zero(sympy.diff(expr, found[0]) - 1):
+            return None
+        name = str(found[0])
+        first, last, step = ranges[name]
+        offset = expr - found[0]
+        if not _zero(step - 1) or offset.free_symbols & set(found):
+            return None
+        seen.append(name)
+        box.append((first + offset, last + offset, 1))
+    return subsets.Range(box) if len(seen) == len(params) else None
+
+
+def _copy(state: dace.SDFGState, temp: nd.AccessNode):
+    """(the edge writing `temp`, the copy edge out of it, its destination) or None."""
+    if state.in_degree(temp) != 1 or state.out_degree(temp) != 1:
+        return None
+    write, copy = state.in_edges(temp)[0], state.out_edges(temp)[0]
+    dest = copy.dst
+    if not isinstance(write.src, nd.MapExit) or not isinstance(dest, nd.AccessNode) or dest.data == temp.data:
+        return None
+    if copy.data.wcr is not None or write.data.wcr is not None or copy.data.is_empty():
+        return None
+    return write, copy, dest
+
+
+def _shift(copy, state) -> list | None:
+    """Per dimension, what to add to an index of the temporary to get the element of the destination,
+    when the copy is element for element with unit steps; else None."""
+    src, dst = copy.data.get_src_subset(copy, state), copy.data.get_dst_subset(copy, state)
+    if src is None or dst is None or src.dims() != dst.dims():
+        return None
+    shift = []
+    for (b0, e0, s0), (b1, e1, s1) in zip(src.ndrange(), dst.ndrange()):
+        if not (_zero(s0 - 1) and _zero(s1 - 1) and _zero((e0 - b0) - (e1 - b1))):
+            return None
+        shift.append(b1 - b0)
+    return shift
+
+
+def _moved(subset, shift) -> subsets.Range:
+    return subsets.Range([(b + d, e + d, s) for (b, e, s), d in zip(subset.ndrange(), shift)])
+
+
+def match_at(sdfg: dace.SDFG, state: dace.SDFGState, temp: nd.AccessNode):
+    """The rewrite's match at the temporary `temp` (module doc), or None."""
+    desc = sdfg.arrays[temp.data]
+    if not desc.transient or isinstance(desc, dace.data.View) or not accessed_at_one_node(sdfg, temp.data):
+        return None
+    found = _copy(state, temp)
+    if found is None:
+        return None
+    write, copy, dest = found
+    target = dest.data
+    if isinstance(sdfg.arrays[target], dace.data.View) or state.in_degree(dest) != 1:
+        return None
+    exit_ = write.src
+    entry = state.entry_node(exit_)
+    if entry is None or state.entry_node(entry) is not None or not elementwise_scope(state, entry, python_only=True):
+        return None
+    shift = _shift(copy, state)
+    if shift is None or not (write.src_conn or "").startswith("OUT_"):
+        return None
+    src = copy.data.get_src_subset(copy, state)
+    inner_writes = [e for e in state.in_edges(exit_) if e.dst_conn == "IN_" + write.src_conn[4:]]
+    if not inner_writes or any(e.data.data != temp.data or e.data.wcr is not None or e.data.dynamic
+                               for e in inner_writes):
+        return None
+    boxes = [_written_box(e.data.subset, entry) for e in inner_writes]
+    if any(box is None or not _same(box, src) for box in boxes):
+        return None  # the map writes other elements than the copy moves (or one element twice)
+    if any(e.data.data == target for e in state.in_edges(exit_) if e not in inner_writes):
+        return None  # the map writes the array itself elsewhere
+    images = [_moved(e.data.subset, shift) for e in inner_writes]
+    scope = set(state.scope_subgraph(entry).nodes())
+    for e in state.out_edges(entry):
+        if e.data.data != target:
+            continue
+        if any(not _same(e.data.subset, image) for image in images):
+            return None  # a read of another element of the array
+        if any(w.src is not e.dst and w.src not in nx.descendants(state.nx, e.dst) for w in inner_writes):
+            return None  # the element could be written before this read
+    if any(n.data == target and n is not dest and state.in_degree(n) > 0 for n in state.data_nodes()):
+        return None  # the array is written elsewhere in the state
+    ancestors = nx.ancestors(state.nx, entry)
+    for n in state.data_nodes():
+        if n.data != target or n is dest:
+            continue
+        for e in state.out_edges(n):
+            if e.dst not in scope and e.dst not in ancestors:
+                return None  # read after (or beside) the map: it would see the new value
+    return state, temp, write, copy, dest, shift, inner_writes
+
+
+@register_pass
+@attrs.frozen
+class WriteInPlace(RewritePass):
+    """An element-wise map writing a temporary copied into an array writes the array (module doc)."""
+
+    name: ClassVar[str] = "write_in_place"
+    strategy: ClassVar[str] = ONE_AT_A_TIME  # each rewrite changes the graph the next proof reads
+
+    def matches(self, sdfg: dace.SDFG) -> Iterator:
+        for state in sdfg.states():
+            for temp in state.data_nodes():
+                match = match_at(sdfg, state, temp)
+                if match is not None:
+                    yield match
+
+    def rewrite(self, sdfg: dace.SDFG, match) -> None:
+        state, temp, write, copy, dest, shift, inner_writes = match
+        target = dest.data
+        for e in inner_writes:
+            e.data = dace.Memlet(data=target, subset=_moved(e.data.subset, shift))
+        state.add_edge(write.src, write.src_conn, dest, copy.dst_conn,
+                       dace.Memlet(data=target, subset=_moved(write.data.subset, shift)))
+        state.remove_node(temp)
+        if not any(n.data == temp.data for s in sdfg.states() for n in s.data_nodes()):
+            sdfg.remove_data(temp.data, validate=False)

@@ -11,11 +11,11 @@ The rewrite has a proof, checked here on the map's memlets (DaCe's transformatio
   resolution) of exactly the elements the map's iterations write (computed from the map's range, not
   from DaCe's propagated memlet), element for element and with unit steps, into an access node D of the
   array A;
-- the map is element-wise (Python tasklets and scope-local data in its body), writes nothing else of A, and every
-  write of T in it is one element whose index in each dimension is a distinct map parameter plus a
-  constant, every parameter used (distinct iterations write distinct elements); every read of A in it is
-  one element, the one the same write puts into A, by a node from which every write of T in the map is
-  reached. An iteration thus reads, from A, only the element it writes itself, before writing it: no
+- the map is element-wise (Python tasklets and scope-local data in its body), writes nothing else of A,
+  and every write of T in it is one element whose index in each dimension is a distinct map parameter
+  plus a constant, every parameter used (distinct iterations write distinct elements); every read of A in
+  it is one element, the one the same write puts into A, by a node from which every write of T in the map
+  is reached. An iteration thus reads, from A, only the element it writes itself, before writing it: no
   other iteration writes what it reads, whatever their order;
 - A's other access nodes in the state are only read (D aside), and each node that reads them outside the
   map is an ancestor of the map's entry in the state: everything that reads A's old value runs before the

@@ -123,6 +123,21 @@ def program(x0: dace.float64[M], x1: dace.float64[N, M], w0: dace.float64[M], w1
         x0[M - 2] += x1[N - 1, i3 + 1]
     S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
 """, {"N": 7, "M": 5}, ("x0", "x1"), {"T": 3}, ("vjp", "budget", False)),
+    # `--seed 7177` at db8ff3f, program 88: an `if` whose branch is empty (DaCe keeps only the `else`), with
+    # a checkpointed loop in the `else` under a budget: the reversed conditional copied two arrays back in
+    # the branch it lacks, and made that branch once per array (two branches without a condition, which
+    # DaCe's code generator refuses: "Missing branch condition for non-final conditional branch").
+    "two_joins_in_the_branch_an_if_lacks": ("""@dace.program
+def program(x0: dace.float64[M], w0: dace.float64[M], cnt: dace.int64[1], S: dace.float64[1]):
+    acc1 = np.zeros((1,), dtype=np.float64)
+    if acc1[0] > 0.0:
+        pass
+    else:
+        for i3 in range(0, M - 2):
+            for i4 in range(2, cnt[0]):
+                x0[i3] -= acc1[0]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 6}, ("x0",), {"cnt": [4]}, ("grad", "budget", False)),
     # `--seed 202`, program 143: lowering the scatter ran DaCe's simplify, which removed the copy of the
     # strided operand `x0[1:M - 1:2]` of the sum and gave the Reduce node the strided memlet; DaCe's
     # expansion ignores the step (it summed x0[1], x0[2] instead of x0[1], x0[3]).

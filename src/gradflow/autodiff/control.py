@@ -211,6 +211,8 @@ def _join_values(ctx: ReverseContext, block: ConditionalBlock, before: dict[str,
     conditional reads one array whichever branch ran, so every other branch copies its value there. (Without
     the copy, a branch not taken left that array unset: uninitialised reads, wrong gradients.)"""
     joined = dict(before)
+    none_taken = None  # the branch left out, made once: an `else` that only copies (one per array would
+    # give the block several branches without a condition, which DaCe's code generator rejects)
     for array in sorted({a for _, values in after for a in values}):
         where = {values.get(array, array) for _, values in after}
         if len(where) == 1:
@@ -220,9 +222,11 @@ def _join_values(ctx: ReverseContext, block: ConditionalBlock, before: dict[str,
                       if values.get(array, array) != before.get(array, array))
         for region, values in after:
             if values.get(array, array) != target:
-                if region is None:  # the branch left out: an `else` that only copies
-                    region = ControlFlowRegion(f"{block.label}_none", sdfg=ctx.sdfg)
-                    block.add_branch(None, region)
+                if region is None:
+                    if none_taken is None:
+                        none_taken = ControlFlowRegion(f"{block.label}_none", sdfg=ctx.sdfg)
+                        block.add_branch(None, none_taken)
+                    region = none_taken
                 with ctx.inside(region):
                     copy_array(ctx.new_state(f"join_{region.label}_{array}"), values.get(array, array), target)
         joined[array] = target

@@ -33,6 +33,12 @@ def affine_row(expr, params: list, others: Iterable = ()) -> list | None:
     return row if not rest.free_symbols & set(params) else None
 
 
+def same_value(a, b) -> bool:
+    """`a == b` as expressions, both re-parsed from text: DaCe's frontend gives one name symbols with
+    different assumptions (a loop variable, the same name in a memlet), which sympy would keep apart."""
+    return sympy.simplify(symbolic.pystr_to_symbolic(str(a)) - symbolic.pystr_to_symbolic(str(b))) == 0
+
+
 def point_indices(subset) -> Iterator:
     """The index of each dimension of `subset` that is a single element (begin == end)."""
     for begin, end, _ in subset.ndrange():

@@ -31,47 +31,42 @@ import attrs
 import dace
 import networkx as nx
 import sympy
-from dace import subsets
+from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 
 from gradflow.analysis.dependence import accessed_at_one_node
+from gradflow.analysis.indices import affine_row, injective, point_indices, same_value
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.transforms.fusion import elementwise_scope
 
 
-def _zero(expr) -> bool:
-    return sympy.simplify(sympy.sympify(expr)) == 0
-
-
 def _same(a, b) -> bool:
     """The two subsets name the same elements (symbolically equal bounds and steps)."""
-    return a.dims() == b.dims() and all(_zero(x - y) for ra, rb in zip(a.ndrange(), b.ndrange())
+    return a.dims() == b.dims() and all(same_value(x, y) for ra, rb in zip(a.ndrange(), b.ndrange())
                                         for x, y in zip(ra, rb))
 
 
 def _written_box(subset, entry: nd.MapEntry) -> subsets.Range | None:
     """What the map writes through the one-element `subset` over all its iterations, when each dimension
     is one index `p + c` with p a map parameter of unit step, every parameter in exactly one dimension
-    (so distinct iterations write distinct elements); else None."""
-    params = [str(p) for p in entry.map.params]
-    ranges = dict(zip(params, entry.map.range.ndrange()))
-    seen, box = [], []
-    for begin, end, _ in subset.ndrange():
-        if not _zero(begin - end):
+    (`indices.injective`: distinct iterations write distinct elements); else None."""
+    params = [symbolic.pystr_to_symbolic(p) for p in entry.map.params]
+    begins = list(point_indices(subset))
+    rows = [affine_row(b, params) for b in begins]
+    if len(begins) != subset.dims() or any(r is None for r in rows) or not injective(rows, len(params)):
+        return None
+    box = []
+    for begin, row in zip(begins, rows):
+        if sorted(row) != [0] * (len(row) - 1) + [1]:
+            return None  # not `p + c`
+        k = row.index(1)
+        first, last, step = entry.map.range.ndrange()[k]
+        if not same_value(step, 1):
             return None
-        expr = sympy.sympify(begin)
-        found = [s for s in expr.free_symbols if str(s) in params]
-        if len(found) != 1 or str(found[0]) in seen or not _zero(sympy.diff(expr, found[0]) - 1):
-            return None
-        name = str(found[0])
-        first, last, step = ranges[name]
-        offset = expr - found[0]
-        if not _zero(step - 1) or offset.free_symbols & set(found):
-            return None
-        seen.append(name)
+        offset = sympy.sympify(begin) - params[k]
         box.append((first + offset, last + offset, 1))
-    return subsets.Range(box) if len(seen) == len(params) else None
+    return subsets.Range(box) if len(box) == len(params) else None
 
 
 def _copy(state: dace.SDFGState, temp: nd.AccessNode):
@@ -95,7 +90,7 @@ def _shift(copy, state) -> list | None:
         return None
     shift = []
     for (b0, e0, s0), (b1, e1, s1) in zip(src.ndrange(), dst.ndrange()):
-        if not (_zero(s0 - 1) and _zero(s1 - 1) and _zero((e0 - b0) - (e1 - b1))):
+        if not (same_value(s0, 1) and same_value(s1, 1) and same_value(e0 - b0, e1 - b1)):
             return None
         shift.append(b1 - b0)
     return shift
@@ -141,7 +136,8 @@ def match_at(sdfg: dace.SDFG, state: dace.SDFGState, temp: nd.AccessNode):
             continue
         if any(not _same(e.data.subset, image) for image in images):
             return None  # a read of another element of the array
-        if any(w.src is not e.dst and w.src not in nx.descendants(state.nx, e.dst) for w in inner_writes):
+        after = nx.descendants(state.nx, e.dst) | {e.dst}
+        if any(w.src not in after for w in inner_writes):
             return None  # the element could be written before this read
     if any(n.data == target and n is not dest and state.in_degree(n) > 0 for n in state.data_nodes()):
         return None  # the array is written elsewhere in the state
@@ -178,5 +174,4 @@ class WriteInPlace(RewritePass):
         state.add_edge(write.src, write.src_conn, dest, copy.dst_conn,
                        dace.Memlet(data=target, subset=_moved(write.data.subset, shift)))
         state.remove_node(temp)
-        if not any(n.data == temp.data for s in sdfg.states() for n in s.data_nodes()):
-            sdfg.remove_data(temp.data, validate=False)
+        sdfg.remove_data(temp.data, validate=False)  # its one access node (the match's precondition) is gone

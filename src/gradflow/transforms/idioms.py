@@ -36,6 +36,7 @@ from dace.libraries.standard import Reduce
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.indices import same_value as _same
 from gradflow.analysis.loops import counted_loop
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
@@ -55,12 +56,6 @@ class ConvolutionLoops:
     strides: tuple[int, int]
     dilations: tuple[int, int]
     transients: tuple[str, ...]
-
-
-def _same(a, b) -> bool:
-    """a == b as expressions; both re-parsed from text, so that symbols made with different assumptions
-    (a loop variable, the same name in a memlet) compare equal."""
-    return sympy.simplify(symbolic.pystr_to_symbolic(str(a)) - symbolic.pystr_to_symbolic(str(b))) == 0
 
 
 def _from_zero(loop: LoopRegion):

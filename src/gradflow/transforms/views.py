@@ -39,6 +39,7 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import SDFGState
 from returns.result import Success
 
+from gradflow.analysis.indices import same_value as _same
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
@@ -60,11 +61,6 @@ def _view_edge(state: SDFGState, view: nd.AccessNode):
                 and not isinstance(sdfg.arrays[e.dst.data], dace.data.View)):
             return e, e.dst
     return None, None
-
-
-def _same(a, b) -> bool:
-    """Symbolic equality, with fresh symbols (the frontend gives one symbol different assumptions)."""
-    return sympy.simplify(symbolic.pystr_to_symbolic(str(a)) - symbolic.pystr_to_symbolic(str(b))) == 0
 
 
 def _nonunit(sizes) -> list[int]:

@@ -92,6 +92,21 @@ def _sibling_sums(g: Graph) -> int:
     return sum(len(_pairs(sdfg)) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
+def _time_step_before_in_place() -> Graph:
+    """A 1-D Euler step (`y[:] = y + 0.1 * k`) optimized by every pass but `write_in_place`: a map writes the
+    temporary `y_slice`, which a copy moves into y."""
+    from gradflow.optimize import OPTIMIZE, optimized
+    from tests.optimize.test_in_place import euler
+
+    return optimized(Graph.of(euler), OPTIMIZE.without("write_in_place"))
+
+
+def _temporaries_copied_back(g: Graph) -> int:
+    from gradflow.optimize.in_place import WriteInPlace
+
+    return sum(len(list(WriteInPlace().matches(sdfg))) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
 def _two_outer_products() -> Graph:
     """nb_atax's gradient with its first writes overwriting and its dead clears gone: grad_A gets one
     map's write and a later map's sum."""
@@ -380,6 +395,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "loops_to_maps": (lambda: Graph.of(loops.lp_go_fast.to_sdfg()), None, _loops, (3, 0)),
     "version_by_size": (_npbench_syrk, None, _size_versions, (0, "> 0")),
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
+    "write_in_place": (_time_step_before_in_place, None, _temporaries_copied_back, ("> 0", 0)),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
                            _conflicting_scatters, ("> 0", 0)),
     "drop_dead_stores": (

@@ -265,3 +265,31 @@ def test_a_map_writing_a_shifted_range_overwrites_that_range(program):
     assert overwritten_before_read_in(sdfg, "Y", interior)
     assert not overwritten_before_read_in(sdfg, "Y", dace.subsets.Range.from_string("0:N - 1"))
     assert not overwritten_before_read(sdfg, "Y")
+
+
+def _tiled_copy(inner_end: str, index: str) -> dace.SDFG:
+    """Y[index] = X[index] over a tile map `t` in 0:N:4 and, inside, `p` over `t .. inner_end`: the form
+    StripMining leaves (`nest_reductions` tiles a symbolic extent so, the last tile cut short). The outer
+    memlet is the whole array, as `nest_reductions` keeps it."""
+    sdfg = dace.SDFG(f"tiled_{abs(hash((inner_end, index)))}")
+    sdfg.add_array("X", [N], dace.float64)
+    sdfg.add_array("Y", [N], dace.float64)
+    state = sdfg.add_state()
+    tiles_in, tiles_out = state.add_map("tiles", {"t": "0:N:4"})
+    elements_in, elements_out = state.add_map("elements", {"p": f"t:{inner_end} + 1"})
+    tasklet = state.add_tasklet("copy", {"x"}, {"y"}, "y = x")
+    x, y = state.add_read("X"), state.add_write("Y")
+    state.add_memlet_path(x, tiles_in, elements_in, tasklet, dst_conn="x", memlet=dace.Memlet(f"X[{index}]"))
+    state.add_memlet_path(tasklet, elements_out, tiles_out, y, src_conn="y", memlet=dace.Memlet(f"Y[{index}]"))
+    for e in [*state.in_edges(tiles_in), *state.out_edges(tiles_out)]:
+        e.data = dace.Memlet(data=e.data.data, subset="0:N")
+    return sdfg
+
+
+@pytest.mark.parametrize("inner_end, index, expected", [
+    ("Min(N - 1, t + 3)", "p", True),  # each tile's elements, the last cut short: every element once
+    ("Min(N - 1, t + 2)", "p", False),  # one element of each tile never written
+    ("Min(N - 1, t + 3)", "Min(p, t)", False),  # an index reading the tile itself
+])
+def test_a_strip_mined_map_overwrites_what_its_tiles_join_to(inner_end, index, expected):
+    assert overwritten_before_read(_tiled_copy(inner_end, index), "Y") is expected

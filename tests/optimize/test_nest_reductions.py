@@ -11,6 +11,7 @@ import dace
 import numpy as np
 from dace.sdfg import nodes as nd
 
+from gradflow.analysis.writes import may_read_before_write, overwritten_before_read
 from gradflow.core.graph import Graph
 from gradflow.optimize.nest_reductions import NestReductions, owners
 from gradflow.runtime.compile import compile_sdfg
@@ -256,3 +257,16 @@ def test_a_unit_stride_owner_of_symbolic_extent_is_tiled_with_a_short_last_tile(
             results.append(gb)
         np.testing.assert_allclose(results[1], 0.25 + g.sum(axis=0), rtol=1e-14, atol=1e-14)
         np.testing.assert_allclose(results[1], results[0], rtol=1e-14, atol=1e-14)
+
+
+def test_tiling_keeps_what_the_map_overwrites() -> None:
+    """The tiled map still writes `c` whole before anything reads it: its outer memlets stay the map's
+    own (DaCe's propagation over a short last tile made them dynamic) and the analysis joins the tiles.
+    Before, `value_and_grad` refused to allocate lp_covariance's `grad_data` (a tiled owner)."""
+    plain = Graph.of(column_sums.to_sdfg())
+    nested = NestReductions()(plain).unwrap()
+    assert overwritten_before_read(plain.sdfg, "c")
+    assert overwritten_before_read(nested.sdfg, "c")
+    assert not may_read_before_write(nested.sdfg, "c")
+    [(state, outer)] = _top_maps(nested.sdfg)
+    assert not any(e.data.dynamic for e in state.out_edges(state.exit_node(outer)))

@@ -13,11 +13,13 @@ import enum
 import itertools
 
 import dace
+import sympy
 from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.access import scope_ranges
+from gradflow.analysis.indices import same_value
 from gradflow.analysis.ops import constant_beta
 
 
@@ -233,10 +235,12 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
         sub = leaf.data.subset if leaf.data.data == edge.data.data else leaf.data.other_subset
         if sub is None or leaf.data.dynamic or not isinstance(leaf.src, (nd.Tasklet, nd.AccessNode, nd.LibraryNode)):
             return False
-        ranges = scope_ranges(state, leaf.src)
+        ranges, tiles = _untiled(scope_ranges(state, leaf.src))
         bounds = {str(f) for r in ranges.values() for x in r for f in symbolic.pystr_to_symbolic(x).free_symbols}
-        if bounds & set(ranges):  # a triangular nest: no box
+        if bounds & (set(ranges) | tiles):  # a triangular nest: no box
             return False
+        if any(tiles & {str(f) for f in symbolic.pystr_to_symbolic(x).free_symbols} for r in sub for x in r):
+            return False  # an index that reads the tile itself, not only the element
         box: list[tuple] = []
         used: set[str] = set()
         for begin, end, step in sub:
@@ -250,6 +254,44 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
             box.append(image)
         boxes.append(box)
     return any(subsets.Range(b).covers(full) for b in _joined(boxes))
+
+
+def _untiled(ranges: dict[str, tuple]) -> tuple[dict[str, tuple], set[str]]:
+    """`ranges` with each strip-mined pair joined, and the tile parameters so removed. A pair is a tile
+    parameter `t` over `B:E` in steps of a constant `k` and one parameter `p` over `t .. Min(E, t + k - 1)`
+    in steps of 1 (the last tile cut short, as `nest_reductions` tiles a symbolic extent), or over
+    `t .. t + k - 1` when `k` divides the constant extent: as `t` and `p` run, `p` takes each value of
+    `B .. E` once (`t = B + k * floor((p - B) / k)`), so `p` ranges over `B:E` and `t` goes. A tile
+    parameter that bounds more than one range stays (the pairs would move together)."""
+    out = dict(ranges)
+    bounding: dict[str, int] = {}
+    for r in ranges.values():
+        for name in {str(f) for x in r for f in symbolic.pystr_to_symbolic(x).free_symbols} & set(ranges):
+            bounding[name] = bounding.get(name, 0) + 1
+    tiles: set[str] = set()
+    for p, (begin, end, step) in ranges.items():
+        tile = str(begin)
+        if step != 1 or tile == p or tile not in ranges or bounding.get(tile) != 1:
+            continue
+        low, high, k = ranges[tile]
+        k = symbolic.pystr_to_symbolic(str(k))
+        if not (k.is_Integer and k >= 1) or {str(f) for x in (low, high) for f in
+                                             symbolic.pystr_to_symbolic(x).free_symbols} & set(ranges):
+            continue
+        last = symbolic.pystr_to_symbolic(str(end))
+        full_tile = symbolic.pystr_to_symbolic(tile) + k - 1
+        if isinstance(last, sympy.Min) and len(last.args) == 2:
+            a, b = last.args
+            joined = ((same_value(a, full_tile) and same_value(b, high))
+                      or (same_value(b, full_tile) and same_value(a, high)))
+        else:
+            extent = symbolic.pystr_to_symbolic(str(high - low + 1))
+            joined = same_value(last, full_tile) and extent.is_Integer and int(extent) % int(k) == 0
+        if joined:
+            out[p] = (low, high, 1)
+            del out[tile]
+            tiles.add(tile)
+    return out, tiles
 
 
 def _shifted_range(begin, end, ranges: dict[str, tuple], used: set[str]) -> tuple | None:

@@ -252,6 +252,7 @@ def _tile_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owne
     """Parallel over tiles of `tile` owner values; inside, the other parameters in the map's order, then
     the owner's values of the tile (module doc). Each tile's sums stay within its own elements, so DaCe
     emits plain additions (its check of the tile map's memlets agrees)."""
+    outer = _outer_memlets(state, entry)
     m = entry.map
     order = [p for p in m.params if p != owner] + [owner]
     perm = [m.params.index(p) for p in order]
@@ -268,6 +269,36 @@ def _tile_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owne
                                   for r in m.range.ranges])
     MapExpansion.apply_to(sdfg, options={"inner_schedule": dace.ScheduleType.Sequential}, map_entry=entry,
                           save=False, verify=False)
+    _restore_outer_memlets(state, outer)
+
+
+def _outer_memlets(state: dace.SDFGState, entry: nd.MapEntry) -> tuple[set, dict]:
+    """The state's other outermost maps, and copies of the memlets between `entry`'s map and the rest of
+    its state by the outside end of each edge (none when two edges share an end: then nothing is put back)."""
+    edges = [(("in", e.src, e.src_conn), e) for e in state.in_edges(entry)]
+    edges += [(("out", e.dst, e.dst_conn), e) for e in state.out_edges(state.exit_node(entry))]
+    memlets = {key: dace.Memlet.from_memlet(e.data) for key, e in edges}
+    others = {n for n, scope in state.scope_dict().items() if isinstance(n, nd.MapEntry) and scope is None} - {entry}
+    return others, (memlets if len(memlets) == len(edges) else {})
+
+
+def _restore_outer_memlets(state: dace.SDFGState, outer: tuple[set, dict]) -> None:
+    """Strip mining a map whose last tile is cut short leaves its outer memlets as DaCe's propagation
+    re-derives them: over `Min(end, t + tile - 1)` they come out dynamic and bounded by an expression no
+    analysis can compare, so the map's whole-array write (what `overwritten_before_read` and the runner's
+    allocation of left-out gradients rest on) is lost. Tiling only regroups the same iterations, each
+    accessing what it did before, so the outer memlets are the map's own: put back on the one outermost
+    map the tiling left in the state's place of the old one."""
+    others, memlets = outer
+    new = [n for n, scope in state.scope_dict().items() if isinstance(n, nd.MapEntry) and scope is None
+           and n not in others]
+    if len(new) != 1 or not memlets:
+        return
+    [entry] = new
+    for key, e in [*((("in", e.src, e.src_conn), e) for e in state.in_edges(entry)),
+                   *((("out", e.dst, e.dst_conn), e) for e in state.out_edges(state.exit_node(entry)))]:
+        if key in memlets:
+            e.data = dace.Memlet.from_memlet(memlets[key])
 
 
 def _nest(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> None:

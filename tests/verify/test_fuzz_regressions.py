@@ -280,6 +280,17 @@ def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
     z4[:] = ((1.6 + 1.3 * np.tanh(z4)) ** 0.5)
     S[0] += np.sum(z4 * 1.0) + np.sum(x0 * w0)
 """, {"N": 5, "M": 6}, ("x0",), {}, ("grad", "budget", True)),
+    # `--seed 40213` at 832e7fd, programs 175-178 (refused: "operations form a cycle"): three in-place updates
+    # DaCe fused into one state, two of them (`x0[2, M - 3] += 1`, the column product) reading one access
+    # node of x0 and writing the next; each was ordered before the other as "a reader before a writer",
+    # though what one reads the other never writes. Now only reads and writes that may meet are ordered.
+    "two_updates_of_apart_elements_between_the_same_nodes": ("""@dace.program
+def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
+    x0[:N - 2, :M - 1] *= np.log1p(1.75 + 2.137 * np.tanh(x0[:N - 2, 1:]))
+    x0[2, M - 3] += 1.0
+    x0[:N - 1, M - 2] *= x0[1:, M - 1]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 6, "M": 5}, ("x0",), {}, ("grad", "store_all", True)),
 }
 
 

@@ -84,7 +84,9 @@ def decompose(state: SDFGState) -> list[Op]:
             for i in writer_of.get(r, []):
                 if i != j:
                     order.add_edge(i, j)
-    # Access nodes of the same array ordered by a path (read-before-write through another node) also order ops.
+    # Access nodes of the same array ordered by a path (read-before-write through another node) also order
+    # ops, where what the reader reads may be what the writer writes (elements apart keep their freedom:
+    # `x[2, M - 3] += 1` and `x[:, M - 2] *= x[1:, M - 1]` both read one node and write the next).
     for j, op in enumerate(ops):
         for r in op.reads:
             for i, other in enumerate(ops):
@@ -92,7 +94,9 @@ def decompose(state: SDFGState) -> list[Op]:
                     continue
                 for w in other.writes:
                     if (w != r and state.node(w).data == state.node(r).data
-                            and nx.has_path(state.nx, state.node(r), state.node(w))):
+                            and nx.has_path(state.nx, state.node(r), state.node(w))
+                            and any(_may_overlap(a, b) for a in _subsets_at(state, op, r, False) or [None]
+                                    for b in _subsets_at(state, other, w, True) or [None])):
                         order.add_edge(j, i)
     _order_conflicts(state, ops, order)
     try:
@@ -104,17 +108,24 @@ def decompose(state: SDFGState) -> list[Op]:
 
 def _touched(state: SDFGState, op: Op) -> list[tuple[str, subsets.Range | None, bool]]:
     """(array, subset or None for all of it, written?) for each boundary access of `op`."""
+    return [(state.node(n).data, sub, written) for nodes, written in ((op.reads, False), (op.writes, True))
+            for n in nodes for sub in _subsets_at(state, op, n, written)]
+
+
+def _subsets_at(state: SDFGState, op: Op, node_id: int, written: bool) -> list[subsets.Range | None]:
+    """What `op` reads from (or writes into) the access node `node_id`: the subsets of its memlets there
+    (a map's outer memlet bounds what its iterations touch), None for all of it."""
+    node = state.node(node_id)
+    edges = state.in_edges(node) if written else state.out_edges(node)
     out = []
-    for r in op.reads:
-        node = state.node(r)
-        for e in state.out_edges(node):
-            if (op.kind == "copy" and state.node_id(e.dst) in op.writes) or state.node_id(e.dst) in op.nodes:
-                out.append((node.data, None if e.data.is_empty() else e.data.get_src_subset(e, state), False))
-    for w in op.writes:
-        node = state.node(w)
-        for e in state.in_edges(node):
-            if (op.kind == "copy" and state.node_id(e.src) in op.reads) or state.node_id(e.src) in op.nodes:
-                out.append((node.data, None if e.data.is_empty() else e.data.get_dst_subset(e, state), True))
+    for e in edges:
+        inner = e.src if written else e.dst
+        mine = (state.node_id(inner) in (op.reads if written else op.writes)) if op.kind == "copy" \
+            else state.node_id(inner) in op.nodes
+        if mine:
+            sub = None if e.data.is_empty() else (e.data.get_dst_subset(e, state) if written
+                                                   else e.data.get_src_subset(e, state))
+            out.append(sub)
     return out
 
 

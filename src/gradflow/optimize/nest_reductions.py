@@ -272,14 +272,22 @@ def _tile_owner(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owne
     _restore_outer_memlets(state, outer)
 
 
+def _outer_edges(state: dace.SDFGState, entry: nd.MapEntry) -> list:
+    """(the outside end of the edge, the edge) for each edge between a map and the rest of its state."""
+    return [*((("in", e.src, e.src_conn), e) for e in state.in_edges(entry)),
+            *((("out", e.dst, e.dst_conn), e) for e in state.out_edges(state.exit_node(entry)))]
+
+
+def _outermost_maps(state: dace.SDFGState) -> set:
+    return {n for n, scope in state.scope_dict().items() if isinstance(n, nd.MapEntry) and scope is None}
+
+
 def _outer_memlets(state: dace.SDFGState, entry: nd.MapEntry) -> tuple[set, dict]:
     """The state's other outermost maps, and copies of the memlets between `entry`'s map and the rest of
     its state by the outside end of each edge (none when two edges share an end: then nothing is put back)."""
-    edges = [(("in", e.src, e.src_conn), e) for e in state.in_edges(entry)]
-    edges += [(("out", e.dst, e.dst_conn), e) for e in state.out_edges(state.exit_node(entry))]
+    edges = _outer_edges(state, entry)
     memlets = {key: dace.Memlet.from_memlet(e.data) for key, e in edges}
-    others = {n for n, scope in state.scope_dict().items() if isinstance(n, nd.MapEntry) and scope is None} - {entry}
-    return others, (memlets if len(memlets) == len(edges) else {})
+    return _outermost_maps(state) - {entry}, (memlets if len(memlets) == len(edges) else {})
 
 
 def _restore_outer_memlets(state: dace.SDFGState, outer: tuple[set, dict]) -> None:
@@ -290,13 +298,10 @@ def _restore_outer_memlets(state: dace.SDFGState, outer: tuple[set, dict]) -> No
     accessing what it did before, so the outer memlets are the map's own: put back on the one outermost
     map the tiling left in the state's place of the old one."""
     others, memlets = outer
-    new = [n for n, scope in state.scope_dict().items() if isinstance(n, nd.MapEntry) and scope is None
-           and n not in others]
+    new = list(_outermost_maps(state) - others)
     if len(new) != 1 or not memlets:
         return
-    [entry] = new
-    for key, e in [*((("in", e.src, e.src_conn), e) for e in state.in_edges(entry)),
-                   *((("out", e.dst, e.dst_conn), e) for e in state.out_edges(state.exit_node(entry)))]:
+    for key, e in _outer_edges(state, new[0]):
         if key in memlets:
             e.data = dace.Memlet.from_memlet(memlets[key])
 

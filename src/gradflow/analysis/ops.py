@@ -8,6 +8,8 @@ are the boundaries between operations; they are not part of any operation. The r
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import networkx as nx
 from dace import subsets
@@ -83,7 +85,7 @@ def decompose(state: SDFGState) -> list[Op]:
         for r in op.reads:
             for i in writer_of.get(r, []):
                 if i != j:
-                    order.add_edge(i, j)
+                    order.add_edge(i, j, data=state.node(r).data)
     # Access nodes of the same array ordered by a path (read-before-write through another node) also order
     # ops, where what the reader reads may be what the writer writes (elements apart keep their freedom:
     # `x[2, M - 3] += 1` and `x[:, M - 2] *= x[1:, M - 1]` both read one node and write the next).
@@ -97,13 +99,38 @@ def decompose(state: SDFGState) -> list[Op]:
                             and nx.has_path(state.nx, state.node(r), state.node(w))
                             and any(_may_overlap(a, b) for a in _subsets_at(state, op, r, False) or [None]
                                     for b in _subsets_at(state, other, w, True) or [None])):
-                        order.add_edge(j, i)
+                        order.add_edge(j, i, data=state.node(r).data)
     _order_conflicts(state, ops, order)
     try:
         sequence = list(nx.lexicographical_topological_sort(order, key=lambda i: ops[i].label))
     except nx.NetworkXUnfeasible:
-        raise NotDifferentiableError(f"state '{state.label}': operations form a cycle") from None
+        raise _cycle_error(state, ops, order) from None
     return [ops[i] for i in sequence]
+
+
+def _cycle_error(state: SDFGState, ops: list[Op], order: nx.DiGraph) -> NotDifferentiableError:
+    """Operations each of which reads what another overwrites, all in one dataflow step: no sequence of them
+    keeps every read before the write it must precede. Named by what each writes and reads of the arrays of
+    the cycle, and by the source line DaCe's frontend put in the state's label (`assign_12_4`)."""
+    cycle = nx.find_cycle(order)
+    arrays = sorted({order.edges[i, j].get("data") for i, j in cycle} - {None})
+    named = ", ".join(f"'{a}'" for a in arrays) or "an array"
+
+    def parts(op: Op, written: bool) -> str:
+        nodes = op.writes if written else op.reads
+        found = {f"{state.node(n).data}[{sub}]" if sub is not None else state.node(n).data
+                 for n in nodes if state.node(n).data in arrays for sub in _subsets_at(state, op, n, written)}
+        return ", ".join(sorted(found)) or "?"
+
+    steps = "; ".join(f"{parts(ops[i], True)} from {parts(ops[i], False)}" for i, _ in cycle)
+    match = re.search(r"_(\d+)(?:_\d+)?$", state.label)
+    where = f"line {match.group(1)}, " if match else ""
+    first = arrays[0] if arrays else "x"
+    return NotDifferentiableError(
+        f"updates of {named} in one dataflow step ({where}DaCe's state '{state.label}') each read elements "
+        f"another overwrites ({steps}): no order of them keeps every read before its overwrite",
+        hint=f"copy what one update reads into a temporary first (`t = {first}[...].copy()`), or write the "
+             "results into a new array")
 
 
 def _touched(state: SDFGState, op: Op) -> list[tuple[str, subsets.Range | None, bool]]:

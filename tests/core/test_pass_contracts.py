@@ -107,6 +107,32 @@ def _temporaries_copied_back(g: Graph) -> int:
     return sum(len(list(WriteInPlace().matches(sdfg))) for sdfg in g.sdfg.all_sdfgs_recursive())
 
 
+def _column_loop_before_interchange() -> Graph:
+    """A matrix of powers built a column at a time, optimized up to `move_loops_into_maps`."""
+    from tests.optimize.test_loop_interchange import before_interchange, powers
+
+    return before_interchange(powers)
+
+
+def _interchangeable_loops(g: Graph) -> int:
+    from tests.optimize.test_loop_interchange import _interchangeable
+
+    return _interchangeable(g)
+
+
+def _gradient_before_join() -> Graph:
+    """A gradient whose forward loop has a map's temporary copied into the array in a state of its own."""
+    from tests.optimize.test_copy_states import before_join
+
+    return before_join()
+
+
+def _joinable_pairs(g: Graph) -> int:
+    from tests.optimize.test_copy_states import joinable_pairs
+
+    return joinable_pairs(g)
+
+
 def _two_outer_products() -> Graph:
     """nb_atax's gradient with its first writes overwriting and its dead clears gone: grad_A gets one
     map's write and a later map's sum."""
@@ -396,6 +422,8 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "version_by_size": (_npbench_syrk, None, _size_versions, (0, "> 0")),
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "write_in_place": (_time_step_before_in_place, None, _temporaries_copied_back, ("> 0", 0)),
+    "move_loops_into_maps": (_column_loop_before_interchange, None, _interchangeable_loops, (1, 0)),
+    "join_copy_states": (_gradient_before_join, None, _joinable_pairs, ("> 0", 0)),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
                            _conflicting_scatters, ("> 0", 0)),
     "drop_dead_stores": (

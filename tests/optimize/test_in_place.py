@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradflow.core.graph import Graph
+from gradflow.core.passes import Pipeline
 from gradflow.optimize import OPTIMIZE, WriteInPlace, optimized
 from gradflow.optimize.in_place import match_at
 from gradflow.runtime.compile import compile_sdfg
@@ -174,3 +175,46 @@ def test_the_old_value_is_read_before_it_is_overwritten(other_reader, split_task
     np.testing.assert_array_equal(y, np.arange(5.0) + 1)
     if split_tasklets:
         np.testing.assert_array_equal(b, 2 * np.arange(5.0))
+
+
+@dace.program
+def columns(t: dace.float64[N], P: dace.float64[N, 5]):
+    for j in range(1, 5):
+        P[:, j] = P[:, j - 1] * t
+
+
+@dace.program
+def columns_from_below(t: dace.float64[N], P: dace.float64[N, 5]):
+    for j in range(1, 5):
+        P[1:, j] = P[:N - 1, j] * t[1:]  # reads elements of the column it writes, a row apart
+
+
+def _copied_back(sdfg: dace.SDFG) -> int:
+    return sum(len(list(WriteInPlace().matches(sub))) for sub in sdfg.all_sdfgs_recursive())
+
+
+def _before_in_place(program) -> Graph:
+    """`program` through the passes of `OPTIMIZE` before `write_in_place`."""
+    names = [step.name for step in OPTIMIZE.steps]
+    return optimized(Graph.of(program), Pipeline(OPTIMIZE.steps[:names.index("write_in_place")]))
+
+
+def test_a_column_built_from_the_previous_column_is_written_in_place():
+    # column j - 1 is read, column j written: no iteration writes what another reads
+    before = _before_in_place(columns)
+    assert _copied_back(before.sdfg) == 1
+    assert _copied_back(WriteInPlace()(before).unwrap().sdfg) == 0
+    rng = np.random.default_rng(2)
+    t, P = rng.standard_normal(6), rng.standard_normal((6, 5))
+    got = P.copy()
+    compile_sdfg(optimized(Graph.of(columns)).sdfg)(t=t, P=got, N=6)
+    for j in range(1, 5):
+        P[:, j] = P[:, j - 1] * t
+    np.testing.assert_allclose(got, P, rtol=1e-13)
+
+
+def test_a_column_built_from_its_own_other_rows_keeps_its_temporary():
+    before = _before_in_place(columns_from_below)
+    temps = [m for sub in before.sdfg.all_sdfgs_recursive() for st in sub.states() for n in st.data_nodes()
+             if (m := match_at(sub, st, n)) is not None]
+    assert not temps and _transients(before.sdfg), "no temporary to keep: the test no longer tests the refusal"

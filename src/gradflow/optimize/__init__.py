@@ -13,9 +13,11 @@ from typing import Any
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.broadcasts import ForwardBroadcasts
+from gradflow.optimize.copy_states import JoinCopyStates
 from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.in_place import WriteInPlace
 from gradflow.optimize.layouts import TransientLayouts
+from gradflow.optimize.loop_interchange import MoveLoopsIntoMaps
 from gradflow.optimize.nest_reductions import NestReductions
 from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
 from gradflow.optimize.persistent_tapes import PersistentTapes
@@ -41,9 +43,10 @@ from gradflow.transforms.views import RemoveViews
 #: convolution nodes, products and maps as its gradient.
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
-                     ForwardBroadcasts(), MergeElementSums(), FuseMaps(), WriteInPlace(), OwnScatterWrites(),
-                     NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
+                     ForwardBroadcasts(), MergeElementSums(), FuseMaps(), JoinCopyStates(), WriteInPlace(),
+                     MoveLoopsIntoMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules(),
+                     VersionBySize(), RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(), SinkFills(),
+                     ShareDeadBuffers()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -52,6 +55,7 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 
 
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
-           "HoistRowProducts", "LocalReductions", "MergeElementSums", "NestReductions", "OverwriteZeroedProducts",
-           "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions", "RegisterScalarSums", "ShareDeadBuffers",
-           "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]
+           "HoistRowProducts", "JoinCopyStates", "LocalReductions", "MergeElementSums", "MoveLoopsIntoMaps",
+           "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions",
+           "RegisterScalarSums", "ShareDeadBuffers", "SimdRegisterSums", "SinkFills", "TransientLayouts",
+           "VersionBySize", "WriteInPlace", "optimized"]

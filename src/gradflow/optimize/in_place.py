@@ -25,7 +25,7 @@ Then the map writes A where T's element lands, T and the copy go. The values are
 
 from __future__ import annotations
 
-from typing import ClassVar, Iterator
+from typing import Any, ClassVar, Iterator
 
 import attrs
 import dace
@@ -69,6 +69,24 @@ def _written_box(subset, entry: nd.MapEntry) -> subsets.Range | None:
     return subsets.Range(box) if len(box) == len(params) else None
 
 
+def _never_written(read, image, entry: nd.MapEntry) -> bool:
+    """Does no iteration's write `image` meet any iteration's `read`? True when, in some dimension, both
+    are single indices free of the map's parameters and differ by a nonzero number (`P[i, j - 1]` read,
+    `P[i, j]` written: column j - 1 is never written, whichever iteration runs first)."""
+    params = set(entry.map.params)
+    if read.dims() != image.dims():
+        return False
+    for (a, a_end, _), (b, b_end, _) in zip(read.ndrange(), image.ndrange()):
+        a, b = (symbolic.pystr_to_symbolic(str(x)) for x in (a, b))  # one symbol per name (`same_value`)
+        if not (same_value(a, a_end) and same_value(b, b_end)) or params & {str(x) for x in
+                                                                             (a.free_symbols | b.free_symbols)}:
+            continue
+        difference = sympy.simplify(a - b)
+        if difference.is_number and difference != 0:
+            return True
+    return False
+
+
 def _copy(state: dace.SDFGState, temp: nd.AccessNode):
     """(the edge writing `temp`, the copy edge out of it, its destination) or None."""
     if state.in_degree(temp) != 1 or state.out_degree(temp) != 1:
@@ -83,21 +101,45 @@ def _copy(state: dace.SDFGState, temp: nd.AccessNode):
 
 
 def _shift(copy, state) -> list | None:
-    """Per dimension, what to add to an index of the temporary to get the element of the destination,
-    when the copy is element for element with unit steps; else None."""
+    """Per dimension of the destination, where its index comes from: `(k, d)` adds d to the temporary's
+    index in dimension k, `(None, i)` is the single index i of a dimension the temporary lacks (a slice
+    `P[:, j]` copied from a vector). The copy must be element for element with unit steps: the dimensions
+    of more than one element pair up in order, with equal extents; else None."""
     src, dst = copy.data.get_src_subset(copy, state), copy.data.get_dst_subset(copy, state)
-    if src is None or dst is None or src.dims() != dst.dims():
+    if src is None or dst is None:
         return None
-    shift = []
-    for (b0, e0, s0), (b1, e1, s1) in zip(src.ndrange(), dst.ndrange()):
+    src_dims, dst_dims = list(src.ndrange()), list(dst.ndrange())
+    pairs: list[int | None] = []
+    if len(src_dims) == len(dst_dims):
+        pairs.extend(range(len(src_dims)))
+    else:
+        wide = [k for k, (b, e, _) in enumerate(src_dims) if not same_value(b, e)]
+        for b, e, _ in dst_dims:
+            if same_value(b, e):
+                pairs.append(None)
+            elif len(pairs) - pairs.count(None) < len(wide):
+                pairs.append(wide[len(pairs) - pairs.count(None)])
+            else:
+                return None
+        if len(pairs) - pairs.count(None) != len(wide):
+            return None
+    shift: list[tuple[int | None, Any]] = []
+    for k, (b1, e1, s1) in zip(pairs, dst_dims):
+        if k is None:
+            shift.append((None, b1))
+            continue
+        b0, e0, s0 = src_dims[k]
         if not (same_value(s0, 1) and same_value(s1, 1) and same_value(e0 - b0, e1 - b1)):
             return None
-        shift.append(b1 - b0)
+        shift.append((k, b1 - b0))
     return shift
 
 
 def _moved(subset, shift) -> subsets.Range:
-    return subsets.Range([(b + d, e + d, s) for (b, e, s), d in zip(subset.ndrange(), shift)])
+    """`subset` of the temporary as the elements of the destination it is copied to (`_shift`)."""
+    dims = subset.ndrange()
+    return subsets.Range([(dims[k][0] + d, dims[k][1] + d, dims[k][2]) if k is not None else (d, d, 1)
+                          for k, d in shift])
 
 
 def match_at(sdfg: dace.SDFG, state: dace.SDFGState, temp: nd.AccessNode):
@@ -134,6 +176,8 @@ def match_at(sdfg: dace.SDFG, state: dace.SDFGState, temp: nd.AccessNode):
     for e in state.out_edges(entry):
         if e.data.data != target:
             continue
+        if all(_never_written(e.data.subset, image, entry) for image in images):
+            continue  # an element no iteration writes: it reads the old value whatever the order
         if any(not _same(e.data.subset, image) for image in images):
             return None  # a read of another element of the array
         after = nx.descendants(state.nx, e.dst) | {e.dst}

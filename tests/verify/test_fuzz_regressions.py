@@ -291,6 +291,20 @@ def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
     x0[:N - 1, M - 2] *= x0[1:, M - 1]
     S[0] += np.sum(x0 * w0)
 """, {"N": 6, "M": 5}, ("x0",), {}, ("grad", "store_all", True)),
+    # `--seed 83117` at 127a225, programs 36-37 (crash, present at a53c468 too): `loops_to_maps` made the
+    # tasklet of `S[0] = S[0]` write DaCe's one-element `S_index` and copied it into S, the two new memlets
+    # sharing one subset object; DaCe's validation of the reverse graph refused it ("Duplicate subset").
+    "one_subset_in_two_memlets_of_a_forwarded_element": ("""@dace.program
+def program(x0: dace.float64[M], w0: dace.float64[M], idx: dace.int64[5], cnt: dace.int64[1], S: dace.float64[1]):
+    for q_idx in range(0, 5):
+        x0[idx[q_idx]] += 1.0
+    for i5 in range(2, M - 1):
+        for i6 in range(2, M - 1, 2):
+            for i7 in range(0, M, 2):
+                S[0] *= 1.0
+                S[0] = S[0]
+    S[0] += np.sum(x0 * w0)
+""", {"N": 5, "M": 6}, ("x0",), {"idx": [0, 2, 1, 4, 0], "cnt": [3]}, ("grad", "store_all", True)),
 }
 
 

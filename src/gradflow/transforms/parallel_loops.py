@@ -185,9 +185,10 @@ def _forward_written_elements(state: dace.SDFGState) -> None:
         one = dace.subsets.Range.from_array(holder.desc(state.sdfg))
         state.remove_edge(write)
         state.remove_edge(reads[0])
+        # each memlet its own subset objects: DaCe's validation refuses one subset in two memlets
         state.add_edge(write.src, write.src_conn, holder, None, dace.Memlet(data=holder.data, subset=one))
-        state.add_edge(holder, None, node, None,
-                       dace.Memlet(data=node.data, subset=write.data.subset, other_subset=one))
+        state.add_edge(holder, None, node, None, dace.Memlet(data=node.data, subset=copy.deepcopy(write.data.subset),
+                                                             other_subset=copy.deepcopy(one)))
 
 
 def _rereads_overwritten(state: dace.SDFGState) -> str | None:

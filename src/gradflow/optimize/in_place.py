@@ -10,13 +10,15 @@ The rewrite has a proof, checked here on the map's memlets (DaCe's transformatio
   reads it), written by one edge from the map's exit and read by one edge: a plain copy (no write-conflict
   resolution) of exactly the elements the map's iterations write (computed from the map's range, not
   from DaCe's propagated memlet), element for element and with unit steps, into an access node D of the
-  array A;
+  array A (D may have more dimensions, of one element each: a vector copied into a column `P[:, j]`);
 - the map is element-wise (Python tasklets and scope-local data in its body), writes nothing else of A,
   and every write of T in it is one element whose index in each dimension is a distinct map parameter
   plus a constant, every parameter used (distinct iterations write distinct elements); every read of A in
   it is one element, the one the same write puts into A, by a node from which every write of T in the map
   is reached. An iteration thus reads, from A, only the element it writes itself, before writing it: no
-  other iteration writes what it reads, whatever their order;
+  other iteration writes what it reads, whatever their order. A read that no write can meet is free too:
+  in some dimension read and writes are single indices, free of the map's parameters, a nonzero number
+  apart (`P[:, j] = P[:, j - 1] * t` reads column j - 1 and writes column j);
 - A's other access nodes in the state are only read (D aside), and each node that reads them outside the
   map is an ancestor of the map's entry in the state: everything that reads A's old value runs before the
   map writes the new one. Readers of D (the new value) stay after the map, now through its exit.

@@ -25,6 +25,7 @@ import dace
 import networkx as nx
 from dace.sdfg import nodes as nd
 
+from gradflow.analysis.access import accesses
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 
@@ -38,9 +39,6 @@ def _copies(state: dace.SDFGState) -> list | None:
         return None
     if any(state.degree(n) == 0 for n in state.nodes()):
         return None
-    sources = {e.src for e in edges}
-    if sources & {e.dst for e in edges}:
-        return None  # a chain of copies
     return edges
 
 
@@ -51,12 +49,12 @@ def _joinable(first: dace.SDFGState, second: dace.SDFGState) -> bool:
         return False
     written_in_second = {e.dst.data for e in copies}
     if written_in_second & {e.src.data for e in copies}:
-        return False
+        return False  # a chain of copies
     for e in copies:
         source, dest = sdfg.arrays[e.src.data], sdfg.arrays[e.dst.data]
         if not source.transient or isinstance(source, dace.data.View) or isinstance(dest, dace.data.View):
             return False
-        nodes_t = [n for n in first.data_nodes() if n.data == e.src.data]
+        nodes_t = accesses(first, e.src.data)
         if len(nodes_t) != 1 or not any(isinstance(w.src, nd.MapExit) for w in first.in_edges(nodes_t[0])):
             return False
         before = nx.ancestors(first.nx, nodes_t[0])
@@ -92,7 +90,7 @@ class JoinCopyStates(RewritePass):
     def rewrite(self, sdfg: dace.SDFG, match) -> None:
         region, first, second = match
         for e in second.edges():
-            source = next(n for n in first.data_nodes() if n.data == e.src.data)
+            source = accesses(first, e.src.data)[0]  # its one node (`_joinable`)
             dest = first.add_access(e.dst.data)
             first.add_edge(source, e.src_conn, dest, e.dst_conn, copy.deepcopy(e.data))
         for out in region.out_edges(second):

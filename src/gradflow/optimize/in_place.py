@@ -115,16 +115,14 @@ def _shift(copy, state) -> list | None:
     if len(src_dims) == len(dst_dims):
         pairs.extend(range(len(src_dims)))
     else:
-        wide = [k for k, (b, e, _) in enumerate(src_dims) if not same_value(b, e)]
+        wide = iter([k for k, (b, e, _) in enumerate(src_dims) if not same_value(b, e)])
         for b, e, _ in dst_dims:
-            if same_value(b, e):
-                pairs.append(None)
-            elif len(pairs) - pairs.count(None) < len(wide):
-                pairs.append(wide[len(pairs) - pairs.count(None)])
-            else:
-                return None
-        if len(pairs) - pairs.count(None) != len(wide):
-            return None
+            k = None if same_value(b, e) else next(wide, -1)
+            if k == -1:
+                return None  # more wide dimensions in the destination than in the temporary
+            pairs.append(k)
+        if next(wide, None) is not None:
+            return None  # fewer
     shift: list[tuple[int | None, Any]] = []
     for k, (b1, e1, s1) in zip(pairs, dst_dims):
         if k is None:

@@ -34,6 +34,7 @@ from gradflow.autodiff.passes import ad_pipeline
 import gradflow.onnx  # noqa: E402,F401  - `gradflow.onnx.load`; registers the `onnx_lower` pass
 import gradflow.frontend.numpy_prod  # noqa: E402,F401  - `np.prod` in DaCe programs (a product Reduce)
 import gradflow.transforms.internal_names  # noqa: E402,F401  - registers its pass (imported lazily elsewhere)
+import gradflow.gpu  # noqa: E402,F401  - `gradflow.gpu.OPTIMIZE_GPU`; registers the `to_gpu` pass
 
 __version__ = "0.1.0"
 

@@ -127,6 +127,12 @@ def _gradient_before_join() -> Graph:
     return before_join()
 
 
+def _gpu_kernels(g: Graph) -> int:
+    from gradflow.gpu.offload import gpu_maps
+
+    return gpu_maps(g.sdfg)
+
+
 def _joinable_pairs(g: Graph) -> int:
     from tests.optimize.test_copy_states import joinable_pairs
 
@@ -424,6 +430,8 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "write_in_place": (_time_step_before_in_place, None, _temporaries_copied_back, ("> 0", 0)),
     "move_loops_into_maps": (_column_loop_before_interchange, None, _interchangeable_loops, (1, 0)),
     "join_copy_states": (_gradient_before_join, None, _joinable_pairs, ("> 0", 0)),
+    "to_gpu": (lambda: Reverse(("X",), ("S",))(_normalized(loops.lp_if_else)).unwrap(), None, _gpu_kernels,
+               (0, "> 0")),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,
                            _conflicting_scatters, ("> 0", 0)),
     "drop_dead_stores": (

@@ -73,6 +73,25 @@ def test_which_indices_keep_threads_apart(params, collapse, index, apart) -> Non
     assert races.disjoint_across_threads(nd.MapEntry(m), dace.subsets.Range.from_string(index)) == apart
 
 
+@pytest.mark.parametrize("index, apart", [("2*i, k", True), ("32*i + k", False), ("i", False)])
+def test_every_parameter_of_a_cuda_kernel_is_parallel(index, apart) -> None:
+    # (i, 0) and (i, 1) run on two GPU threads whatever `collapse` says: `32*i + k` passes for OpenMP
+    # (i alone shared out, k < 32), not for a kernel
+    m = nd.Map("m", ["i", "k"], dace.subsets.Range([(0, 99, 1), (0, 31, 1)]),
+               schedule=dace.ScheduleType.GPU_Device)
+    assert races.disjoint_across_threads(nd.MapEntry(m), dace.subsets.Range.from_string(index)) == apart
+
+
+def test_a_cuda_kernel_that_would_race_is_a_compilation_error() -> None:
+    from gradflow.core.errors import CompilationError
+    from gradflow.gpu import OPTIMIZE_GPU
+
+    gpu = OPTIMIZE_GPU(Graph.of(shifted_sum.to_sdfg())).unwrap().to_sdfg()
+    with pytest.raises(CompilationError, match=r"sum into 'y' in GPU kernel .* would race"):
+        races.serialize_racing_sums(gpu)
+    assert races.serialize_racing_sums(OPTIMIZE_GPU(Graph.of(strided_sum.to_sdfg())).unwrap().to_sdfg()) == []
+
+
 def test_the_built_program_has_no_parallel_loop_around_the_unprotected_adds() -> None:
     graph = Graph.of(shifted_sum.to_sdfg())
     compile_sdfg(graph)

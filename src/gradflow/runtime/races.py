@@ -20,6 +20,8 @@ make maps too), default schedules set.
 
 from __future__ import annotations
 
+from typing import Any
+
 import dace
 import sympy
 from dace import symbolic
@@ -27,6 +29,7 @@ from dace.codegen.targets.cpp import is_write_conflicted
 from dace.sdfg import nodes as nd
 
 from gradflow.analysis import indices
+from gradflow.core.errors import CompilationError
 
 _SEQUENTIAL = (dace.ScheduleType.Sequential, dace.ScheduleType.Snitch)
 
@@ -54,9 +57,10 @@ def _span(expr, entry: nd.MapEntry, shared: list[sympy.Symbol]):
 
 def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
     """Whether iterations of the map `entry` that differ in its parallel parameters write disjoint parts
-    of `subset` (the part one iteration writes, in terms of the map's parameters)."""
+    of `subset` (the part one iteration writes, in terms of the map's parameters). Every parameter of a CUDA
+    kernel's map is parallel; OpenMP shares out the first `collapse`."""
     m = entry.map
-    count = max(1, int(m.collapse))
+    count = len(m.params) if m.schedule in dace.dtypes.GPU_SCHEDULES else max(1, int(m.collapse))
     shared = [symbolic.pystr_to_symbolic(p) for p in m.params[:count]]
     others = {symbolic.pystr_to_symbolic(p) for p in m.params[count:]}
     steps = [step for (_, _, step) in m.range.ranges[:count]]
@@ -85,7 +89,7 @@ def disjoint_across_threads(entry: nd.MapEntry, subset) -> bool:
     return indices.injective(rows, count)
 
 
-def _unprotected(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, object]]:
+def _unprotected(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, Any]]:
     """Write-conflict edges leaving a computation (not a scope exit) that DaCe would emit without atomics."""
     found = []
     for node, state in sdfg.all_nodes_recursive():
@@ -119,12 +123,25 @@ def _racing_maps(state: dace.SDFGState, edge) -> list[nd.MapEntry]:
     return racing
 
 
+def _user_name(sdfg: dace.SDFG, name: str) -> str:
+    """An argument's name for its device copy (`gpu_x`, DaCe's GPU transformation's name for x)."""
+    plain = name[len("gpu_"):] if name.startswith("gpu_") else name
+    return plain if plain in sdfg.arrays and not sdfg.arrays[plain].transient else name
+
+
 def serialize_racing_sums(sdfg: dace.SDFG) -> list[str]:
     """Give every parallel map that would race on an unprotected sum the sequential schedule (in place: the
-    caller's private copy). Returns the labels of the maps changed."""
+    caller's private copy). Returns the labels of the maps changed. A CUDA kernel cannot be made sequential
+    that way (it would run on the host, on device memory): one that would race is a `CompilationError`."""
     changed = []
     for state, edge in _unprotected(sdfg):
         for entry in _racing_maps(state, edge):
+            if entry.map.schedule in dace.dtypes.GPU_SCHEDULES:
+                name = _user_name(state.sdfg, edge.data.data)
+                raise CompilationError(
+                    f"the sum into '{name}' in GPU kernel '{entry.map.label}' (state '{state.label}') would race: "
+                    "DaCe emits it without atomics, but the kernel's threads can add into one element",
+                    "build without `to_gpu` (the CPU build runs that map sequentially), or report the program")
             if entry.map.schedule not in _SEQUENTIAL:
                 entry.map.schedule = dace.ScheduleType.Sequential
                 changed.append(entry.map.label)

@@ -84,3 +84,15 @@ def test_an_error_in_a_header_is_blamed_where_the_program_instantiated_it(tmp_pa
     blamed = _blame(output, source, spans)
     assert set(blamed) == {"first", "second"}
     assert "atomicMax" in blamed["second"][0] and "undefined_name" in blamed["first"][0]
+
+
+def test_the_host_compilers_errors_are_blamed_too(tmp_path) -> None:
+    source = tmp_path / "gradflow_check_host.cpp"
+    output = "\n".join([
+        "/site/dace/runtime/include/dace/vector.h: In instantiation of 'void f(T) [with T = long int]':",
+        f"{source}:57:9:   required from here",
+        "/site/dace/runtime/include/dace/vector.h:12:3: error: no matching function for call to 'g(long int)'",
+        f"{source}:15:7: error: 'undefined_name' was not declared in this scope",
+    ])
+    blamed = _blame(output, source, [(10, 40, "first"), (41, 90, "second")])
+    assert "no matching function" in blamed["second"][0] and "undefined_name" in blamed["first"][0]

@@ -18,21 +18,49 @@ import numpy as np
 import sympy
 from dace import dtypes, subsets
 from dace.sdfg import nodes as nd
-from dace.sdfg.state import SDFGState
+from dace.sdfg.state import LoopRegion, SDFGState
 
+from gradflow.analysis.loops import describe_loop
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.names import tape_array
 from gradflow.core.symbolic import UNASSIGNED, Element, read_tasklet, stored_as
 from gradflow.core.wcr import reduction_type
 
 
+def _enclosing_loop(state: SDFGState) -> LoopRegion | None:
+    region = state.parent_graph
+    while region is not None and not isinstance(region, LoopRegion) and region is not state.sdfg:
+        region = region.parent_graph
+    return region if isinstance(region, LoopRegion) else None
+
+
+def _pushing_loop(state: SDFGState, node: nd.Tasklet) -> LoopRegion | None:
+    """The forward loop whose iterations push onto the tape `node` pushes or pops (a pop runs in the
+    loop's reversal, whose counter hides whether the loop was a while loop)."""
+    tapes = {e.data.data for e in state.all_edges(node) if e.data.data and tape_array(e.data.data)}
+    for other in state.sdfg.states():
+        if not any(n.data in tapes for n in other.data_nodes()):
+            continue
+        loop = _enclosing_loop(other)
+        if loop is not None and "reverse_" not in loop.label:
+            return loop
+    return None
+
+
 def foreign_code_hint(state: SDFGState, node: nd.Tasklet) -> str:
     """What to do about a tasklet in another language than Python that gradflow itself wrote into a program
     differentiated again ('' for one the user wrote): a growable tape's push or pop (a while loop without
-    a bound), or a tasklet of the optimizer."""
+    a bound, or a for loop whose trip count is read from data), or a tasklet of the optimizer."""
     if any(e.data.data and tape_array(e.data.data) for e in state.all_edges(node)):
-        return ("it is a growable tape's C++ code (a while loop without a bound): give the while loop a bound "
-                "when building the gradient program (forwarding=gradflow.STORE_ALL.with_loop_bounds(...))")
+        loop = _pushing_loop(state, node)
+        if loop is not None and loop.loop_variable:  # a counted loop: only a data bound makes a tape growable
+            return (f"it is the C++ code of a growable tape, kept for {describe_loop(loop)}, whose trip count is "
+                    "read from data: pass the trip count as a scalar argument (a size, which gives the tape a "
+                    "fixed size)")
+        where = f" for {describe_loop(loop)}" if loop is not None else ""
+        return (f"it is the C++ code of a growable tape{where} (a while loop without a bound): give the while "
+                "loop a bound when building the gradient program (forwarding=gradflow.STORE_ALL.with_loop_bounds"
+                "(...))")
     if "gradflow_" in node.label:  # the optimizer's tasklets are named after the accumulator they clear or fold
         return ("gradflow's optimizer wrote it: differentiate the gradient program built with optimize=False "
                 "(and optimize the second-order program instead)")

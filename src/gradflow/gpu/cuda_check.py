@@ -1,7 +1,8 @@
 """A compile-only check of the code DaCe generates for GPU programs: nothing runs, no GPU is needed.
 
 Each program's CUDA file (its kernels and their launches) and host file (the program's control flow,
-allocations and copies) are generated as `compile()` would, then compiled with `nvcc -c`. Compiling a file
+allocations and copies) are generated as `compile_sdfg` would (its expansions and race check first), then
+compiled with `nvcc -c`. Compiling a file
 costs `nvcc` 10-15 s, nearly all of it in DaCe's runtime headers and CUB, whatever the program: so the
 programs are compiled together, two translation units in all (every device file, every host file), each
 program's code in a namespace of its own, its C linkage dropped (names DaCe gives every program, such as
@@ -23,11 +24,12 @@ import dace
 
 from gradflow.core.graph import Graph
 from gradflow.gpu.toolkit import CudaToolkit, find_toolkit
+from gradflow.runtime.compile import prepared_for_code_generation
 
-#: nvcc's flags besides the architecture: DaCe's own (`--expt-relaxed-constexpr`), C++17 as DaCe's CMake
-#: file asks for its CUDA sources, OpenMP for host code that has `#pragma omp`, no warnings (DaCe's headers
-#: have many that say nothing about the program)
-FLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fopenmp,-fPIC", "-w")
+#: nvcc's flags besides the architecture: DaCe's own (C++20, `--expt-relaxed-constexpr`, `WITH_CUDA`, which its
+#: CMake file sets for every file of a GPU build), OpenMP for host code that has `#pragma omp`, no
+#: warnings (DaCe's headers have many that say nothing about the program)
+FLAGS = ("-std=c++20", "--expt-relaxed-constexpr", "-Xcompiler", "-fopenmp,-fPIC", "-w", "-DWITH_CUDA")
 
 
 @attrs.frozen
@@ -58,7 +60,9 @@ _INCLUDE = re.compile(r'^\s*#include\s*(<[^>]+>|"[^"]+")\s*$', re.MULTILINE)
 def _generate(name: str, graph: Graph) -> _Code:
     sdfg = graph.to_sdfg()
     device, host = [], []
-    for obj in sdfg.generate_code():
+    with prepared_for_code_generation(sdfg):  # what `compile_sdfg` does first: expansions, the race check
+        objects = sdfg.generate_code()
+    for obj in objects:
         if obj.language == "cu":
             device.append(obj.clean_code)
         elif obj.language == "cpp" and obj.target.target_name == "cpu" and obj.name == sdfg.name:
@@ -88,12 +92,18 @@ def _unit(codes: list[_Code], part: str) -> tuple[str, list[tuple[int, int, str]
     return "\n".join(lines) + "\n", spans
 
 
-_ERROR = re.compile(r"^(.*?)\((\d+)\): (?:catastrophic )?error")
-_CONTEXT = re.compile(r"at line (\d+) of (\S+)")
+#: an error as nvcc's front end (`file(12): error`) and as the host compiler (`file:12:5: error`) report it
+_ERROR = re.compile(r"^(.*?)(?:\((\d+)\)|:(\d+):\d+): (?:catastrophic |fatal )?error")
+#: where a template met in a header was instantiated: after the error (nvcc), or before it (gcc)
+_AFTER = re.compile(r"at line (\d+) of (\S+)")
+_BEFORE = re.compile(r"^(\S+?):(\d+):\d+:\s+required from")
 
 
-def _compile(toolkit: CudaToolkit, source: Path, arch: str) -> tuple[bool, str]:
-    command = [str(toolkit.nvcc), "-c", f"-arch=sm_{arch}", *FLAGS, "-I", str(_dace_includes()),
+def _compile(toolkit: CudaToolkit, source: Path, arch: str, part: str) -> tuple[bool, str]:
+    # host code is C++ for the host compiler, as DaCe's build compiles it (nvcc passes it on with CUDA's
+    # include folders)
+    language = ["-x", "c++"] if part == "host" else []
+    command = [str(toolkit.nvcc), "-c", *language, f"-arch=sm_{arch}", *FLAGS, "-I", str(_dace_includes()),
                "-o", str(source.with_suffix(".o")), str(source)]
     done = subprocess.run(command, capture_output=True, text=True)
     return done.returncode == 0, done.stdout + done.stderr
@@ -103,23 +113,37 @@ def _dace_includes() -> Path:
     return Path(dace.__file__).parent / "runtime" / "include"
 
 
+def _line_in(source: Path, line: str) -> int | None:
+    """The line of `source` an error line names, if it names `source`."""
+    found = _ERROR.search(line)
+    if found and Path(found.group(1)).name == source.name:
+        return int(found.group(2) or found.group(3))
+    return None
+
+
 def _blame(output: str, source: Path, spans: list[tuple[int, int, str]]) -> dict[str, list[str]]:
     """The errors of `output` by the program whose lines hold them: the error's own line when it is in
-    `source`, else (an error in a header, met while instantiating a template) the first line of `source`
-    in the context nvcc gives after it. Errors it cannot place are kept under ""."""
+    `source`, else (an error in a header, met while instantiating a template) the line of `source` that
+    instantiated it, from the context the compiler gives. Errors it cannot place are kept under ""."""
     lines = output.splitlines()
     blamed: dict[str, list[str]] = {}
     for k, line in enumerate(lines):
-        found = _ERROR.search(line)
-        if not found:
+        if not _ERROR.search(line):
             continue
-        number = int(found.group(2)) if Path(found.group(1)).name == source.name else None
-        for context in lines[k + 1:k + 40]:
-            if number is not None or _ERROR.search(context):
+        number = _line_in(source, line)
+        for context in lines[k + 1:k + 40] if number is None else ():
+            if _ERROR.search(context):
                 break
-            at = _CONTEXT.search(context)
+            at = _AFTER.search(context)
             if at and Path(at.group(2)).name == source.name:
                 number = int(at.group(1))
+        for context in reversed(lines[max(0, k - 40):k]) if number is None else ():
+            if _ERROR.search(context):
+                break
+            at = _BEFORE.search(context)
+            if at and Path(at.group(1)).name == source.name:
+                number = int(at.group(2))
+                break
         owner = next((name for start, end, name in spans if number is not None and start <= number <= end), "")
         blamed.setdefault(owner, []).append(line.strip())
     return blamed
@@ -143,9 +167,9 @@ def check_cuda_builds(programs: Mapping[str, Graph], arch: str = "90", toolkit: 
         pending = [c for c in codes if c.name not in verdicts]
         while pending:
             text, spans = _unit(pending, part)
-            source = folder / f"gradflow_check_{part}.cu"
+            source = folder / f"gradflow_check_{part}.{'cu' if part == 'device' else 'cpp'}"
             source.write_text(text)
-            ok, output = _compile(toolkit, source, arch)
+            ok, output = _compile(toolkit, source, arch, part)
             if ok:
                 break
             blamed = _blame(output, source, spans)

@@ -22,6 +22,7 @@ How an entry stays trustworthy:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import fcntl
 import functools
@@ -352,17 +353,37 @@ def _as_code_generation_sees_it(sdfg: dace.SDFG) -> None:
         sdfg.expand_library_nodes()
 
 
+def _for_gpu(sdfg: dace.SDFG) -> bool:
+    """Whether `sdfg` was built for a GPU (`gradflow.gpu.to_gpu`): a map scheduled on one, or data on one."""
+    on_gpu = (dace.StorageType.GPU_Global, dace.StorageType.GPU_Shared)
+    return any(isinstance(n, nd.MapEntry) and n.map.schedule in dace.dtypes.GPU_SCHEDULES
+               for n, _ in sdfg.all_nodes_recursive()) or any(d.storage in on_gpu for _, d in sdfg.arrays_recursive())
+
+
+@contextmanager
+def prepared_for_code_generation(sdfg: dace.SDFG) -> Iterator[None]:
+    """`sdfg` (the caller's private copy, changed in place) as `compile_sdfg` hands it to DaCe's code
+    generator, inside the contexts its code is generated in (BLAS and math declarations, expansions, the
+    race check): `sdfg.compile()` or `sdfg.generate_code()` runs inside."""
+    with contextlib.ExitStack() as contexts:
+        # no source-line info: DaCe would inspect the stack at every node its expansions add
+        contexts.enter_context(dace.config.set_temporary("compiler", "use_cache", value=False))
+        contexts.enter_context(dace.config.set_temporary("compiler", "lineinfo", value="none"))
+        contexts.enter_context(_integer_divisions())
+        if not _for_gpu(sdfg):  # a GPU program keeps DaCe's expansions (cuBLAS, kernels), not OpenBLAS calls
+            contexts.enter_context(blas.compile_context())
+            contexts.enter_context(vector_math.declared(sdfg))
+        _as_code_generation_sees_it(sdfg)  # inside the contexts: they choose the expansions
+        serialized = races.serialize_racing_sums(sdfg)  # DaCe's own check lets some parallel sums race
+        if serialized:
+            log.info("sequential in %s (their parallel sums could race): %s", sdfg.name, ", ".join(serialized))
+        yield
+
+
 def _build(sdfg: dace.SDFG, folder: Path) -> None:
     """Build `sdfg` (the caller's private copy, changed in place) in `folder`."""
     try:
-        # no source-line info: DaCe would inspect the stack at every node its expansions add
-        with dace.config.set_temporary("compiler", "use_cache", value=False), \
-                dace.config.set_temporary("compiler", "lineinfo", value="none"), blas.compile_context(), \
-                vector_math.declared(sdfg), _integer_divisions(), progress.step(f"compiling SDFG '{sdfg.name}'"):
-            _as_code_generation_sees_it(sdfg)  # inside the contexts: they choose the expansions
-            serialized = races.serialize_racing_sums(sdfg)  # DaCe's own check lets some parallel sums race
-            if serialized:
-                log.info("sequential in %s (their parallel sums could race): %s", sdfg.name, ", ".join(serialized))
+        with prepared_for_code_generation(sdfg), progress.step(f"compiling SDFG '{sdfg.name}'"):
             sdfg.compile(return_program_handle=False)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)

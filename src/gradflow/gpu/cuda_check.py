@@ -2,8 +2,8 @@
 
 Each program's CUDA file (its kernels and their launches) and host file (the program's control flow,
 allocations and copies) are generated as `compile_sdfg` would (its expansions and race check first), then
-compiled with `nvcc -c`. Compiling a file
-costs `nvcc` 10-15 s, nearly all of it in DaCe's runtime headers and CUB, whatever the program: so the
+compiled with `nvcc -c`. Compiling a file costs `nvcc` 10-15 s, nearly all of it in DaCe's runtime
+headers and CUB, whatever the program: so the
 programs are compiled together, two translation units in all (every device file, every host file), each
 program's code in a namespace of its own, its C linkage dropped (names DaCe gives every program, such as
 `__dace_init_cuda`, would clash) and the `#include`s it names hoisted. An error is attributed to the
@@ -22,6 +22,7 @@ from typing import Mapping
 import attrs
 import dace
 
+from gradflow.core.errors import CompilationError
 from gradflow.core.graph import Graph
 from gradflow.gpu.toolkit import CudaToolkit, find_toolkit
 from gradflow.runtime.compile import prepared_for_code_generation
@@ -174,8 +175,9 @@ def check_cuda_builds(programs: Mapping[str, Graph], arch: str = "90", toolkit: 
                 break
             blamed = _blame(output, source, spans)
             culprits = [name for name in blamed if name]
-            if not culprits:  # an error outside every program's lines: the check's own, said as it is
-                raise RuntimeError(f"nvcc failed on the {part} code outside any program:\n{output[-3000:]}")
+            if not culprits:  # an error outside every program's lines (the toolkit or DaCe's headers)
+                raise CompilationError(f"nvcc failed on the {part} code outside any program:\n{output[-3000:]}",
+                                       f"compile {source} by hand to see the whole output")
             for name in culprits:
                 verdicts[name] = CudaBuild(name, "nvcc", f"{part} code: " + "; ".join(blamed[name][:3]))
             pending = [c for c in pending if c.name not in verdicts]

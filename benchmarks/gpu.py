@@ -1,5 +1,5 @@
-"""GPU check (issue 35), prepared for a session lent an NVIDIA GPU: every corpus program's gradient built
-with `OPTIMIZE_GPU` against the same gradient on the CPU, then the time of a few gradients against eager
+"""GPU check (issue 35), prepared for a session lent an NVIDIA GPU: every loop and dataflow corpus program's
+gradient built with `OPTIMIZE_GPU` against the same gradient on the CPU, then the time of a few gradients against eager
 torch on the same GPU.
 
 The device machine has no DaCe and no network: the wheels travel (`benchmarks/gpu_wheels.sh` fetches them
@@ -39,9 +39,10 @@ TIMED = ("lp_jacobi_1d@N=4000,T=50", "lp_softmax@N=256,M=512", "lp_go_fast", "ml
 
 
 def _cases():
-    from gradflow.verify.corpus import dataflow, library, loops
+    """The loop and dataflow corpora (the library-node corpus, `LibCase`, has another interface)."""
+    from gradflow.verify.corpus import dataflow, loops
 
-    return {c.name: c for c in (*loops.CASES, *dataflow.CASES, *library.CASES)}
+    return {c.name: c for c in (*loops.CASES, *dataflow.CASES)}
 
 
 def _forwarding(case):

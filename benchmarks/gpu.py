@@ -1,6 +1,6 @@
-"""GPU check (issue 35), prepared for a session lent an NVIDIA GPU: every loop and dataflow corpus program's
-gradient built with `OPTIMIZE_GPU` against the same gradient on the CPU, then the time of a few gradients against eager
-torch on the same GPU.
+"""GPU check (issue 35), prepared for a session lent an NVIDIA GPU: every loop and dataflow corpus
+program's gradient built with `OPTIMIZE_GPU` against the same gradient on the CPU, then the time of a few
+gradients against eager torch on the same GPU.
 
 The device machine has no DaCe and no network: the wheels travel (`benchmarks/gpu_wheels.sh` fetches them
 into `.whl/`, which git ignores). One `run` of the device tool, `carry=[".whl"]`, `timeout_s=540`:

@@ -357,7 +357,7 @@ def _for_gpu(sdfg: dace.SDFG) -> bool:
     """Whether `sdfg` was built for a GPU (`gradflow.gpu.to_gpu`): a map scheduled on one, or data on one."""
     on_gpu = (dace.StorageType.GPU_Global, dace.StorageType.GPU_Shared)
     return any(isinstance(n, nd.MapEntry) and n.map.schedule in dace.dtypes.GPU_SCHEDULES
-               for n, _ in sdfg.all_nodes_recursive()) or any(d.storage in on_gpu for _, d in sdfg.arrays_recursive())
+               for n, _ in sdfg.all_nodes_recursive()) or any(d.storage in on_gpu for _, _, d in sdfg.arrays_recursive())
 
 
 @contextmanager

@@ -57,3 +57,12 @@ def test_a_for_loop_bounded_by_data_is_refused_with_its_own_hint() -> None:
     with pytest.raises(NotDifferentiableError, match=r"the loop over j \(line \d+") as info:
         grad_graph(case.program, list(case.wrt), case.of, optimize=OPTIMIZE_GPU)
     assert "scalar argument" in info.value.hint and "with_loop_bounds" not in info.value.hint
+
+
+def test_the_build_tells_a_gpu_program_from_a_cpu_one() -> None:
+    # `compile_sdfg` gives a CPU program OpenBLAS calls and SIMD math, a GPU program DaCe's own expansions
+    from gradflow.runtime.compile import _for_gpu
+
+    case = loops.CASES_BY_NAME["lp_jacobi_1d"]
+    cpu = grad_graph(case.program, list(case.wrt), case.of, optimize=False)
+    assert not _for_gpu(cpu.sdfg) and _for_gpu(OPTIMIZE_GPU(cpu).unwrap().sdfg)

@@ -1,7 +1,9 @@
 """Programs in styles neither the loop corpus nor the fuzzer's grammar writes, each checked against
 `torch.autograd` in float64: a backward sweep (negative step), a triangular solve, a scan, modulo and
 float-computed indices, a running `max()` of scalars, `break` and `while` on data, an RNN whose trip count
-is an argument, a view updated in place, an explicit tasklet, a power by the loop index.
+is an argument, a view updated in place, an explicit tasklet, a power by the loop index; step functions
+(floor, ceil, trunc, rint) and remainders (`%`, `//`, np.remainder, np.fmod), whose steps have derivative 0
+(refused as unknown functions until 2026-12-04).
 
 They were written from the outside (as a new user would) on 2026-12-03 and all passed then on every route;
 each runs here on two routes that between them cover both policies, both routes and optimize on and off.
@@ -207,6 +209,37 @@ def t_power_of_loop_index(A):
     return sum(A[i] ** i for i in range(A.shape[0]))
 
 
+@dace.program
+def step_functions(A: dace.float64[N], S: dace.float64[1]):
+    B = A * np.ceil(A * 2.0) + np.trunc(A * 3.0) * A * A + np.rint(A * 4.0) * np.sin(A)
+    S[0] = np.sum(B * np.floor(A + 0.3))
+
+
+def t_step_functions(A):
+    rint = torch.sign(A * 4.0) * torch.floor(torch.abs(A * 4.0) + 0.5)  # C's round: halves away from zero
+    B = A * torch.ceil(A * 2.0) + torch.trunc(A * 3.0) * A * A + rint * torch.sin(A)
+    return (B * torch.floor(A + 0.3)).sum()
+
+
+@dace.program
+def remainders(A: dace.float64[N], D: dace.float64[N], S: dace.float64[1]):
+    B = np.remainder(A * 3.0, D) * A + np.fmod(A * 2.0, D) + np.floor_divide(A, 0.3) * A
+    C = np.ndarray([N], dtype=np.float64)
+    for i in dace.map[0:N]:
+        with dace.tasklet:
+            a << A[i]
+            d << D[i]
+            c >> C[i]
+            c = (a * 5.0) % d * a + (a // d) * d
+    S[0] = np.sum(B * B) + np.sum(C * C)
+
+
+def t_remainders(A, D):
+    B = torch.remainder(A * 3.0, D) * A + torch.fmod(A * 2.0, D) + torch.floor(A / 0.3) * A
+    C = torch.remainder(A * 5.0, D) * A + torch.floor(A / D) * D
+    return (B * B).sum() + (C * C).sum()
+
+
 def _uniform(rng, shape, low=0.1, high=1.0):
     return rng.uniform(low, high, shape)
 
@@ -231,6 +264,11 @@ CASES = {
     "view_update": (view_update, t_view_update, ("A",), lambda r: {"A": r.normal(size=7)}, {"N": 7}),
     "explicit_tasklet": (explicit_tasklet, t_explicit_tasklet, ("A",), lambda r: {"A": r.normal(size=6)},
                          {"N": 6}),
+    "step_functions": (step_functions, t_step_functions, ("A",), lambda r: {"A": r.normal(size=7)}, {"N": 7}),
+    # negative dividends and divisors: Python's remainder takes the divisor's sign, C's fmod the dividend's
+    "remainders": (remainders, t_remainders, ("A", "D"),
+                   lambda r: {"A": r.normal(size=6), "D": r.choice([-1.0, 1.0], 6) * r.uniform(0.3, 1.5, 6)},
+                   {"N": 6}),
     "power_of_loop_index": (power_of_loop_index, t_power_of_loop_index, ("A",), lambda r: {"A": _uniform(r, 6)},
                             {"N": 6}),
 }

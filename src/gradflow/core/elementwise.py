@@ -18,6 +18,7 @@ import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
 from gradflow.core.errors import RuleTableError
+from gradflow.core.steps import STEP_FUNCTIONS
 from gradflow.core.tables import load_entries, rules_dir
 
 #: The names a formula may use besides its arguments.
@@ -28,7 +29,7 @@ FORMULA_NAMESPACE: Mapping[str, Any] = {
     "asin": sympy.asin, "acos": sympy.acos, "atan": sympy.atan,
     "Abs": sympy.Abs, "sign": sympy.sign, "Min": sympy.Min, "Max": sympy.Max,
     "erf": sympy.erf, "log1p": log1p, "expm1": expm1, "pi": sympy.pi, "E": sympy.E,
-    "Piecewise": sympy.Piecewise,
+    "Piecewise": sympy.Piecewise, **STEP_FUNCTIONS,
 }
 
 DEFAULT_DOMAIN = (-3.0, 3.0)

@@ -18,6 +18,7 @@ from sympy.codegen.cfunctions import expm1, log1p
 
 from gradflow.core.elementwise import ElementwiseTable, elementwise_table
 from gradflow.core.errors import NotDifferentiableError
+from gradflow.core.steps import STEP_FUNCTIONS, FloorDiv
 
 #: Calls that only change the numeric type; differentiation sees through them.
 CASTS = frozenset(
@@ -90,6 +91,9 @@ _BINOPS = {
     ast.Mult: lambda a, b: a * b,
     ast.Div: lambda a, b: a / b,
     ast.Pow: lambda a, b: a**b,
+    # Python's floor division and remainder (the divisor's sign), whose quotient is a step: d(a % b)/da = 1
+    ast.FloorDiv: lambda a, b: FloorDiv(a, b),
+    ast.Mod: lambda a, b: a - b * FloorDiv(a, b),
 }
 _CMPOPS = {
     ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge, ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne,
@@ -507,7 +511,7 @@ class _Printer:
         sympy.exp: "exp", sympy.log: "log", sympy.sin: "sin", sympy.cos: "cos", sympy.tan: "tan",
         sympy.sinh: "sinh", sympy.cosh: "cosh", sympy.tanh: "tanh", sympy.asin: "asin", sympy.acos: "acos",
         sympy.atan: "atan", sympy.Abs: "abs", sympy.sign: "sign", sympy.erf: "erf", log1p: "log1p",
-        expm1: "expm1",
+        expm1: "expm1", **{f: f.c_name for f in STEP_FUNCTIONS.values()},
     }
     #: functions DaCe's `math.` spelling compiles to its type-generic overloads (`dace::math::exp`)
     MATH = frozenset({"exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "erf",

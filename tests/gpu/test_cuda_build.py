@@ -21,9 +21,6 @@ KNOWN_LIMITS = {
     # the checkpointed step is a nested SDFG; DaCe's GPU transformation leaves a read of `S` (moved to
     # device memory) on one of its interstate edges, which host code cannot do
     "lp_conditional_accumulate_checkpointed": "codegen",
-    # the scatter's gradient finds each element's last writer with a write-conflict max into an int64 array;
-    # DaCe's CUDA header calls atomicMax on int64_t (long), for which CUDA has no overload
-    "df_scatter": "nvcc",
     # `for j in range(cnt[i])`: a bound read from data keeps a growable tape, which `to_gpu` refuses
     "lp_bound_from_data": "refused",
 }

@@ -66,3 +66,18 @@ def test_the_build_tells_a_gpu_program_from_a_cpu_one() -> None:
     case = loops.CASES_BY_NAME["lp_jacobi_1d"]
     cpu = grad_graph(case.program, list(case.wrt), case.of, optimize=False)
     assert not _for_gpu(cpu.sdfg) and _for_gpu(OPTIMIZE_GPU(cpu).unwrap().sdfg)
+
+
+def test_a_gpu_programs_cuda_files_get_the_missing_atomics_and_a_cpu_programs_build_is_unchanged() -> None:
+    # the CUDA compiler gets runtime/cuda_atomics.h (atomicMax on int64, a scatter's last writer) in the
+    # build `compile_sdfg` runs, as in `check_cuda_builds`
+    from gradflow.runtime.compile import CUDA_PRELUDE, prepared_for_code_generation
+
+    case = loops.CASES_BY_NAME["lp_jacobi_1d"]
+    cpu = grad_graph(case.program, list(case.wrt), case.of, optimize=False)
+    before = dace.Config.get("compiler", "cuda", "args")
+    with prepared_for_code_generation(OPTIMIZE_GPU(cpu).unwrap().to_sdfg()):
+        assert dace.Config.get("compiler", "cuda", "args").endswith(f"-include {CUDA_PRELUDE}")
+    with prepared_for_code_generation(cpu.to_sdfg()):
+        assert dace.Config.get("compiler", "cuda", "args") == before
+    assert dace.Config.get("compiler", "cuda", "args") == before and CUDA_PRELUDE.is_file()

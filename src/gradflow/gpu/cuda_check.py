@@ -25,7 +25,7 @@ import dace
 from gradflow.core.errors import CompilationError
 from gradflow.core.graph import Graph
 from gradflow.gpu.toolkit import CudaToolkit, find_toolkit
-from gradflow.runtime.compile import prepared_for_code_generation
+from gradflow.runtime.compile import cuda_flags, prepared_for_code_generation
 
 #: nvcc's flags besides the architecture: DaCe's own (C++20, `--expt-relaxed-constexpr`, `WITH_CUDA`, which its
 #: CMake file sets for every file of a GPU build), OpenMP for host code that has `#pragma omp`, no
@@ -103,7 +103,7 @@ _BEFORE = re.compile(r"^(\S+?):(\d+):\d+:\s+required from")
 def _compile(toolkit: CudaToolkit, source: Path, arch: str, part: str) -> tuple[bool, str]:
     # host code is C++ for the host compiler, as DaCe's build compiles it (nvcc passes it on with CUDA's
     # include folders)
-    language = ["-x", "c++"] if part == "host" else []
+    language = ["-x", "c++"] if part == "host" else list(cuda_flags())
     command = [str(toolkit.nvcc), "-c", *language, f"-arch=sm_{arch}", *FLAGS, "-I", str(_dace_includes()),
                "-o", str(source.with_suffix(".o")), str(source)]
     done = subprocess.run(command, capture_output=True, text=True)

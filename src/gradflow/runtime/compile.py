@@ -353,6 +353,15 @@ def _as_code_generation_sees_it(sdfg: dace.SDFG) -> None:
         sdfg.expand_library_nodes()
 
 
+#: a header forced into every CUDA file of a GPU program: the 64-bit integer atomics CUDA lacks
+CUDA_PRELUDE = Path(__file__).with_name("cuda_atomics.h")
+
+
+def cuda_flags() -> tuple[str, ...]:
+    """nvcc's flags for a GPU program's CUDA files beyond DaCe's (also those of `gpu.check_cuda_builds`)."""
+    return ("-include", str(CUDA_PRELUDE))
+
+
 def _for_gpu(sdfg: dace.SDFG) -> bool:
     """Whether `sdfg` was built for a GPU (`gradflow.gpu.to_gpu`): a map scheduled on one, or data on one."""
     on_gpu = (dace.StorageType.GPU_Global, dace.StorageType.GPU_Shared)
@@ -373,6 +382,9 @@ def prepared_for_code_generation(sdfg: dace.SDFG) -> Iterator[None]:
         if not _for_gpu(sdfg):  # a GPU program keeps DaCe's expansions (cuBLAS, kernels), not OpenBLAS calls
             contexts.enter_context(blas.compile_context())
             contexts.enter_context(vector_math.declared(sdfg))
+        else:
+            args = " ".join((dace.Config.get("compiler", "cuda", "args"), *cuda_flags()))
+            contexts.enter_context(dace.config.set_temporary("compiler", "cuda", "args", value=args))
         _as_code_generation_sees_it(sdfg)  # inside the contexts: they choose the expansions
         serialized = races.serialize_racing_sums(sdfg)  # DaCe's own check lets some parallel sums race
         if serialized:

@@ -16,7 +16,7 @@ import numpy as np
 import sympy
 
 
-class _Step(sympy.Function):
+class Step(sympy.Function):
     """A real step function with integer values; `c_name` is the function tasklet code calls."""
 
     nargs = 1
@@ -46,25 +46,25 @@ def _round_half_away(x):
     return np.sign(x) * np.floor(np.abs(x) + 0.5)
 
 
-class Floor(_Step):
+class Floor(Step):
     c_name = "floor"
     on_floats = staticmethod(math.floor)
     _imp_ = staticmethod(np.floor)
 
 
-class Ceil(_Step):
+class Ceil(Step):
     c_name = "ceil"
     on_floats = staticmethod(math.ceil)
     _imp_ = staticmethod(np.ceil)
 
 
-class Trunc(_Step):
+class Trunc(Step):
     c_name = "trunc"
     on_floats = staticmethod(math.trunc)
     _imp_ = staticmethod(np.trunc)
 
 
-class Round(_Step):
+class Round(Step):
     """C's `round`: halves away from zero (NumPy's `rint` and Python's `round` go to the even neighbour)."""
 
     c_name = "round"
@@ -72,7 +72,7 @@ class Round(_Step):
     _imp_ = staticmethod(_round_half_away)
 
 
-class FloorDiv(_Step):
+class FloorDiv(Step):
     """Python's `a // b`, printed as DaCe's `py_floor(a, b)`: `floor(a / b)` would truncate the quotient
     of two C integers before the floor."""
 

@@ -10,6 +10,7 @@ Python tasklet code that DaCe's code generator accepts. All are pure functions o
 from __future__ import annotations
 
 import ast
+import math
 from typing import Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -18,7 +19,7 @@ from sympy.codegen.cfunctions import expm1, log1p
 
 from gradflow.core.elementwise import ElementwiseTable, elementwise_table
 from gradflow.core.errors import NotDifferentiableError
-from gradflow.core.steps import STEP_FUNCTIONS, FloorDiv
+from gradflow.core.steps import STEP_FUNCTIONS, FloorDiv, Step
 
 #: Calls that only change the numeric type; differentiation sees through them.
 CASTS = frozenset(
@@ -34,28 +35,11 @@ INTEGER_CASTS = frozenset(
 )
 
 
-class Truncate(sympy.Function):
+class Truncate(Step):
     """A number converted to an integer type: truncation toward zero, derivative zero almost everywhere (as in
     torch). Printed as a conversion to int64."""
 
-    nargs = 1
-
-    @classmethod
-    def eval(cls, x):
-        if x.is_integer:
-            return x
-        if x.is_Number:
-            return sympy.Integer(int(x))  # Python's int() truncates toward zero, as a C conversion does
-        return None
-
-    def _eval_is_integer(self):
-        return True
-
-    def _eval_is_real(self):
-        return True
-
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
+    on_floats = staticmethod(math.trunc)  # as a C conversion does
 
 
 def stored_as(value: sympy.Expr, dtype) -> sympy.Expr:

@@ -102,9 +102,9 @@ _BEFORE = re.compile(r"^(\S+?):(\d+):\d+:\s+required from")
 
 def _compile(toolkit: CudaToolkit, source: Path, arch: str, part: str) -> tuple[bool, str]:
     # host code is C++ for the host compiler, as DaCe's build compiles it (nvcc passes it on with CUDA's
-    # include folders)
-    language = ["-x", "c++"] if part == "host" else list(cuda_flags())
-    command = [str(toolkit.nvcc), "-c", *language, f"-arch=sm_{arch}", *FLAGS, "-I", str(_dace_includes()),
+    # include folders); CUDA code starts with what a GPU build forces into it (`compile.cuda_flags`)
+    part_flags = ["-x", "c++"] if part == "host" else list(cuda_flags())
+    command = [str(toolkit.nvcc), "-c", *part_flags, f"-arch=sm_{arch}", *FLAGS, "-I", str(_dace_includes()),
                "-o", str(source.with_suffix(".o")), str(source)]
     done = subprocess.run(command, capture_output=True, text=True)
     return done.returncode == 0, done.stdout + done.stderr

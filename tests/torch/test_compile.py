@@ -713,3 +713,34 @@ def test_a_float64_attention_layer_computes_in_float64(seed):
     x = torch.randn(3, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     g = torch.randn(3, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
     assert_output_and_gradients_agree(model, compiled, x, g, 1e-12)
+
+
+class _IndexedWrites(torch.nn.Module):
+    """In-place writes through indices as users write them (`y[:, 0] = ...`, `y[idx] += ...`): ONNX
+    ScatterND, whose gradient was refused ('moves 20 elements into a tasklet') until 2026-12-04."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("rows", torch.tensor([3, 0, -1]))
+
+    def forward(self, x):
+        y = self.lin(x) * 1.0
+        y[:, 0] = y[:, 1] * 2.0
+        y[self.rows] += torch.tanh(x[:3])  # a negative index counts from the end
+        return y ** 2
+
+
+def test_in_place_indexed_writes_get_torchs_gradients():
+    torch.manual_seed(5)
+    ref = _IndexedWrites().double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    model = gt.compile(copy.deepcopy(ref), (x,))
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y, want = model(xa), ref(xb)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-14)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-12, atol=1e-14)
+    assert_same_grads(model, ref, {"rtol": 1e-12, "atol": 1e-14})

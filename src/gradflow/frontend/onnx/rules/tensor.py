@@ -623,6 +623,20 @@ def _scatter_update(reduction: str, old: str, new: str) -> str:
     }[reduction]
 
 
+def _scatter_write(reduction: str, out: Tensor, dst: list[str]) -> tuple[list[str], dict, str | None]:
+    """The scatter's write of `u` at `dst` after the index checks: (code lines, the extra input, the
+    write-conflict resolution). An overwrite or a sum reads nothing of the output (a sum as a
+    write-conflict sum) and writes unconditionally, an index that failed its check replaced by 0 (the call
+    then raises, `err`), which keeps the tasklet one the AD differentiates: an element chosen by an index.
+    The other reductions read the old element, under the check."""
+    if reduction in ("none", "add"):
+        safe = [f"({d} if ok else 0)" if d.startswith("g") else d for d in dst]
+        wcr = "lambda a, b: a + b" if reduction == "add" else None
+        return [f"{sub('oo', out, safe)} = u"], {}, wcr
+    write = f"    {sub('oo', out, dst)} = {_scatter_update(reduction, sub('oi', out, dst), 'u')}"
+    return ["if ok:", write], {"oi": (out, None)}, None
+
+
 def _copy(lw: Lowering, label: str, x: Tensor, out: Tensor) -> None:
     p = params("p", out.rank)
     lw.copy_indexed(label, x, out, p, p)
@@ -645,10 +659,10 @@ def scatter_elements(lw: Lowering, node: Node) -> None:
     dst = list(p)
     dst[axis] = f"g{len(dims)}"
     lines, err = lw.checked(node.where, dims + [Checked("i", x.shape[axis], _index_what(node, 1, axis))])
-    write = f"    {sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}"
+    write, old, wcr = _scatter_write(red, out, dst)
     st = lw.state(node.label)
-    lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, p), "u": (upd, p), "oi": (out, None)},
-           "\n".join(lines + ["if ok:", write]), {"oo": (out, None, None), **err}, state=st, sequential=True)
+    lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, p), "u": (upd, p), **old},
+           "\n".join(lines + write), {"oo": (out, None, wcr), **err}, state=st, sequential=True)
 
 
 @onnx_rule("ScatterND")
@@ -664,9 +678,12 @@ def scatter_nd(lw: Lowering, node: Node) -> None:
     _copy(lw, node.label, x, out)
     p = params("p", upd.rank)
     nb = ind.rank - 1
-    checks = [Checked(sub("i", ind, p[:nb] + [str(j)]), x.shape[j], _index_what(node, 1, j)) for j in range(k)]
+    # each component of the index through a memlet of its own: an index read through an index would make the
+    # destination one the AD cannot follow
+    checks = [Checked(f"i{j}", x.shape[j], _index_what(node, 1, j)) for j in range(k)]
     lines, err = lw.checked(node.where, checks)
     dst = [f"g{j}" for j in range(k)] + p[nb:]
-    write = f"    {sub('oo', out, dst)} = {_scatter_update(red, sub('oi', out, dst), 'u')}"
-    lw.map(node.label, list(zip(p, upd.shape)), {"i": (ind, None), "u": (upd, p), "oi": (out, None)},
-           "\n".join(lines + ["if ok:", write]), {"oo": (out, None, None), **err}, sequential=True)
+    write, old, wcr = _scatter_write(red, out, dst)
+    index = {f"i{j}": (ind, p[:nb] + [str(j)]) for j in range(k)}
+    lw.map(node.label, list(zip(p, upd.shape)), {**index, "u": (upd, p), **old},
+           "\n".join(lines + write), {"oo": (out, None, wcr), **err}, sequential=True)

@@ -744,3 +744,29 @@ def test_in_place_indexed_writes_get_torchs_gradients():
     want.backward(g)
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-12, atol=1e-14)
     assert_same_grads(model, ref, {"rtol": 1e-12, "atol": 1e-14})
+
+
+class _Norms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 6, 3, padding=1)
+        self.group = torch.nn.GroupNorm(2, 6)
+        self.instance = torch.nn.InstanceNorm1d(6, affine=True)
+        self.prelu = torch.nn.PReLU(6)
+
+    def forward(self, x):
+        return self.instance(self.prelu(self.group(self.conv(x)))).flatten(1)
+
+
+def test_group_norm_instance_norm_and_prelu_get_torchs_gradients():
+    # GroupNorm and InstanceNorm export to ONNX InstanceNormalization, PReLU to PRelu: no lowering until
+    # 2026-12-04. Their epsilon is a float32 attribute in ONNX (1e-5 becomes 9.99999975e-6, which moves this
+    # float64 output by 8e-13 and gradients near 0 by more than 1e-10 of themselves), so the reference is
+    # torch with the epsilon the exported graph holds
+    torch.manual_seed(6)
+    ref = _Norms().double()
+    x = torch.randn(3, 4, 7, dtype=torch.float64)
+    model = gt.compile(copy.deepcopy(ref), (x,))
+    exported = copy.deepcopy(ref)
+    exported.group.eps = exported.instance.eps = float(torch.tensor(1e-5, dtype=torch.float32))
+    assert_output_and_gradients_agree(exported, model, x, torch.randn(3, 42, dtype=torch.float64), 1e-10)

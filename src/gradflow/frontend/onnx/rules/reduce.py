@@ -8,9 +8,12 @@ Composite ops are sequences of these helpers, mirroring their ONNX function defi
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from gradflow.core.wcr import MAX, MIN, PRODUCT, SUM
-from gradflow.frontend.onnx.builder import Dim, Lowering, Tensor, dstr, norm_axes, norm_axis, params, prod
+from gradflow.frontend.onnx.builder import (
+    Dim, InvalidNode, Lowering, Tensor, dstr, norm_axes, norm_axis, norm_dim, params, prod,
+)
 from gradflow.frontend.onnx.rules.tensor import axes_of
 from gradflow.frontend.onnx.table import Node, onnx_rule
 
@@ -170,30 +173,38 @@ def log_softmax(lw: Lowering, node: Node) -> None:
     softmax_like(lw, node, log=True)
 
 
-@onnx_rule("LayerNormalization")
-def layer_norm(lw: Lowering, node: Node) -> None:
-    """Y = (X - mean) * invstd * scale + bias over the axes from `axis` on; Mean / InvStdDev outputs kept."""
-    x = lw.get(node.inputs[0])
-    axis = norm_axis(node.attr("axis", -1), x.rank)
-    eps = float(node.attr("epsilon", 1e-5))
-    axes = list(range(axis, x.rank))
+def _moments(lw: Lowering, node: Node, x: Tensor, axes: list[int], eps: float, mean_name: str = "",
+             invstd_name: str = "") -> tuple[Tensor, Tensor]:
+    """(mean, 1 / sqrt(variance + eps)) of `x` over `axes`, the axes kept with extent 1; into the named
+    outputs where the node has them."""
     keep = kept_shape(x, axes)
-    n = dstr(prod(x.shape[axis:]))
+    n = dstr(prod(x.shape[k] for k in axes))
     kidx = lambda idx: ["0" if k in axes else q for k, q in enumerate(idx)]  # noqa: E731
-    p = params("p", x.rank)
     kp = params("p", x.rank)
     kranges = list(zip(kp, keep))
     s = lw.temp(keep, x.dtype, "sum")
     reduce_into(lw, node.label, x, axes, True, "sum", s)
-    mean = lw.output(node.output(1), keep, x.dtype) if node.output(1) else lw.temp(keep, x.dtype, "mean")
+    mean = lw.output(mean_name, keep, x.dtype) if mean_name else lw.temp(keep, x.dtype, "mean")
     lw.map(node.label, kranges, {"s": (s, kp)}, f"o = s / ({n})", {"o": (mean, kp, None)})
     v = lw.temp(keep, x.dtype, "var")
     reduce_into(lw, node.label, x, axes, True, "sum", v, "(a - m) * (a - m)", {"m": (mean, kidx)})
-    inv = lw.output(node.output(2), keep, x.dtype) if node.output(2) else lw.temp(keep, x.dtype, "invstd")
+    inv = lw.output(invstd_name, keep, x.dtype) if invstd_name else lw.temp(keep, x.dtype, "invstd")
     lw.map(node.label, kranges, {"v": (v, kp)}, f"o = 1.0 / sqrt(v / ({n}) + {eps!r})", {"o": (inv, kp, None)})
-    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    return mean, inv
+
+
+@onnx_rule("LayerNormalization")
+def layer_norm(lw: Lowering, node: Node) -> None:
+    """Y = (X - mean) * invstd * scale + bias over the axes from `axis` on; Mean / InvStdDev outputs kept."""
     from gradflow.frontend.onnx.builder import bcast_index
 
+    x = lw.get(node.inputs[0])
+    axis = norm_axis(node.attr("axis", -1), x.rank)
+    axes = list(range(axis, x.rank))
+    mean, inv = _moments(lw, node, x, axes, float(node.attr("epsilon", 1e-5)), node.output(1), node.output(2))
+    kidx = lambda idx: ["0" if k in axes else q for k, q in enumerate(idx)]  # noqa: E731
+    p = params("p", x.rank)
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
     ins = {"a": (x, p), "m": (mean, kidx(p)), "r": (inv, kidx(p))}
     code = "o = (a - m) * r"
     scale = lw.get(node.inputs[1])
@@ -204,3 +215,24 @@ def layer_norm(lw: Lowering, node: Node) -> None:
         ins["b"] = (bias, bcast_index(bias.shape, x.shape, p))
         code += " + b"
     lw.map(node.label, list(zip(p, x.shape)), ins, code, {"o": (out, p, None)})
+
+
+@onnx_rule("InstanceNormalization")
+def instance_norm(lw: Lowering, node: Node) -> None:
+    """Y = (X - mean) * invstd * scale[c] + B[c], the moments over each sample's and channel's spatial axes
+    (X: N x C x D1 ...): what torch's GroupNorm and InstanceNorm export to."""
+    x = lw.get(node.inputs[0])
+    if x.rank < 3:
+        raise InvalidNode(f"input of rank {x.rank}; InstanceNormalization needs N x C x D1 ...")
+    scale, bias = lw.get(node.inputs[1]), lw.get(node.inputs[2])
+    for what, t in (("scale", scale), ("B", bias)):
+        diff = norm_dim(sympy.sympify(t.shape[0]) - x.shape[1]) if t.rank == 1 else None
+        if t.rank != 1 or (isinstance(diff, int) and diff != 0):
+            raise InvalidNode(f"{what} of shape {tuple(t.shape)} for {dstr(x.shape[1])} channels")
+    axes = list(range(2, x.rank))
+    mean, inv = _moments(lw, node, x, axes, float(node.attr("epsilon", 1e-5)))
+    p = params("p", x.rank)
+    kidx = ["0" if k in axes else q for k, q in enumerate(p)]
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    ins = {"a": (x, p), "m": (mean, kidx), "r": (inv, kidx), "g": (scale, [p[1]]), "b": (bias, [p[1]])}
+    lw.map(node.label, list(zip(p, x.shape)), ins, "o = (a - m) * r * g + b", {"o": (out, p, None)})

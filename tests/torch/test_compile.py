@@ -770,3 +770,28 @@ def test_group_norm_instance_norm_and_prelu_get_torchs_gradients():
     exported = copy.deepcopy(ref)
     exported.group.eps = exported.instance.eps = float(torch.tensor(1e-5, dtype=torch.float32))
     assert_output_and_gradients_agree(exported, model, x, torch.randn(3, 42, dtype=torch.float64), 1e-10)
+
+
+class _ArgmaxAndRemainders(torch.nn.Module):
+    """`max(dim)`'s indices (ONNX ArgMax), an index computed with `%` (integer Mod) and gathered, and float
+    remainders of both signs (Mod with fmod 0 and 1): none had a lowering until 2026-12-04."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        top, at = h.max(dim=1)
+        nxt = torch.gather(h, 1, ((at + 1) % 6).unsqueeze(1))[:, 0]
+        low = h.argmin(dim=1, keepdim=True).to(h.dtype)
+        r = torch.remainder(h * 3.0, 0.7) * h + torch.fmod(h, -0.45) * x + h % -1.3
+        return torch.cat([torch.stack([top, nxt], dim=1), low, r], dim=1)
+
+
+def test_argmax_indices_and_remainders_get_torchs_gradients():
+    torch.manual_seed(7)
+    ref = _ArgmaxAndRemainders().double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    model = gt.compile(copy.deepcopy(ref), (x,))
+    assert_output_and_gradients_agree(ref, model, x, torch.randn(5, 9, dtype=torch.float64), 1e-12)

@@ -73,6 +73,22 @@ def table_formula(lw: Lowering, node: Node) -> None:
     _fold(lw, node, elementwise_table().by_onnx[node.op_type])
 
 
+@onnx_rule("Mod")
+def mod(lw: Lowering, node: Node) -> None:
+    """C's fmod (fmod=1), or the remainder with the divisor's sign (fmod=0, Python's and NumPy's `%`): for
+    floats, C's fmod moved by the divisor where the signs differ, which keeps NumPy's values at infinite
+    divisors (`x - y * floor(x / y)` would be NaN there); for integers DaCe's `PyMod`, exact. Both spellings
+    are entries of the elementwise table, so the AD differentiates them as written."""
+    x, y = (lw.get(n) for n in node.inputs[:2])
+    if node.attr("fmod", 0):
+        code = "res = CMod(x, y)"
+    elif np.dtype(x.dtype).kind == "f":
+        code = "r = CMod(x, y)\nres = (r + y) if ((r != 0) and ((r < 0) != (y < 0))) else r"
+    else:
+        code = "res = PyMod(x, y)"
+    lw.elementwise(node.label, code, {"x": x, "y": y}, node.outputs[0], x.dtype)
+
+
 @onnx_rule("Sum")
 def sum_(lw: Lowering, node: Node) -> None:
     """Variadic sum: the table's `add` folded over the inputs."""

@@ -143,6 +143,30 @@ def reduction(lw: Lowering, node: Node) -> None:
     lw.map(node.label, ranges, ins, f"o = {code}", {"o": (out, oidx, None)})
 
 
+@onnx_rule("ArgMax", "ArgMin")
+def arg_extremum(lw: Lowering, node: Node) -> None:
+    """The position of the largest (smallest) element along `axis`: the extremum `m`, then the least (with
+    `select_last_index`, the greatest) position holding it, a write-conflict min (max) of positions. int64,
+    so it carries no gradient (torch's `max(dim)` exports its indices to it)."""
+    x = lw.get(node.inputs[0])
+    axis = norm_axis(node.attr("axis", 0), x.rank)
+    keep = bool(node.attr("keepdims", 1))
+    n = x.shape[axis]
+    if isinstance(n, int) and n == 0:
+        raise InvalidNode(f"axis {axis} has no elements: there is no position of an extremum")
+    m = lw.temp(kept_shape(x, [axis]), x.dtype, "extremum")
+    reduce_into(lw, node.label, x, [axis], True, "max" if node.op_type == "ArgMax" else "min", m)
+    out = lw.output(node.outputs[0], out_shape(x, [axis], keep), np.int64)
+    last = bool(node.attr("select_last_index", 0))
+    none = "-1" if last else dstr(n)  # no position: loses every comparison
+    lw.fill(node.label, out, none)
+    p = params("p", x.rank)
+    kidx = ["0" if k == axis else q for k, q in enumerate(p)]
+    oidx = kidx if keep else [q for k, q in enumerate(p) if k != axis]
+    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (m, kidx)}, f"o = ({p[axis]} if a == m else {none})",
+           {"o": (out, oidx, WCR["max" if last else "min"])})
+
+
 def softmax_like(lw: Lowering, node: Node, log: bool) -> None:
     x = lw.get(node.inputs[0])
     if node.opset < 13:

@@ -773,8 +773,9 @@ def test_group_norm_instance_norm_and_prelu_get_torchs_gradients():
 
 
 class _ArgmaxAndRemainders(torch.nn.Module):
-    """`max(dim)`'s indices (ONNX ArgMax), an index computed with `%` (integer Mod) and gathered, and float
-    remainders of both signs (Mod with fmod 0 and 1): none had a lowering until 2026-12-04."""
+    """`max(dim)`'s indices (ONNX ArgMax), an index computed with `%` (integer Mod) and gathered, a one-hot
+    mask of the argmin (OneHot), and float remainders of both signs (Mod with fmod 0 and 1): none had a
+    lowering until 2026-12-04."""
 
     def __init__(self):
         super().__init__()
@@ -784,7 +785,7 @@ class _ArgmaxAndRemainders(torch.nn.Module):
         h = self.lin(x)
         top, at = h.max(dim=1)
         nxt = torch.gather(h, 1, ((at + 1) % 6).unsqueeze(1))[:, 0]
-        low = h.argmin(dim=1, keepdim=True).to(h.dtype)
+        low = (torch.nn.functional.one_hot(h.argmin(dim=1), 6).to(h.dtype) * h).sum(dim=1, keepdim=True)
         r = torch.remainder(h * 3.0, 0.7) * h + torch.fmod(h, -0.45) * x + h % -1.3
         return torch.cat([torch.stack([top, nxt], dim=1), low, r], dim=1)
 

@@ -28,7 +28,7 @@ OPS_IN_SCOPE = (
     "MatMul Max MaxPool Min Mul Neg Pad Pow Reciprocal ReduceL2 ReduceLogSumExp ReduceMean ReduceSum Relu "
     "Reshape Resize ScatterElements ScatterND Sigmoid Sin Slice Softmax SoftmaxCrossEntropyLoss Split Sqrt "
     "Squeeze Sub Tanh Tile TopK Transpose Trilu Unsqueeze Where BatchNormalization Constant Shape ReduceMax "
-    "ReduceMin Softplus Sum CumSum Einsum Floor Ceil PRelu InstanceNormalization ArgMax ArgMin Mod"
+    "ReduceMin Softplus Sum CumSum Einsum Floor Ceil PRelu InstanceNormalization ArgMax ArgMin Mod OneHot"
 ).split()
 
 

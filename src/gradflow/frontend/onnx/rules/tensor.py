@@ -84,6 +84,33 @@ def literal(v) -> str:
     return repr(f)
 
 
+@onnx_rule("OneHot")
+def one_hot(lw: Lowering, node: Node) -> None:
+    """out[..., k, ...] = on where the index (negative ones counted from the end) is k, else off; the depth
+    decides the shape, so it must be known while lowering (torch's `one_hot` exports it as a constant)."""
+    ind, vals = lw.get(node.inputs[0]), lw.get(node.inputs[2])
+    depth_value = np.asarray(lw.value(node.inputs[1])).reshape(-1)
+    if depth_value.size != 1:
+        raise InvalidNode(f"depth must hold one value, it has {depth_value.size}")
+    depth = int(depth_value[0])
+    if depth < 1:
+        raise InvalidNode(f"depth {depth} must be at least 1")
+    if vals.rank != 1 or vals.shape[0] != 2:
+        raise InvalidNode(f"values of shape {tuple(vals.shape)}; OneHot needs [off, on]")
+    rank = ind.rank + 1
+    axis = node.attr("axis", -1)
+    if not -rank <= axis < rank:
+        raise InvalidNode(f"axis {axis} is out of range for an output of rank {rank}")
+    axis %= rank
+    shape = list(ind.shape[:axis]) + [depth] + list(ind.shape[axis:])
+    out = lw.output(node.outputs[0], shape, vals.dtype)
+    p = params("p", rank)
+    k = p[axis]
+    lw.map(node.label, list(zip(p, shape)), {"i": (ind, p[:axis] + p[axis + 1:]), "off": (vals, ["0"]),
+                                             "on": (vals, ["1"])},
+           f"j = dace.int64(i)\no = on if (j == {k} or j + {depth} == {k}) else off", {"o": (out, p, None)})
+
+
 @onnx_rule("Identity")
 def identity(lw: Lowering, node: Node) -> None:
     lw.set(node.outputs[0], lw.info(node.inputs[0]))

@@ -125,7 +125,10 @@ def elu(lw: Lowering, node: Node) -> None:
 
 @onnx_rule("Selu")
 def selu(lw: Lowering, node: Node) -> None:
-    alpha, gamma = _f(node, "alpha", 1.67326319217681884765625), _f(node, "gamma", 1.05070102214813232421875)
+    # without attributes, SELU's own constants: ONNX's defaults are their float32 roundings, which a float32
+    # program gets from these as well, and a float64 one (torch's `selu`, exported without attributes) would
+    # be off by 5e-8
+    alpha, gamma = _f(node, "alpha", 1.6732632423543772848), _f(node, "gamma", 1.0507009873554804934)
     expr = gamma * sympy.Piecewise((X, X > 0), (alpha * (sympy.exp(X) - 1), True))
     apply_formula(lw, node, expr, {"x": lw.get(node.inputs[0])}, node.outputs[0])
 

@@ -653,11 +653,12 @@ def _scatter_update(reduction: str, old: str, new: str) -> str:
 def _scatter_write(reduction: str, out: Tensor, dst: list[str]) -> tuple[list[str], dict, str | None]:
     """The scatter's write of `u` at `dst` after the index checks: (code lines, the extra input, the
     write-conflict resolution). An overwrite or a sum reads nothing of the output (a sum as a
-    write-conflict sum) and writes unconditionally, an index that failed its check replaced by 0 (the call
-    then raises, `err`), which keeps the tasklet one the AD differentiates: an element chosen by an index.
-    The other reductions read the old element, under the check."""
+    write-conflict sum) and writes unconditionally, at element 0 when a check failed (the call then raises,
+    `err`; a map parameter checked at run time against a symbolic extent is replaced too), which keeps the
+    tasklet one the AD differentiates: an element chosen by an index. The other reductions read the old
+    element, under the check."""
     if reduction in ("none", "add"):
-        safe = [f"({d} if ok else 0)" if d.startswith("g") else d for d in dst]
+        safe = [f"({d} if ok else 0)" for d in dst]
         wcr = "lambda a, b: a + b" if reduction == "add" else None
         return [f"{sub('oo', out, safe)} = u"], {}, wcr
     write = f"    {sub('oo', out, dst)} = {_scatter_update(reduction, sub('oi', out, dst), 'u')}"

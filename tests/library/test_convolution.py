@@ -42,15 +42,16 @@ void set_threads(int n) { omp_set_num_threads(n); }
         gradflow_conv::grad_weights(shape(d), x, dy, dw);                                              \
     }
 static gradflow_conv::Shape shape(const long* d) {
-    return gradflow_conv::Shape{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13]};
+    return gradflow_conv::Shape{d[0], d[1], d[2], d[3], d[4],  d[5],  d[6],  d[7],
+                                d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15]};
 }
 EXPORT(float, f)
 EXPORT(double, d)
 }
 """
 
-#: (N, C, H, W, M, KH, KW, strides, dilations, layout): x is (N, C, H, W) already padded (NCHW; NHWC:
-#: x (N, H, W, C), w (KH, KW, C, M))
+#: (N, C, H, W, M, KH, KW, strides, dilations, layout[, pads]): x is (N, C, H, W) (NCHW; NHWC: x (N, H, W, C),
+#: w (KH, KW, C, M)); pads: zeros (before rows, before columns, after rows, after columns), none if absent
 CONFIGS = [
     (3, 2, 7, 8, 3, 3, 2, (2, 1), (1, 2), "NCHW"),   # strided, dilated, odd image count (uneven thread split)
     (4, 3, 6, 5, 2, 1, 1, (1, 1), (1, 1), "NCHW"),   # 1x1 stride 1: the image is its own unfolded matrix
@@ -61,6 +62,12 @@ CONFIGS = [
     (4, 3, 6, 5, 2, 1, 1, (1, 1), (1, 1), "NHWC"),
     (2, 3, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NHWC"),
     (2, 3, 9, 6, 4, 3, 2, (2, 1), (1, 1), "NHWC"),
+    # padded: the kernels read zeros outside x and send its gradient nowhere
+    (5, 16, 10, 10, 16, 3, 3, (1, 1), (1, 1), "NCHW", (1, 1, 1, 1)),  # a ResNet block's
+    (3, 2, 7, 8, 3, 3, 2, (2, 1), (1, 2), "NCHW", (1, 2, 0, 1)),   # uneven, strided, dilated
+    (2, 2, 4, 4, 3, 3, 3, (1, 1), (1, 1), "NCHW", (3, 3, 3, 2)),   # whole rows and columns of zeros
+    (2, 3, 5, 5, 2, 1, 1, (1, 1), (1, 1), "NCHW", (1, 1, 1, 1)),   # 1x1 padded: not its own unfolding
+    (2, 3, 9, 6, 4, 3, 2, (2, 1), (1, 1), "NHWC", (1, 0, 1, 2)),
 ]
 #: NCHW -> layout permutations of x, w, y
 _PERM = {"NCHW": ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)), "NHWC": ((0, 2, 3, 1), (2, 3, 1, 0), (0, 2, 3, 1))}
@@ -73,32 +80,46 @@ def kernels(tmp_path_factory):
     loaded.set_threads(1)
 
 
-def _out_size(extent: int, k: int, s: int, d: int) -> int:
-    return (extent - d * (k - 1) - 1) // s + 1
+def _pads(config) -> tuple[int, int, int, int]:
+    return config[10] if len(config) > 10 else (0, 0, 0, 0)
+
+
+def _out_size(extent: int, k: int, s: int, d: int, pads: int = 0) -> int:
+    return (extent + pads - d * (k - 1) - 1) // s + 1
+
+
+def _outs(config) -> tuple[int, int]:
+    N, C, H, W, M, KH, KW, st, dil, layout = config[:10]
+    ph, pw, eh, ew = _pads(config)
+    return _out_size(H, KH, st[0], dil[0], ph + eh), _out_size(W, KW, st[1], dil[1], pw + ew)
 
 
 def _case(config, dtype, seed):
     """x, w, dy in the config's layout, and the kernel's shape argument."""
-    N, C, H, W, M, KH, KW, st, dil, layout = config
-    OH, OW = _out_size(H, KH, st[0], dil[0]), _out_size(W, KW, st[1], dil[1])
+    N, C, H, W, M, KH, KW, st, dil, layout = config[:10]
+    OH, OW = _outs(config)
     rng = np.random.default_rng(seed)
     px, pw, py = _PERM[layout]
     x = np.ascontiguousarray(rng.normal(size=(N, C, H, W)).transpose(px)).astype(dtype)
     w = np.ascontiguousarray(rng.normal(size=(M, C, KH, KW)).transpose(pw)).astype(dtype)
     dy = np.ascontiguousarray(rng.normal(size=(N, M, OH, OW)).transpose(py)).astype(dtype)
-    dims = np.array([N, C, H, W, M, KH, KW, OH, OW, st[0], st[1], dil[0], dil[1], layout == "NHWC"], dtype=np.int64)
+    dims = np.array([N, C, H, W, M, KH, KW, OH, OW, st[0], st[1], dil[0], dil[1], layout == "NHWC",
+                     *_pads(config)[:2]], dtype=np.int64)
     return x, w, dy, dims
 
 
 def _torch(x, w, dy, config):
-    """y, the input gradient and the weight gradient (float64), in the config's layout."""
+    """y, the input gradient and the weight gradient (float64), in the config's layout: torch's on x
+    zero-padded as the config says (torch's own padding is the same on both sides)."""
     st, dil, layout = config[7], config[8], config[9]
+    ph, pw_, eh, ew = _pads(config)
     px, pw, py = (np.argsort(p) for p in _PERM[layout])  # layout -> NCHW
-    tx = torch.from_numpy(x).double().permute(*px)
+    tx = torch.nn.functional.pad(torch.from_numpy(x).double().permute(*px), (pw_, ew, ph, eh))
     tw = torch.from_numpy(w).double().permute(*pw)
     tdy = torch.from_numpy(dy).double().permute(*py)
     y = torch.nn.functional.conv2d(tx, tw, stride=st, dilation=dil)
     gx = torch.nn.grad.conv2d_input(tx.shape, tw, tdy, stride=st, dilation=dil)
+    gx = gx[:, :, ph:gx.shape[2] - eh, pw_:gx.shape[3] - ew]
     gw = torch.nn.grad.conv2d_weight(tx, tw.shape, tdy, stride=st, dilation=dil)
     to = _PERM[layout]
     return y.permute(*to[2]).numpy(), gx.permute(*to[0]).numpy(), gw.permute(*to[1]).numpy()
@@ -111,7 +132,8 @@ def _ptr(a: np.ndarray):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("config", CONFIGS,
-                         ids=lambda c: "x".join(map(str, c[:7])) + f"_s{c[7][0]}{c[7][1]}d{c[8][0]}{c[8][1]}_{c[9]}")
+                         ids=lambda c: "x".join(map(str, c[:7])) + f"_s{c[7][0]}{c[7][1]}d{c[8][0]}{c[8][1]}_{c[9]}"
+                         + ("_p" + "".join(map(str, c[10])) if len(c) > 10 else ""))
 def test_kernels_match_torch_and_add_into_gradients(kernels, config, dtype, threads):
     x, w, dy, dims = _case(config, dtype, seed=threads)
     want_y, want_gx, want_gw = _torch(x, w, dy, config)
@@ -140,12 +162,15 @@ ROUTES = [
     ((2, 16, 9, 9, 16, 1, 1, (1, 1), (1, 1), "NCHW"), False),  # 1x1
     ((2, 16, 9, 9, 64, 3, 3, (1, 1), (1, 1), "NCHW"), False),  # 64 output channels
     ((2, 8, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW"), False),  # 8 input channels
+    ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW", (1, 1, 1, 1)), True),  # padded as torch pads
+    ((2, 16, 11, 10, 32, 5, 3, (1, 1), (1, 1), "NCHW", (2, 0, 2, 0)), True),
+    ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW", (1, 1, 0, 1)), False),  # fewer zeros after than before
 ]
 
 
 @pytest.mark.parametrize("config, routed", ROUTES,
                          ids=lambda c: "x".join(map(str, c[:7])) + f"_s{c[7][0]}{c[7][1]}d{c[8][0]}{c[8][1]}"
-                         if isinstance(c, tuple) else str(c))
+                         + ("_p" + "".join(map(str, c[10])) if len(c) > 10 else "") if isinstance(c, tuple) else str(c))
 def test_torchs_convolution_takes_the_shapes_its_rule_admits_with_the_kernels_contract(kernels, config, routed):
     # once `gradflow.torch.convolution` has loaded torch's (later tests in this process then also run through
     # it, which the test above accepts: same contract, same tolerance): y overwritten, gradients added into
@@ -174,19 +199,20 @@ _NODES = {"forward": Convolution, "grad_input": ConvolutionGradInput, "grad_weig
 
 
 def _node_sdfg(kind: str, config, implementation: str | None) -> dace.SDFG:
-    N, C, H, W, M, KH, KW, st, dil, layout = config
-    OH, OW = _out_size(H, KH, st[0], dil[0]), _out_size(W, KW, st[1], dil[1])
+    N, C, H, W, M, KH, KW, st, dil, layout = config[:10]
+    OH, OW = _outs(config)
     px, pw, py = _PERM[layout]
     shapes = {"x": [[N, C, H, W][d] for d in px], "w": [[M, C, KH, KW][d] for d in pw],
               "y": [[N, M, OH, OW][d] for d in py]}
     conns = {"forward": ({"_x": "x", "_w": "w"}, ("_y", "y")),
              "grad_input": ({"_dy": "y", "_w": "w"}, ("_dx", "x")),
              "grad_weights": ({"_x": "x", "_dy": "y"}, ("_dw", "w"))}[kind]
-    sdfg = dace.SDFG(f"conv_{kind}_{implementation or 'default'}_{'_'.join(map(str, config[:7]))}_{layout}")
+    sdfg = dace.SDFG(f"conv_{kind}_{implementation or 'default'}_{'_'.join(map(str, config[:7]))}_{layout}"
+                     f"{'_p' + ''.join(map(str, _pads(config))) if len(config) > 10 else ''}")
     for name, shape in shapes.items():
         sdfg.add_array(name, shape, dace.float64)
     state = sdfg.add_state("conv", is_start_block=True)
-    node = _NODES[kind]("conv", strides=st, dilations=dil, layout=layout)
+    node = _NODES[kind]("conv", strides=st, dilations=dil, layout=layout, pads=_pads(config)[:2])
     if implementation is not None:
         node.implementation = implementation
     whole = {name: dace.Memlet.from_array(name, desc) for name, desc in sdfg.arrays.items()}
@@ -196,8 +222,9 @@ def _node_sdfg(kind: str, config, implementation: str | None) -> dace.SDFG:
 
 @pytest.mark.parametrize("implementation", ["pure", None])
 @pytest.mark.parametrize("kind", list(_NODES))
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[5], CONFIGS[6]],
-                         ids=["strided_dilated", "pointwise", "strided_dilated_nhwc", "pointwise_nhwc"])
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[5], CONFIGS[6], CONFIGS[10], CONFIGS[13]],
+                         ids=["strided_dilated", "pointwise", "strided_dilated_nhwc", "pointwise_nhwc",
+                              "padded_strided_dilated", "padded_nhwc"])
 def test_node_expansions_match_torch(kind, config, implementation):
     x, w, dy, _ = _case(config, np.float64, seed=5)
     want_y, want_gx, want_gw = _torch(x, w, dy, config)

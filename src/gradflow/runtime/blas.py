@@ -252,7 +252,8 @@ def _conv_call(node, state, sdfg) -> str:
     sh, sw = node.strides
     dh, dw = node.dilations
     dims = [s[k] for k in ("N", "C", "H", "W", "M", "KH", "KW", "OH", "OW")] + [sh, sw, dh, dw,
-                                                                                int(node.layout == "NHWC")]
+                                                                                int(node.layout == "NHWC"),
+                                                                                *node.pads]
     shape = ", ".join(f"(long)({sym2cpp(d)})" for d in dims)
     ins, out = convolution.CONNECTORS[type(node).__name__]
     return (f"gradflow_conv::{_CONV_KERNEL[type(node).__name__]}(gradflow_conv::Shape{{{shape}}}, "

@@ -34,17 +34,35 @@
 namespace gradflow_conv {
 
 struct Shape {
-    long N, C, H, W;        // input (already zero-padded)
+    long N, C, H, W;        // input (unpadded)
     long M, KH, KW;         // output channels, kernel
     long OH, OW;            // output
     long SH, SW, DH, DW;    // strides, dilations
     long nhwc;              // 0: x (N, C, H, W), w (M, C, KH, KW), y (N, M, OH, OW)
                             // 1: x (N, H, W, C), w (KH, KW, C, M), y (N, OH, OW, M)
+    long PH = 0, PW = 0;    // zeros before the input's first row and column: output pixel (oh, ow) reads
+                            // x[oh * SH + kh * DH - PH, ow * SW + kw * DW - PW], zero outside x (after its
+                            // last row and column too, as far as the output extent reaches)
     long pixels() const { return OH * OW; }
     long rows() const { return C * KH * KW; }
     // a 1x1 kernel with stride 1 over the whole input: the image is its own unfolded matrix
-    bool direct() const { return KH == 1 && KW == 1 && SH == 1 && SW == 1 && OH == H && OW == W; }
+    bool direct() const {
+        return KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W;
+    }
 };
+
+// the first output index o in [0, n) whose input index o * s + k - p is >= 0, and the first one whose
+// index is >= extent (clamped to [0, n]): the outputs in between read inside the input
+inline long first_inside(long k, long p, long s, long n) {
+    const long need = p - k;  // o * s >= need
+    const long o = need <= 0 ? 0 : (need + s - 1) / s;
+    return std::min(o, n);
+}
+inline long first_past(long k, long p, long s, long extent, long n) {
+    const long need = extent + p - k;  // o * s >= need
+    const long o = need <= 0 ? 0 : (need + s - 1) / s;
+    return std::min(o, n);
+}
 
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long m, long n, long k, const float* a, long lda,
                  const float* b, long ldb, float beta, float* c, long ldc) {
@@ -84,55 +102,83 @@ bool by_torch(int op, const Shape& s, const T* a, const T* b, T* out) {
         if (s.nhwc || s.KH * s.KW == 1 || s.SH != 1 || s.SW != 1 || s.DH != 1 || s.DW != 1 || s.C < 16 ||
             s.M < 16 || s.M >= 64 || s.N < 1 || omp_in_parallel())
             return false;
+        // torch pads both sides alike: an output extent that needs other zeros after the input stays here
+        if (s.OH != s.H + 2 * s.PH - s.DH * (s.KH - 1) || s.OW != s.W + 2 * s.PW - s.DW * (s.KW - 1))
+            return false;
         torch_conv_t f = torch_conv();
         if (!f) return false;
-        const long shape[13] = {s.N, s.C, s.H, s.W, s.M, s.KH, s.KW, s.OH, s.OW, s.SH, s.SW, s.DH, s.DW};
+        const long shape[15] = {s.N,  s.C,  s.H,  s.W,  s.M,  s.KH, s.KW, s.OH,
+                                s.OW, s.SH, s.SW, s.DH, s.DW, s.PH, s.PW};
         return f(op, shape, a, b, out) == 1;
     }
 }
 
 // f(col offset, x offset, length, x step) for every run of one image's unfolded matrix that is contiguous
-// in it, in the layout's order:
-//   NCHW: col[(c, kh, kw), (oh, ow)] = x[c, oh * SH + kh * DH, ow * SW + kw * DW]: runs along ow;
-//   NHWC: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH, ow * SW + kw * DW, c]: runs along c (the rows
-//         of the weights (KH, KW, C, M) are in the same order).
-template <typename F>
-void for_each_run(const Shape& s, F&& f) {
+// in it, and zero(col offset, length) for every run that lies in the padding, in the layout's order:
+//   NCHW: col[(c, kh, kw), (oh, ow)] = x[c, oh * SH + kh * DH - PH, ow * SW + kw * DW - PW]: runs along ow;
+//   NHWC: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH - PH, ow * SW + kw * DW - PW, c]: runs along c
+//         (the rows of the weights (KH, KW, C, M) are in the same order).
+template <typename F, typename Z>
+void for_each_run(const Shape& s, F&& f, Z&& zero) {
     if (s.nhwc) {
         for (long oh = 0; oh < s.OH; ++oh)
             for (long ow = 0; ow < s.OW; ++ow)
                 for (long kh = 0; kh < s.KH; ++kh)
-                    for (long kw = 0; kw < s.KW; ++kw)
-                        f(((oh * s.OW + ow) * s.KH * s.KW + kh * s.KW + kw) * s.C,
-                          ((oh * s.SH + kh * s.DH) * s.W + ow * s.SW + kw * s.DW) * s.C, s.C, 1L);
+                    for (long kw = 0; kw < s.KW; ++kw) {
+                        const long ci = ((oh * s.OW + ow) * s.KH * s.KW + kh * s.KW + kw) * s.C;
+                        const long ih = oh * s.SH + kh * s.DH - s.PH, iw = ow * s.SW + kw * s.DW - s.PW;
+                        if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W)
+                            zero(ci, s.C);
+                        else
+                            f(ci, (ih * s.W + iw) * s.C, s.C, 1L);
+                    }
         return;
     }
     for (long c = 0; c < s.C; ++c)
         for (long kh = 0; kh < s.KH; ++kh)
-            for (long kw = 0; kw < s.KW; ++kw)
-                for (long oh = 0; oh < s.OH; ++oh)
-                    f(((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW,
-                      (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW, s.OW, s.SW);
+            for (long kw = 0; kw < s.KW; ++kw) {
+                // the output columns whose input column is inside x: [lo, hi)
+                const long lo = first_inside(kw * s.DW, s.PW, s.SW, s.OW);
+                const long hi = std::max(lo, first_past(kw * s.DW, s.PW, s.SW, s.W, s.OW));
+                for (long oh = 0; oh < s.OH; ++oh) {
+                    const long ci = ((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW;
+                    const long ih = oh * s.SH + kh * s.DH - s.PH;
+                    if (ih < 0 || ih >= s.H) {
+                        zero(ci, s.OW);
+                        continue;
+                    }
+                    if (lo > 0) zero(ci, lo);
+                    if (hi > lo) f(ci + lo, (c * s.H + ih) * s.W + lo * s.SW + kw * s.DW - s.PW, hi - lo, s.SW);
+                    if (hi < s.OW) zero(ci + hi, s.OW - hi);
+                }
+            }
 }
 
 // col = the unfolded matrix of one image x
 template <typename T>
 void unfold(const Shape& s, const T* __restrict__ x, T* __restrict__ col) {
-    for_each_run(s, [&](long ci, long xi, long n, long step) {
-        if (step == 1) {
-            std::memcpy(col + ci, x + xi, sizeof(T) * n);
-        } else {
-            for (long k = 0; k < n; ++k) col[ci + k] = x[xi + k * step];
-        }
-    });
+    for_each_run(
+        s,
+        [&](long ci, long xi, long n, long step) {
+            if (step == 1) {
+                std::memcpy(col + ci, x + xi, sizeof(T) * n);
+            } else {
+                for (long k = 0; k < n; ++k) col[ci + k] = x[xi + k * step];
+            }
+        },
+        [&](long ci, long n) { std::fill(col + ci, col + ci + n, T(0)); });
 }
 
-// the adjoint of `unfold`: each element of col added into the element of x it was copied from
+// the adjoint of `unfold`: each element of col added into the element of x it was copied from (the
+// padding's elements go nowhere)
 template <typename T>
 void fold_add(const Shape& s, const T* __restrict__ col, T* __restrict__ x) {
-    for_each_run(s, [&](long ci, long xi, long n, long step) {
-        for (long k = 0; k < n; ++k) x[xi + k * step] += col[ci + k];
-    });
+    for_each_run(
+        s,
+        [&](long ci, long xi, long n, long step) {
+            for (long k = 0; k < n; ++k) x[xi + k * step] += col[ci + k];
+        },
+        [](long, long) {});
 }
 
 // the unfolded matrix of image x: x itself for a direct (1x1, stride 1) convolution, else `col`, filled

@@ -3,8 +3,8 @@
 // Built once per torch version by `gradflow.torch.convolution` and loaded with RTLD_GLOBAL, so the kernels
 // of `runtime/conv_kernels.h` (compiled into every program) find `gradflow_aten_conv2d` with dlsym and
 // hand it their operands; where it is not loaded they run their own (per-image unfolding and products).
-// The operands are gradflow's buffers wrapped without a copy; the input is already zero-padded, so torch
-// is asked for no padding. Returns 1 when it computed the result, 0 when the caller must (an exception
+// The operands are gradflow's buffers wrapped without a copy; torch pads the input (the kernels hand over
+// only convolutions whose zeros after the input are as many as before it). Returns 1 when it computed the result, 0 when the caller must (an exception
 // from torch: nothing has been written then but a partial forward output, which the caller overwrites).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
@@ -19,13 +19,13 @@
 static std::atomic<long> calls{0};
 static std::atomic<int> enabled{1};
 
-// shape: N, C, H, W (padded input), M, KH, KW, OH, OW, SH, SW, DH, DW (conv_kernels.h's Shape, NCHW)
+// shape: N, C, H, W (unpadded input), M, KH, KW, OH, OW, SH, SW, DH, DW, PH, PW (conv_kernels.h's Shape, NCHW)
 // op 0: out (y) = conv(a = x, b = w); op 1: out (dx) += the input gradient of a = dy, b = w;
 // op 2: out (dw) += the weight gradient of a = x, b = dy
 extern "C" int gradflow_aten_conv2d(int op, const long* s, const float* a, const float* b, float* out) {
     if (!enabled.load(std::memory_order_relaxed)) return 0;
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
-    const std::vector<int64_t> stride{s[9], s[10]}, padding{0, 0}, dilation{s[11], s[12]}, none{0, 0};
+    const std::vector<int64_t> stride{s[9], s[10]}, padding{s[13], s[14]}, dilation{s[11], s[12]}, none{0, 0};
     const std::vector<int64_t> xs{s[0], s[1], s[2], s[3]}, ws{s[4], s[1], s[5], s[6]}, ys{s[0], s[4], s[7], s[8]};
     auto wrap = [&](const float* p, const std::vector<int64_t>& shape) {
         return at::from_blob(const_cast<float*>(p), shape, f32);

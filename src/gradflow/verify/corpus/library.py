@@ -392,9 +392,10 @@ def transpose_3d_of_a_slice(A: f64[2, N, M, K], W: f64[K, N, M], S: f64[1]):
 
 
 def _convolution(name: str, x_shape: list, f_shape: list, y_shape: list, strides, dilations,
-                 squares: bool = False) -> BuiltProgram:
-    """S = sum(conv(X, F) * W) through gradflow's `Convolution` node (X taken as already padded), plus
-    sum(X * X) with `squares` (so the input's gradient holds a value when the node's gradient adds to it)."""
+                 squares: bool = False, pads=(0, 0)) -> BuiltProgram:
+    """S = sum(conv(X, F) * W) through gradflow's `Convolution` node (`pads` zeros before X's rows and
+    columns, as many after as the output's extent reaches), plus sum(X * X) with `squares` (so the input's
+    gradient holds a value when the node's gradient adds to it)."""
     from gradflow.library.convolution import Convolution, wire
 
     def build() -> dace.SDFG:
@@ -402,7 +403,7 @@ def _convolution(name: str, x_shape: list, f_shape: list, y_shape: list, strides
         sdfg.add_transient("Y", y_shape, f64)
         state = sdfg.add_state("conv", is_start_block=True)
         index = lambda shape: ", ".join(f"0:{d}" for d in shape)  # noqa: E731
-        wire(state, Convolution("conv", strides=strides, dilations=dilations),
+        wire(state, Convolution("conv", strides=strides, dilations=dilations, pads=pads),
              {"_x": dace.Memlet(f"X[{index(x_shape)}]"), "_w": dace.Memlet(f"F[{index(f_shape)}]")},
              ("_y", dace.Memlet(f"Y[{index(y_shape)}]")))
         total = sdfg.add_state_after(state, "total")
@@ -421,6 +422,10 @@ def _convolution(name: str, x_shape: list, f_shape: list, y_shape: list, strides
 
 # strided and dilated 3x2 kernel over a 7x8 input: a 3x6 output
 conv_strided_dilated = _convolution("conv_strided_dilated", [N, 2, 7, 8], [3, 2, 3, 2], [N, 3, 3, 6], (2, 1), (1, 2))
+# zeros around a 5x6 input (1 before and after its rows, 2 before its columns, none after), a 3x3 kernel with
+# column stride 2: a 5x3 output whose windows leave the input on three sides
+conv_padded = _convolution("conv_padded", [N, 2, 5, 6], [3, 2, 3, 3], [N, 3, 5, 3], (1, 2), (1, 1), squares=True,
+                           pads=(1, 2))
 # a 1x1 kernel with stride 1: the compiled kernel reads each image as its own unfolded matrix
 conv_pointwise = _convolution("conv_pointwise", [N, 3, 4, 5], [2, 3, 1, 1], [N, 2, 4, 5], (1, 1), (1, 1),
                               squares=True)
@@ -509,6 +514,10 @@ CASES = [
     LibCase("conv_strided_dilated", "Convolution", conv_strided_dilated,
             lambda X, F, W: _w(torch.nn.functional.conv2d(X, F, stride=(2, 1), dilation=(1, 2)), W), ("X", "F"),
             {"X": ("N", "2", "7", "8"), "F": ("3", "2", "3", "2"), "W": ("N", "3", "3", "6")}, ("N",)),
+    LibCase("conv_padded", "Convolution", conv_padded,
+            lambda X, F, W: _w(torch.nn.functional.conv2d(torch.nn.functional.pad(X, (2, 0, 1, 1)), F, stride=(1, 2)),
+                               W) + (X * X).sum(), ("X", "F"),
+            {"X": ("N", "2", "5", "6"), "F": ("3", "2", "3", "3"), "W": ("N", "3", "5", "3")}, ("N",)),
     LibCase("conv_pointwise", "Convolution", conv_pointwise,
             lambda X, F, W: _w(torch.nn.functional.conv2d(X, F), W) + (X * X).sum(), ("X", "F"),
             {"X": ("N", "3", "4", "5"), "F": ("2", "3", "1", "1"), "W": ("N", "2", "4", "5")}, ("N",)),

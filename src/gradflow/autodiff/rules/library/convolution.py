@@ -52,7 +52,7 @@ class ConvolutionReverse:
         if gy is None:
             return
         label = f"{site.state.label}_{node.label}"
-        opts = {"strides": node.strides, "dilations": node.dilations, "layout": node.layout}
+        opts = {"strides": node.strides, "dilations": node.dilations, "layout": node.layout, "pads": node.pads}
         gx, gw = ctx.grad_of(x.array), ctx.grad_of(w.array)
         if gx:
             wire(ctx.new_state(f"reverse_{label}_gx"), ConvolutionGradInput(f"rev_{label}_gx", **opts),

@@ -1,10 +1,10 @@
 """Neural-network ops: convolutions, pooling, batch normalisation, losses, TopK, CumSum.
 
-A one-group 2-D Conv is a `Convolution` library node (per-image BLAS products once compiled); a one-group
-1-D/3-D Conv is im2col and a Gemm; other windows (grouped Conv, pools) are maps over output position x
-kernel offset that accumulate with a WCR. Where
-padding can make a read fall outside the input, the tasklet reads the whole input through a dynamic
-memlet and guards the index; without padding the read is a plain affine memlet.
+A one-group 2-D Conv is a `Convolution` library node (per-image BLAS products once compiled), which reads
+zeros where a window leaves its input (no padded copy); a one-group 1-D/3-D Conv is im2col and a Gemm;
+other windows (grouped Conv, pools) are maps over output position x kernel offset that accumulate with a
+WCR. Those read a zero-padded copy of the input where a window can leave it (`_zero_padded`), so every
+read is a plain affine memlet, which the AD engine differentiates.
 """
 
 from __future__ import annotations
@@ -151,13 +151,14 @@ def conv(lw: Lowering, node: Node) -> None:
     if isinstance(M, int) and M % g:
         raise InvalidNode(f"{M} output channels (weights' first extent) are not a multiple of group {g}")
     out = lw.output(node.outputs[0], [x.shape[0], M, *out_sp], x.dtype)
+    if g == 1 and n == 2 and on_blas(x, w, out, matrices=()):
+        # the node reads zeros where its windows leave x: no padded copy, nor a gradient of one
+        _conv_as_node(lw, node, x, w, out, st, dil, begin)
+        return
     if any(begin) or any(end):
         # Zero-pad into a temporary first, so every read of the accumulation is an affine memlet (the AD
         # engine differentiates those; a guarded read through the whole array it does not).
         x = _zero_padded(lw, node, x, begin, end)
-    if g == 1 and n == 2 and on_blas(x, w, out, matrices=()):
-        _conv_as_node(lw, node, x, w, out, st, dil)
-        return
     if (g == 1 and on_blas(x, w, out, matrices=(prod([x.shape[0], *out_sp]), prod([x.shape[1], *ks]), w.shape[0]))
             and _im2col_fits(lw, x, ks, out_sp)):
         _conv_as_gemm(lw, node, x, w, out, ks, out_sp, st, dil)
@@ -223,10 +224,12 @@ def _conv_as_gemm(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, k
     lw.map(node.label, [("n", N), ("m", M), *zip(op, out_sp)], ins, code, {"o": (out, ["n", "m", *op], None)})
 
 
-def _conv_as_node(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, st: list[int], dil: list[int]) -> None:
-    """A one-group 2-D convolution as a `Convolution` library node (x already zero-padded): compiled, a
-    product per image on BLAS, kept whole by reverse mode (its gradients are two more such nodes, see
-    `gradflow/library/convolution.py`). A bias is added by a map from the node's result."""
+def _conv_as_node(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, st: list[int], dil: list[int],
+                  pads: list[int]) -> None:
+    """A one-group 2-D convolution as a `Convolution` library node with `pads` zeros before x (those after
+    it follow from the output's extent): compiled, a product per image on BLAS, kept whole by reverse mode
+    (its gradients are two more such nodes, see `gradflow/library/convolution.py`). A bias is added by a
+    map from the node's result."""
     bias = lw.get(node.input(2)) if node.input(2) else None
     target = out
     if bias is not None:
@@ -234,7 +237,7 @@ def _conv_as_node(lw: Lowering, node: Node, x: Tensor, w: Tensor, out: Tensor, s
             raise InvalidNode(f"bias of shape {tuple(bias.shape)}; it must be ({w.shape[0]},)")
         same_extent(bias.shape[0], w.shape[0], "the bias and the output channels")
         target = lw.temp(list(out.shape), x.dtype, "conv")
-    conv = Convolution("conv", strides=st, dilations=dil)
+    conv = Convolution("conv", strides=st, dilations=dil, pads=pads)
     conv.label = lw.namer("conv", node.label)
     wire(lw.state(node.label), conv, {"_x": x.at(None), "_w": w.at(None)}, ("_y", target.at(None)))
     if bias is not None:

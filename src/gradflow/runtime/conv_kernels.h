@@ -119,7 +119,7 @@ bool by_torch(int op, const Shape& s, const T* a, const T* b, T* out) {
 //   NHWC: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH - PH, ow * SW + kw * DW - PW, c]: runs along c
 //         (the rows of the weights (KH, KW, C, M) are in the same order).
 template <typename F, typename Z>
-void for_each_run(const Shape& s, F&& f, Z&& zero) {
+__attribute__((always_inline)) inline void for_each_run(const Shape& s, F&& f, Z&& zero) {
     if (s.nhwc) {
         for (long oh = 0; oh < s.OH; ++oh)
             for (long ow = 0; ow < s.OW; ++ow)
@@ -132,6 +132,15 @@ void for_each_run(const Shape& s, F&& f, Z&& zero) {
                         else
                             f(ci, (ih * s.W + iw) * s.C, s.C, 1L);
                     }
+        return;
+    }
+    if (s.PH == 0 && s.PW == 0) {  // every window inside x (checks cost ~10% on LeNet's short runs)
+        for (long c = 0; c < s.C; ++c)
+            for (long kh = 0; kh < s.KH; ++kh)
+                for (long kw = 0; kw < s.KW; ++kw)
+                    for (long oh = 0; oh < s.OH; ++oh)
+                        f(((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW,
+                          (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW, s.OW, s.SW);
         return;
     }
     for (long c = 0; c < s.C; ++c)
@@ -176,7 +185,13 @@ void fold_add(const Shape& s, const T* __restrict__ col, T* __restrict__ x) {
     for_each_run(
         s,
         [&](long ci, long xi, long n, long step) {
-            for (long k = 0; k < n; ++k) x[xi + k * step] += col[ci + k];
+            T* __restrict__ to = x + xi;
+            const T* __restrict__ from = col + ci;
+            if (step == 1) {
+                for (long k = 0; k < n; ++k) to[k] += from[k];
+            } else {
+                for (long k = 0; k < n; ++k) to[k * step] += from[k];
+            }
         },
         [](long, long) {});
 }

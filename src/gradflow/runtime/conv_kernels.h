@@ -5,10 +5,11 @@
 // channels, 3x3, 16x16) stays in L2 where the whole batch's (4.7 MB) did not, each product writes one image
 // of the NCHW output directly (M x pixels = weights (M x C*KH*KW) @ unfolded), and no unfolded matrix is
 // kept for the backward pass (the weight gradient unfolds again). A 1x1 convolution with stride 1 reads
-// the image as its own unfolded matrix. Measured on a 16-channel 3x3 convolution over 32 16x16 images
-// (float32, one thread): forward + both gradients 1.5 ms, against 2.2 ms for one whole-batch im2col
-// product each, whose OpenBLAS calls leave the small-matrix kernels (<= 1e6 multiply-adds) the per-image
-// products use.
+// the image as its own unfolded matrix. A padded convolution (`PH`, `PW`) pads each image into a
+// per-thread buffer first (`Scratch`): no padded copy of the batch, nor of its gradient. Measured on a
+// 16-channel 3x3 convolution over 32 16x16 images (float32, one thread): forward + both gradients 1.5 ms,
+// against 2.2 ms for one whole-batch im2col product each, whose OpenBLAS calls leave the small-matrix
+// kernels (<= 1e6 multiply-adds) the per-image products use.
 //
 // With several OpenMP threads (and outside a parallel region) the images are split over the team; each
 // thread has its own unfolding buffer and, for the weight gradient, its own partial sum, added into the
@@ -51,17 +52,14 @@ struct Shape {
     }
 };
 
-// the first output index o in [0, n) whose input index o * s + k - p is >= 0, and the first one whose
-// index is >= extent (clamped to [0, n]): the outputs in between read inside the input
-inline long first_inside(long k, long p, long s, long n) {
-    const long need = p - k;  // o * s >= need
-    const long o = need <= 0 ? 0 : (need + s - 1) / s;
-    return std::min(o, n);
-}
-inline long first_past(long k, long p, long s, long extent, long n) {
-    const long need = extent + p - k;  // o * s >= need
-    const long o = need <= 0 ? 0 : (need + s - 1) / s;
-    return std::min(o, n);
+// The same convolution over one image zero-padded into a buffer (no pads): the input extended by the zeros
+// before it and by as many after it as the windows reach.
+inline Shape padded(const Shape& s) {
+    Shape p = s;
+    p.H = std::max(s.H + s.PH, (s.OH - 1) * s.SH + (s.KH - 1) * s.DH + 1);
+    p.W = std::max(s.W + s.PW, (s.OW - 1) * s.SW + (s.KW - 1) * s.DW + 1);
+    p.PH = p.PW = 0;
+    return p;
 }
 
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long m, long n, long k, const float* a, long lda,
@@ -114,96 +112,99 @@ bool by_torch(int op, const Shape& s, const T* a, const T* b, T* out) {
 }
 
 // f(col offset, x offset, length, x step) for every run of one image's unfolded matrix that is contiguous
-// in it, and zero(col offset, length) for every run that lies in the padding, in the layout's order:
-//   NCHW: col[(c, kh, kw), (oh, ow)] = x[c, oh * SH + kh * DH - PH, ow * SW + kw * DW - PW]: runs along ow;
-//   NHWC: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH - PH, ow * SW + kw * DW - PW, c]: runs along c
-//         (the rows of the weights (KH, KW, C, M) are in the same order).
-template <typename F, typename Z>
-__attribute__((always_inline)) inline void for_each_run(const Shape& s, F&& f, Z&& zero) {
-    if (s.PH == 0 && s.PW == 0) {  // every window inside x, no checks (they cost ~10% on LeNet's short runs)
-        if (s.nhwc) {
-            for (long oh = 0; oh < s.OH; ++oh)
-                for (long ow = 0; ow < s.OW; ++ow)
-                    for (long kh = 0; kh < s.KH; ++kh)
-                        for (long kw = 0; kw < s.KW; ++kw)
-                            f(((oh * s.OW + ow) * s.KH * s.KW + kh * s.KW + kw) * s.C,
-                              ((oh * s.SH + kh * s.DH) * s.W + ow * s.SW + kw * s.DW) * s.C, s.C, 1L);
-        } else {
-            for (long c = 0; c < s.C; ++c)
-                for (long kh = 0; kh < s.KH; ++kh)
-                    for (long kw = 0; kw < s.KW; ++kw)
-                        for (long oh = 0; oh < s.OH; ++oh)
-                            f(((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW,
-                              (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW, s.OW, s.SW);
-        }
-        return;
-    }
+// in it, in the layout's order (every window inside x: a padded convolution runs on a padded image):
+//   NCHW: col[(c, kh, kw), (oh, ow)] = x[c, oh * SH + kh * DH, ow * SW + kw * DW]: runs along ow;
+//   NHWC: col[(oh, ow), (kh, kw, c)] = x[oh * SH + kh * DH, ow * SW + kw * DW, c]: runs along c (the rows
+//         of the weights (KH, KW, C, M) are in the same order).
+template <typename F>
+void for_each_run(const Shape& s, F&& f) {
     if (s.nhwc) {
         for (long oh = 0; oh < s.OH; ++oh)
             for (long ow = 0; ow < s.OW; ++ow)
                 for (long kh = 0; kh < s.KH; ++kh)
-                    for (long kw = 0; kw < s.KW; ++kw) {
-                        const long ci = ((oh * s.OW + ow) * s.KH * s.KW + kh * s.KW + kw) * s.C;
-                        const long ih = oh * s.SH + kh * s.DH - s.PH, iw = ow * s.SW + kw * s.DW - s.PW;
-                        if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W)
-                            zero(ci, s.C);
-                        else
-                            f(ci, (ih * s.W + iw) * s.C, s.C, 1L);
-                    }
+                    for (long kw = 0; kw < s.KW; ++kw)
+                        f(((oh * s.OW + ow) * s.KH * s.KW + kh * s.KW + kw) * s.C,
+                          ((oh * s.SH + kh * s.DH) * s.W + ow * s.SW + kw * s.DW) * s.C, s.C, 1L);
         return;
     }
     for (long c = 0; c < s.C; ++c)
         for (long kh = 0; kh < s.KH; ++kh)
-            for (long kw = 0; kw < s.KW; ++kw) {
-                // the output columns whose input column is inside x: [lo, hi)
-                const long lo = first_inside(kw * s.DW, s.PW, s.SW, s.OW);
-                const long hi = std::max(lo, first_past(kw * s.DW, s.PW, s.SW, s.W, s.OW));
-                for (long oh = 0; oh < s.OH; ++oh) {
-                    const long ci = ((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW;
-                    const long ih = oh * s.SH + kh * s.DH - s.PH;
-                    if (ih < 0 || ih >= s.H) {
-                        zero(ci, s.OW);
-                        continue;
-                    }
-                    if (lo > 0) zero(ci, lo);
-                    if (hi > lo) f(ci + lo, (c * s.H + ih) * s.W + lo * s.SW + kw * s.DW - s.PW, hi - lo, s.SW);
-                    if (hi < s.OW) zero(ci + hi, s.OW - hi);
-                }
-            }
+            for (long kw = 0; kw < s.KW; ++kw)
+                for (long oh = 0; oh < s.OH; ++oh)
+                    f(((c * s.KH + kh) * s.KW + kw) * s.pixels() + oh * s.OW,
+                      (c * s.H + oh * s.SH + kh * s.DH) * s.W + kw * s.DW, s.OW, s.SW);
 }
 
 // col = the unfolded matrix of one image x
 template <typename T>
 void unfold(const Shape& s, const T* __restrict__ x, T* __restrict__ col) {
-    for_each_run(
-        s,
-        [&](long ci, long xi, long n, long step) {
-            if (step == 1) {
-                std::memcpy(col + ci, x + xi, sizeof(T) * n);
-            } else {
-                for (long k = 0; k < n; ++k) col[ci + k] = x[xi + k * step];
-            }
-        },
-        [&](long ci, long n) { std::fill(col + ci, col + ci + n, T(0)); });
+    for_each_run(s, [&](long ci, long xi, long n, long step) {
+        if (step == 1) {
+            std::memcpy(col + ci, x + xi, sizeof(T) * n);
+        } else {
+            for (long k = 0; k < n; ++k) col[ci + k] = x[xi + k * step];
+        }
+    });
 }
 
-// the adjoint of `unfold`: each element of col added into the element of x it was copied from (the
-// padding's elements go nowhere)
+// the adjoint of `unfold`: each element of col added into the element of x it was copied from
 template <typename T>
 void fold_add(const Shape& s, const T* __restrict__ col, T* __restrict__ x) {
-    for_each_run(
-        s,
-        [&](long ci, long xi, long n, long step) {
-            T* __restrict__ to = x + xi;
-            const T* __restrict__ from = col + ci;
-            if (step == 1) {
-                for (long k = 0; k < n; ++k) to[k] += from[k];
-            } else {
-                for (long k = 0; k < n; ++k) to[k * step] += from[k];
-            }
-        },
-        [](long, long) {});
+    for_each_run(s, [&](long ci, long xi, long n, long step) {
+        T* __restrict__ to = x + xi;
+        const T* __restrict__ from = col + ci;
+        if (step == 1) {
+            for (long k = 0; k < n; ++k) to[k] += from[k];
+        } else {
+            for (long k = 0; k < n; ++k) to[k * step] += from[k];
+        }
+    });
 }
+
+// f(offset in the padded image p, offset in the image s, length) for each contiguous run of the image:
+// NCHW rows, NHWC rows of pixels
+template <typename F>
+void for_each_image_row(const Shape& s, const Shape& p, F&& f) {
+    if (s.nhwc) {
+        for (long h = 0; h < s.H; ++h) f(((h + s.PH) * p.W + s.PW) * s.C, h * s.W * s.C, s.W * s.C);
+        return;
+    }
+    for (long c = 0; c < s.C; ++c)
+        for (long h = 0; h < s.H; ++h) f((c * p.H + h + s.PH) * p.W + s.PW, (c * s.H + h) * s.W, s.W);
+}
+
+// one image x into its padded buffer, whose other elements stay as they are (zeros)
+template <typename T>
+void pad_image(const Shape& s, const Shape& p, const T* __restrict__ x, T* __restrict__ buf) {
+    for_each_image_row(s, p, [&](long bi, long xi, long n) { std::memcpy(buf + bi, x + xi, sizeof(T) * n); });
+}
+
+// the inside of a padded buffer added into the image x (the zeros' gradients go nowhere)
+template <typename T>
+void unpad_add(const Shape& s, const Shape& p, const T* __restrict__ buf, T* __restrict__ x) {
+    for_each_image_row(s, p, [&](long bi, long xi, long n) {
+        for (long k = 0; k < n; ++k) x[xi + k] += buf[bi + k];
+    });
+}
+
+// Per-thread scratch of the kernels: the unfolded matrix, and for a padded convolution one padded image
+// (cache-resident: the padding of a whole batch, a copy as large as the input, is never made).
+template <typename T>
+struct Scratch {
+    Shape u;               // the convolution the unfolding sees: s, or padded(s)
+    bool pad;
+    std::vector<T> col;    // unfolded matrix (none for a direct convolution)
+    std::vector<T> image;  // padded image, zeros around it
+    explicit Scratch(const Shape& s)
+        : u(s.PH || s.PW ? padded(s) : s), pad(s.PH || s.PW), col(u.direct() ? 0 : u.rows() * u.pixels()),
+          image(pad ? u.C * u.H * u.W : 0, T(0)) {}
+    // the image as the unfolding reads it (x itself, or x padded into `image`)
+    const T* input(const Shape& s, const T* x) {
+        if (!pad) return x;
+        pad_image(s, u, x, image.data());
+        return image.data();
+    }
+};
 
 // the unfolded matrix of image x: x itself for a direct (1x1, stride 1) convolution, else `col`, filled
 template <typename T>
@@ -239,9 +240,9 @@ void forward(const Shape& s, const T* x, const T* w, T* y) {
     if (by_torch(0, s, x, w, y)) return;
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W;
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
-        std::vector<T> col(s.direct() ? 0 : R * P);
+        Scratch<T> t(s);
         for (long n = lo; n < hi; ++n) {
-            const T* b = unfolded(s, x + n * in, col);
+            const T* b = unfolded(t.u, t.input(s, x + n * in), t.col);
             if (s.nhwc)  // y[n] (pixels x M) = col (pixels x R) @ w (R x M)
                 gemm(CblasNoTrans, CblasNoTrans, P, s.M, R, b, R, w, s.M, T(0), y + n * s.M * P, s.M);
             else  // y[n] (M x pixels) = w (M x R) @ col (R x pixels)
@@ -256,16 +257,20 @@ void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
     if (by_torch(1, s, dy, w, dx)) return;
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W;
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
-        std::vector<T> col(s.direct() ? 0 : R * P);
+        Scratch<T> t(s);
+        const bool direct = t.u.direct();
         for (long n = lo; n < hi; ++n) {
             const T* g = dy + n * s.M * P;
-            const bool direct = s.direct();
-            T* out = direct ? dx + n * in : col.data();
+            // the image's gradient: dx[n] itself, or for a padded convolution the padded image, zeroed
+            T* target = t.pad ? t.image.data() : dx + n * in;
+            if (t.pad) std::fill(t.image.begin(), t.image.end(), T(0));
+            T* out = direct ? target : t.col.data();
             if (s.nhwc)  // (pixels x R) = dy[n] (pixels x M) @ w^T
                 gemm(CblasNoTrans, CblasTrans, P, R, s.M, g, s.M, w, s.M, T(direct), out, R);
             else  // (R x pixels) = w^T @ dy[n] (M x pixels)
                 gemm(CblasTrans, CblasNoTrans, R, P, s.M, w, R, g, P, T(direct), out, P);
-            if (!direct) fold_add(s, col.data(), dx + n * in);
+            if (!direct) fold_add(t.u, t.col.data(), target);
+            if (t.pad) unpad_add(s, t.u, t.image.data(), dx + n * in);
         }
     });
 }
@@ -277,19 +282,19 @@ void grad_weights(const Shape& s, const T* x, const T* dy, T* dw) {
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W, size = s.M * R;
     const int threads = image_threads(s.N);
     std::vector<T> partial(threads > 1 ? threads * size : 0, T(0));
-    over_images(s.N, threads, [&](int t, long lo, long hi) {
-        std::vector<T> col(s.direct() ? 0 : R * P);
-        T* acc = threads > 1 ? partial.data() + t * size : dw;
+    over_images(s.N, threads, [&](int th, long lo, long hi) {
+        Scratch<T> t(s);
+        T* acc = threads > 1 ? partial.data() + th * size : dw;
         for (long n = lo; n < hi; ++n) {
-            const T* b = unfolded(s, x + n * in, col);
+            const T* b = unfolded(t.u, t.input(s, x + n * in), t.col);
             if (s.nhwc)  // dw (R x M) += col^T @ dy[n] (pixels x M)
                 gemm(CblasTrans, CblasNoTrans, R, s.M, P, b, R, dy + n * s.M * P, s.M, T(1), acc, s.M);
             else  // dw (M x R) += dy[n] (M x pixels) @ col^T
                 gemm(CblasNoTrans, CblasTrans, s.M, R, P, dy + n * s.M * P, P, b, P, T(1), acc, R);
         }
     });
-    for (int t = 0; t < (threads > 1 ? threads : 0); ++t)
-        for (long i = 0; i < size; ++i) dw[i] += partial[t * size + i];
+    for (int th = 0; th < (threads > 1 ? threads : 0); ++th)
+        for (long i = 0; i < size; ++i) dw[i] += partial[th * size + i];
 }
 
 }  // namespace gradflow_conv

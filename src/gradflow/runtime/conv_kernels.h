@@ -191,12 +191,12 @@ void unpad_add(const Shape& s, const Shape& p, const T* __restrict__ buf, T* __r
 // (cache-resident: the padding of a whole batch, a copy as large as the input, is never made).
 template <typename T>
 struct Scratch {
+    bool pad;              // whether the convolution is padded
     Shape u;               // the convolution the unfolding sees: s, or padded(s)
-    bool pad;
     std::vector<T> col;    // unfolded matrix (none for a direct convolution)
     std::vector<T> image;  // padded image, zeros around it
     explicit Scratch(const Shape& s)
-        : u(s.PH || s.PW ? padded(s) : s), pad(s.PH || s.PW), col(u.direct() ? 0 : u.rows() * u.pixels()),
+        : pad(s.PH || s.PW), u(pad ? padded(s) : s), col(u.direct() ? 0 : u.rows() * u.pixels()),
           image(pad ? u.C * u.H * u.W : 0, T(0)) {}
     // the image as the unfolding reads it (x itself, or x padded into `image`)
     const T* input(const Shape& s, const T* x) {

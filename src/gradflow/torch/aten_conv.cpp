@@ -4,8 +4,9 @@
 // of `runtime/conv_kernels.h` (compiled into every program) find `gradflow_aten_conv2d` with dlsym and
 // hand it their operands; where it is not loaded they run their own (per-image unfolding and products).
 // The operands are gradflow's buffers wrapped without a copy; torch pads the input (the kernels hand over
-// only convolutions whose zeros after the input are as many as before it). Returns 1 when it computed the result, 0 when the caller must (an exception
-// from torch: nothing has been written then but a partial forward output, which the caller overwrites).
+// only convolutions whose zeros after the input are as many as before it). Returns 1 when it computed the
+// result, 0 when the caller must (an exception from torch: nothing has been written then but a partial
+// forward output, which the caller overwrites).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/convolution.h>

@@ -5,11 +5,12 @@
 
 Each shape's forward, input gradient and weight gradient (float32, NCHW, the input already padded) are
 timed through `runtime/conv_kernels.h` compiled as DaCe compiles programs (-O3 -march=native), with
-torch's convolution loaded (`gradflow.torch.convolution.load()`) and switched off and on call by call
-(`set_enabled`): off, the kernels' own unfolding and products; on, torch's for the shapes their rule
-admits (`by_torch`), the kernels' again for the others (the same route twice). The shapes are the
-convolutions of `benchmarks/models.py`'s ResNet block (batch 32) and ResNet-18 (batch 64). Times: the
-fastest of `--repeats` calls of all three (each after a warm-up call).
+torch's convolution loaded (`gradflow.torch.convolution.load()`) and its mode switched call by call
+(`set_mode`): "own", the kernels' unfolding and products; "torch", torch's convolution. Then "auto"
+(GRADFLOW_CONV's default) after `forget_routes()`: its first call times both routes per operation, and
+the table shows what it chose (forward, input gradient, weight gradient: t torch, o own) and its time
+from then on. The shapes are the convolutions of `benchmarks/models.py`'s ResNet block (batch 32) and
+ResNet-18 (batch 64). Times: the fastest of `--repeats` calls of all three (each after a warm-up call).
 """
 
 from __future__ import annotations
@@ -92,31 +93,40 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         step = _probe(Path(tmp)).step
         convolution.load()
-        calls = convolution.torch_calls()
-        own, routed = [], []
         for _, dims, arrays in [(name, *_operands(*shape)) for name, *shape in SHAPES]:
-            best = {False: float("inf"), True: float("inf")}
-            before = convolution.torch_calls()
+            best = {"own": float("inf"), "torch": float("inf")}
             for _ in range(args.repeats):  # the routes interleaved: the machine drifts between calls alike
-                for on in (False, True):
-                    convolution.set_enabled(on)
-                    best[on] = min(best[on], _time(step, dims, arrays, 1))
-            convolution.set_enabled(True)
-            own.append(best[False])
-            routed.append((best[True], convolution.torch_calls() > before))
-    lines = ["| convolution | N, C -> M, padded HxW, KxK, stride | own ms | routed ms | route | routed / own |",
-             "|---|---|---:|---:|---|---:|"]
-    for (name, *shape), o, (r, by_torch) in zip(SHAPES, own, routed):
+                for mode in best:
+                    convolution.set_mode(mode)
+                    best[mode] = min(best[mode], _time(step, dims, arrays, 1))
+            convolution.set_mode("auto")
+            convolution.forget_routes()
+            best["auto"] = _time(step, dims, arrays, args.repeats)  # its warm-up call decides
+            chose = {r["operation"]: "t" if r["torch"] else "o" for r in convolution.routes()}
+            rows.append((best, "".join(chose.get(op, "-") for op in convolution.OPERATIONS)))
+    lines = ["| convolution | N, C -> M, padded HxW, KxK, stride | own ms | torch ms | torch / own | auto chose "
+             "| auto ms | auto / own |", "|---|---|---:|---:|---:|---|---:|---:|"]
+    for (name, *shape), (best, chose) in zip(SHAPES, rows):
         n, c, h, m, k, s = shape
-        lines.append(f"| {name} | {n}, {c} -> {m}, {h}x{h}, {k}x{k}, {s} | {o:.3f} | {r:.3f} | "
-                     f"{'torch' if by_torch else 'own'} | {r / o:.2f} |")
-    text = "\n".join(lines) + f"\n\ntorch calls: {convolution.torch_calls() - calls}; torch {torch.__version__}\n"
+        lines.append(f"| {name} | {n}, {c} -> {m}, {h}x{h}, {k}x{k}, {s} | {best['own']:.3f} | "
+                     f"{best['torch']:.3f} | {best['torch'] / best['own']:.2f} | {chose} | {best['auto']:.3f} | "
+                     f"{best['auto'] / best['own']:.2f} |")
+    text = "\n".join(lines) + f"\n\ntorch {torch.__version__}; `{_cpu()}`\n"
     print(text)
     if args.out:
         args.out.write_text(text)
+
+
+def _cpu() -> str:
+    """The CPU's model name and whether it has AVX-512 (which oneDNN's kernels use)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 "unknown CPU")
+    return f"{model}, {'AVX-512' if ' avx512f' in info else 'no AVX-512'}"
 
 
 if __name__ == "__main__":

@@ -152,45 +152,99 @@ def test_kernels_match_torch_and_add_into_gradients(kernels, config, dtype, thre
         np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale * 10)
 
 
-#: float32 NCHW convolutions and whether the kernels hand them to torch's once it is loaded (unit strides and
-#: dilations, more than 1x1, 16 channels or more a side, fewer than 64 output channels: `by_torch`)
+#: float32 convolutions and whether torch's convolution can compute them once it is loaded: NCHW, with an
+#: output extent that torch's padding (the same zeros on both sides) gives (`torch_can` in conv_kernels.h)
 ROUTES = [
     ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW"), True),
-    ((2, 16, 11, 10, 32, 5, 3, (1, 1), (1, 1), "NCHW"), True),
-    ((2, 16, 11, 10, 32, 3, 3, (2, 2), (1, 1), "NCHW"), False),  # strided
-    ((2, 32, 12, 12, 16, 3, 3, (1, 1), (2, 1), "NCHW"), False),  # dilated
-    ((2, 16, 9, 9, 16, 1, 1, (1, 1), (1, 1), "NCHW"), False),  # 1x1
-    ((2, 16, 9, 9, 64, 3, 3, (1, 1), (1, 1), "NCHW"), False),  # 64 output channels
-    ((2, 8, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW"), False),  # 8 input channels
+    ((2, 16, 11, 10, 32, 3, 3, (2, 2), (1, 1), "NCHW"), True),  # strided
+    ((2, 32, 12, 12, 16, 3, 3, (1, 1), (2, 1), "NCHW"), True),  # dilated
+    ((2, 16, 9, 9, 16, 1, 1, (1, 1), (1, 1), "NCHW"), True),  # 1x1
+    ((2, 3, 9, 9, 64, 3, 3, (1, 1), (1, 1), "NCHW"), True),  # a 3-channel stem
     ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW", (1, 1, 1, 1)), True),  # padded as torch pads
     ((2, 16, 11, 10, 32, 5, 3, (1, 1), (1, 1), "NCHW", (2, 0, 2, 0)), True),
-    ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW", (1, 1, 0, 1)), False),  # fewer zeros after than before
+    ((2, 8, 10, 10, 16, 3, 3, (2, 2), (1, 1), "NCHW", (1, 1, 0, 0)), True),  # a zero after that no window reads
+    ((3, 16, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NCHW", (1, 1, 0, 1)), False),  # one the last window reads
+    ((2, 3, 9, 9, 16, 3, 3, (1, 1), (1, 1), "NHWC"), False),  # channels last
 ]
+_ROUTE_IDS = ["x".join(map(str, c[:7])) + f"_s{c[7][0]}{c[7][1]}d{c[8][0]}{c[8][1]}_{c[9]}"
+              + ("_p" + "".join(map(str, c[10])) if len(c) > 10 else "") for c, _ in ROUTES]
 
 
-@pytest.mark.parametrize("config, routed", ROUTES,
-                         ids=lambda c: "x".join(map(str, c[:7])) + f"_s{c[7][0]}{c[7][1]}d{c[8][0]}{c[8][1]}"
-                         + ("_p" + "".join(map(str, c[10])) if len(c) > 10 else "") if isinstance(c, tuple) else str(c))
-def test_torchs_convolution_takes_the_shapes_its_rule_admits_with_the_kernels_contract(kernels, config, routed):
-    # once `gradflow.torch.convolution` has loaded torch's (later tests in this process then also run through
-    # it, which the test above accepts: same contract, same tolerance): y overwritten, gradients added into
+@pytest.fixture
+def routes():
+    """`gradflow.torch.convolution`, torch's convolution loaded (later tests in this process then also run
+    through it, which the kernel test above accepts: same contract, same tolerance); its mode afterwards is
+    GRADFLOW_CONV's again."""
     from gradflow.torch import convolution
 
     convolution.load()
-    x, w, dy, dims = _case(config, np.float32, seed=3)
-    want_y, want_gx, want_gw = _torch(x, w, dy, config)
-    kernels.set_threads(1)
-    y = np.full(want_y.shape, np.nan, dtype=np.float32)
-    old_gx = np.random.default_rng(9).normal(size=x.shape).astype(np.float32)
-    old_gw = np.random.default_rng(10).normal(size=w.shape).astype(np.float32)
+    yield convolution
+    convolution.set_mode(convolution.conv_choice())
+
+
+def _all_three(kernels, config, seed: int):
+    """The three kernels on one case; their results (y, what each gradient added) and torch's."""
+    x, w, dy, dims = _case(config, np.float32, seed=seed)
+    y = np.full(_torch(x, w, dy, config)[0].shape, np.nan, dtype=np.float32)  # overwritten whole
+    old_gx = np.random.default_rng(seed + 9).normal(size=x.shape).astype(np.float32)
+    old_gw = np.random.default_rng(seed + 10).normal(size=w.shape).astype(np.float32)
     gx, gw = old_gx.copy(), old_gw.copy()
-    before = convolution.torch_calls()
     kernels.forward_f(_ptr(dims), _ptr(x), _ptr(w), _ptr(y))
     kernels.grad_input_f(_ptr(dims), _ptr(dy), _ptr(w), _ptr(gx))
     kernels.grad_weights_f(_ptr(dims), _ptr(x), _ptr(dy), _ptr(gw))
-    assert convolution.torch_calls() - before == (3 if routed else 0)
-    for got, want in ((y, want_y), (gx - old_gx, want_gx), (gw - old_gw, want_gw)):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max() * 10)
+    return (y, gx - old_gx, gw - old_gw), _torch(x, w, dy, config), dims
+
+
+def _assert_close(got, want) -> None:
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=0, atol=1e-5 * np.abs(r).max() * 10)
+
+
+@pytest.mark.parametrize("config, can", ROUTES, ids=_ROUTE_IDS)
+def test_torch_route_computes_what_torch_can_with_the_kernels_contract(kernels, routes, config, can):
+    # GRADFLOW_CONV=torch: y overwritten, gradients added into, by torch wherever it can
+    routes.set_mode("torch")
+    kernels.set_threads(1)
+    before = routes.torch_calls()
+    got, want, _ = _all_three(kernels, config, seed=3)
+    assert routes.torch_calls() - before == (3 if can else 0)
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("config, can", ROUTES, ids=_ROUTE_IDS)
+def test_auto_route_times_both_at_the_first_call_then_keeps_one(kernels, routes, config, can):
+    # GRADFLOW_CONV=auto: the first call of each kernel on a shape runs both routes on its output, restored
+    # between them; what it leaves must still be one result (y), or one gradient added once
+    routes.set_mode("auto")
+    routes.forget_routes()
+    kernels.set_threads(1)
+    got, want, dims = _all_three(kernels, config, seed=5)
+    _assert_close(got, want)
+    key = [*dims[:13], *dims[14:16]]
+    recorded = [r for r in routes.routes() if [r[k] for k in routes._SHAPE] == key]
+    assert sorted(r["operation"] for r in recorded) == (sorted(routes.OPERATIONS) if can else [])
+    assert all(r["threads"] == 1 for r in recorded)
+    before = routes.torch_calls()
+    got, want, _ = _all_three(kernels, config, seed=6)  # the recorded routes, no timing
+    _assert_close(got, want)
+    assert routes.torch_calls() - before == sum(r["torch"] for r in recorded)
+    assert routes.routes() == recorded
+
+
+def test_own_route_keeps_the_kernels(kernels, routes):
+    routes.set_mode("own")
+    kernels.set_threads(1)
+    before = routes.torch_calls()
+    got, want, _ = _all_three(kernels, ROUTES[0][0], seed=7)
+    assert routes.torch_calls() == before
+    _assert_close(got, want)
+
+
+def test_an_unknown_route_is_a_typed_error(routes):
+    from gradflow.core.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="'onednn'"):
+        routes.set_mode("onednn")
 
 
 # --- the nodes in compiled SDFGs, both expansions -----------------------------------------------------------

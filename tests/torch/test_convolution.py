@@ -1,5 +1,5 @@
 """Convolutions of compiled torch models computed by torch's own convolution (`gradflow.torch.convolution`)
-where it is faster, by gradflow's kernels elsewhere, with the same answers either way."""
+or by gradflow's kernels, as GRADFLOW_CONV routes them, with the same answers either way."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ F32 = 1e-5
 
 
 class _Wide(torch.nn.Module):
-    """Two 3x3 convolutions with 16 to 63 channels (torch's: `by_torch` in runtime/conv_kernels.h)."""
+    """Two 3x3 convolutions with 16 to 32 channels."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -31,7 +31,7 @@ class _Wide(torch.nn.Module):
 
 
 def _stem() -> torch.nn.Module:
-    # three input channels, a 1x1 convolution (one product in gradflow's kernels), a strided one: gradflow's
+    # three input channels, a 1x1 convolution, a strided one
     return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 1),
                                torch.nn.Conv2d(16, 16, 3, stride=2, padding=1))
 
@@ -45,23 +45,48 @@ def _calls_of_one_step(compiled, x: torch.Tensor) -> tuple[int, int]:
     return forward, convolution.torch_calls() - start - forward
 
 
-def test_wide_convolutions_run_on_torchs_and_agree_with_eager() -> None:
+@pytest.fixture
+def route(monkeypatch):
+    """Sets GRADFLOW_CONV for the models a test compiles (read when their programs are built); the process's
+    mode is the default's again afterwards."""
+    yield lambda choice: monkeypatch.setenv("GRADFLOW_CONV", choice)
+    convolution.set_mode("auto")
+
+
+def test_torch_route_runs_every_convolution_on_torchs_and_agrees_with_eager(route) -> None:
+    route("torch")
     torch.manual_seed(0)
     model, x = _Wide(), torch.randn(4, 16, 12, 12)
     compiled = gt.compile(model, (x,))
     assert _calls_of_one_step(compiled, x) == (2, 3)  # backward: both weight gradients, b's input gradient
     assert_output_and_gradients_agree(model, compiled, x, torch.randn(4, 16), F32)
-
-
-def test_narrow_and_pointwise_convolutions_stay_with_gradflows_kernels() -> None:
     torch.manual_seed(1)
     model, x = _stem(), torch.randn(4, 3, 8, 8)
     compiled = gt.compile(model, (x,))
-    assert _calls_of_one_step(compiled, x) == (0, 0)
+    assert _calls_of_one_step(compiled, x) == (3, 5)  # not the stem's input gradient
     assert_output_and_gradients_agree(model, compiled, x, torch.randn(4, 16, 4, 4), F32)
 
 
-def test_float64_convolutions_stay_with_gradflows_kernels() -> None:
+def test_auto_route_decides_each_shape_once_and_agrees_with_eager(route) -> None:
+    # the first step times both routes of each convolution; from then on every step takes the same ones
+    route("auto")
+    convolution.forget_routes()
+    torch.manual_seed(1)
+    model, x = _stem(), torch.randn(4, 3, 8, 8)
+    compiled = gt.compile(model, (x,))
+    assert_output_and_gradients_agree(model, compiled, x, torch.randn(4, 16, 4, 4), F32)
+    decided = convolution.routes()
+    assert sorted(r["operation"] for r in decided) == sorted(["forward"] * 3 + ["grad_weights"] * 3
+                                                             + ["grad_input"] * 2)
+    steps = [_calls_of_one_step(compiled, x) for _ in range(2)]
+    assert steps[0] == steps[1]
+    assert sum(steps[0]) == sum(r["torch"] for r in decided)  # each shape computed once a step
+    assert convolution.routes() == decided
+    assert_output_and_gradients_agree(model, compiled, x, torch.randn(4, 16, 4, 4), F32)
+
+
+def test_float64_convolutions_stay_with_gradflows_kernels(route) -> None:
+    route("torch")
     torch.manual_seed(2)
     model, x = _Wide().double(), torch.randn(2, 16, 8, 8, dtype=torch.float64)
     compiled = gt.compile(model, (x,))

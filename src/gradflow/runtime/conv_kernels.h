@@ -20,14 +20,21 @@
 // per output pixel instead, whose columns follow the weights' (KH, KW, C, M) rows.
 //
 // Where torch's convolution has been loaded into the process (`gradflow.torch.convolution`, when a torch
-// module is compiled; `GRADFLOW_CONV=own` keeps these kernels), the float32 NCHW convolutions outside a
-// parallel region of the shapes where it measured faster are handed to it (`by_torch`): oneDNN's direct
-// convolutions need no unfolded copy, which took a quarter of a small ResNet block's time here.
+// module is compiled), the float32 NCHW convolutions outside a parallel region whose output extent torch's
+// symmetric padding gives can be handed to it (`routed`): GRADFLOW_CONV=auto (the default) times both
+// routes at the first call of each (operation, shape, thread count) and keeps the faster for the process,
+// =torch hands over all of them, =own none. Which is faster depends on the machine: oneDNN's direct
+// convolutions need no unfolded copy, and on an AVX-512 AMD host its kernels ran ResNet-18's 64-512 channel
+// layers in 0.37-0.59 of the time of these kernels (MKL's products), where on another host both had
+// measured alike; its 3-channel stem took 2.4x as long through it (benchmarks/conv_route.py).
 #pragma once
 #include <dlfcn.h>
 #include <omp.h>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <limits>
+#include <mutex>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -72,42 +79,86 @@ inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long m, long n, long k,
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
-typedef int (*torch_conv_t)(int, const long*, const float*, const float*, float*);
+// The functions of gradflow/torch/aten_conv.cpp, once it is loaded (looked up again until it is).
+struct TorchConv {
+    int (*conv)(int op, const long* shape, const float* a, const float* b, float* out);
+    int (*route)(int op, const long* shape);
+    int (*decide)(int op, const long* shape, int torch);
+};
 
-// gradflow_aten_conv2d of gradflow/torch/aten_conv.cpp, if loaded (looked up again until it is)
-inline torch_conv_t torch_conv() {
-    static std::atomic<torch_conv_t> found{nullptr};
-    torch_conv_t f = found.load(std::memory_order_relaxed);
-    if (!f) {
-        f = (torch_conv_t)dlsym(RTLD_DEFAULT, "gradflow_aten_conv2d");
-        found.store(f, std::memory_order_relaxed);
+inline bool torch_conv(TorchConv& t) {
+    static std::atomic<bool> found{false};
+    static TorchConv functions{};
+    if (!found.load(std::memory_order_acquire)) {
+        void* conv = dlsym(RTLD_DEFAULT, "gradflow_aten_conv2d");
+        void* route = dlsym(RTLD_DEFAULT, "gradflow_aten_conv2d_route");
+        void* decide = dlsym(RTLD_DEFAULT, "gradflow_aten_conv2d_decide");
+        if (!conv || !route || !decide) return false;
+        static std::once_flag once;
+        std::call_once(once, [&] {
+            functions = {(decltype(TorchConv::conv))conv, (decltype(TorchConv::route))route,
+                         (decltype(TorchConv::decide))decide};
+            found.store(true, std::memory_order_release);
+        });
     }
-    return f;
+    t = functions;
+    return true;
 }
 
-// op 0 (forward), 1 (grad_input) or 2 (grad_weights) computed by torch; false: the caller computes it
-template <typename T>
-bool by_torch(int op, const Shape& s, const T* a, const T* b, T* out) {
+// whether torch can compute the convolution: NCHW, outside a parallel region (torch's own threads would
+// nest in it), and an output extent that torch's padding (PH, PW zeros on both sides) gives; the zeros a
+// node implies after the input may be fewer than before it, or more than the windows read
+inline bool torch_can(const Shape& s) {
+    if (s.nhwc || s.N < 1 || omp_in_parallel()) return false;
+    const long h = s.H + 2 * s.PH - s.DH * (s.KH - 1) - 1, w = s.W + 2 * s.PW - s.DW * (s.KW - 1) - 1;
+    return h >= 0 && w >= 0 && s.OH == h / s.SH + 1 && s.OW == w / s.SW + 1;
+}
+
+// Op 0 (forward: out overwritten), 1 (input gradient) or 2 (weight gradient: added into out) by torch or
+// by `own()`, as the process's route for it says. An undecided route (GRADFLOW_CONV=auto, the first call
+// of this operation, shape and thread count) times torch, own, torch, own on the same `out` restored each
+// time, records the faster (the fastest of each side's two: torch's first call builds its kernel), and
+// leaves the recorded route's result in `out`.
+template <typename T, typename Own>
+void routed(int op, const Shape& s, const T* a, const T* b, T* out, Own&& own) {
     if constexpr (!std::is_same<T, float>::value) {
-        return false;
+        own();
+        return;
     } else {
-        // Where it was measured faster (benchmarks/conv_route.py, benchmarks/models.py): unit strides and
-        // dilations (strided ones lost: ResNet-18's 3x3 stride-2 1.5x, its 1x1 stride-2 shortcut 8x), more
-        // than 1x1 (no unfolding to save there: one product), 16 channels or more a side (fewer fill
-        // oneDNN's 16-channel blocks mostly with padding: LeNet's 1->6->16, 3-channel stems), and fewer than
-        // 64 output channels: the unfolding costs about 1/M of the products, and from 64 on (ResNet-18's
-        // layers) both routes measured alike within this machine's noise.
-        if (s.nhwc || s.KH * s.KW == 1 || s.SH != 1 || s.SW != 1 || s.DH != 1 || s.DW != 1 || s.C < 16 ||
-            s.M < 16 || s.M >= 64 || s.N < 1 || omp_in_parallel())
-            return false;
-        // torch pads both sides alike: an output extent that needs other zeros after the input stays here
-        if (s.OH != s.H + 2 * s.PH - s.DH * (s.KH - 1) || s.OW != s.W + 2 * s.PW - s.DW * (s.KW - 1))
-            return false;
-        torch_conv_t f = torch_conv();
-        if (!f) return false;
-        const long shape[15] = {s.N,  s.C,  s.H,  s.W,  s.M,  s.KH, s.KW, s.OH,
-                                s.OW, s.SH, s.SW, s.DH, s.DW, s.PH, s.PW};
-        return f(op, shape, a, b, out) == 1;
+        TorchConv t;
+        if (!torch_can(s) || !torch_conv(t)) {
+            own();
+            return;
+        }
+        const long key[16] = {s.N,  s.C,  s.H,  s.W,  s.M,  s.KH, s.KW, s.OH,
+                              s.OW, s.SH, s.SW, s.DH, s.DW, s.PH, s.PW, (long)omp_get_max_threads()};
+        const int route = t.route(op, key);
+        if (route != 2) {
+            if (route != 1 || t.conv(op, key, a, b, out) != 1) own();
+            return;
+        }
+        const long n = op == 0   ? s.N * s.M * s.OH * s.OW
+                       : op == 1 ? s.N * s.C * s.H * s.W
+                                 : s.M * s.C * s.KH * s.KW;
+        const std::vector<T> before(out, out + n);
+        auto trial = [&](bool torch) {
+            std::memcpy(out, before.data(), sizeof(T) * n);
+            const auto start = std::chrono::steady_clock::now();
+            if (torch) {
+                if (t.conv(op, key, a, b, out) != 1) return std::numeric_limits<double>::infinity();
+            } else {
+                own();
+            }
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        };
+        const double first = trial(true), mine = trial(false);
+        const double theirs = std::min(first, trial(true)), ours = std::min(mine, trial(false));
+        // `out` holds own's result; another thread may have recorded this route meanwhile: that one holds
+        const double failed = std::numeric_limits<double>::infinity();
+        if (t.decide(op, key, theirs < ours ? 1 : 0) == 1 && trial(true) == failed) {
+            std::memcpy(out, before.data(), sizeof(T) * n);
+            own();
+        }
     }
 }
 
@@ -236,8 +287,7 @@ void over_images(long n, int threads, F&& f) {
 
 // y[n] = w @ unfold(x[n]) for every image (y overwritten)
 template <typename T>
-void forward(const Shape& s, const T* x, const T* w, T* y) {
-    if (by_torch(0, s, x, w, y)) return;
+void forward_own(const Shape& s, const T* x, const T* w, T* y) {
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W;
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
         Scratch<T> t(s);
@@ -253,8 +303,7 @@ void forward(const Shape& s, const T* x, const T* w, T* y) {
 
 // dx[n] += fold(w^T @ dy[n]) for every image
 template <typename T>
-void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
-    if (by_torch(1, s, dy, w, dx)) return;
+void grad_input_own(const Shape& s, const T* dy, const T* w, T* dx) {
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W;
     over_images(s.N, image_threads(s.N), [&](int, long lo, long hi) {
         Scratch<T> t(s);
@@ -277,8 +326,7 @@ void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
 
 // dw += sum over images of dy[n] @ unfold(x[n])^T
 template <typename T>
-void grad_weights(const Shape& s, const T* x, const T* dy, T* dw) {
-    if (by_torch(2, s, x, dy, dw)) return;
+void grad_weights_own(const Shape& s, const T* x, const T* dy, T* dw) {
     const long P = s.pixels(), R = s.rows(), in = s.C * s.H * s.W, size = s.M * R;
     const int threads = image_threads(s.N);
     std::vector<T> partial(threads > 1 ? threads * size : 0, T(0));
@@ -295,6 +343,22 @@ void grad_weights(const Shape& s, const T* x, const T* dy, T* dw) {
     });
     for (int th = 0; th < (threads > 1 ? threads : 0); ++th)
         for (long i = 0; i < size; ++i) dw[i] += partial[th * size + i];
+}
+
+// The kernels the nodes call: each by torch or by the ones above (`routed`).
+template <typename T>
+void forward(const Shape& s, const T* x, const T* w, T* y) {
+    routed(0, s, x, w, y, [&] { forward_own(s, x, w, y); });
+}
+
+template <typename T>
+void grad_input(const Shape& s, const T* dy, const T* w, T* dx) {
+    routed(1, s, dy, w, dx, [&] { grad_input_own(s, dy, w, dx); });
+}
+
+template <typename T>
+void grad_weights(const Shape& s, const T* x, const T* dy, T* dw) {
+    routed(2, s, x, dy, dw, [&] { grad_weights_own(s, x, dy, dw); });
 }
 
 }  // namespace gradflow_conv

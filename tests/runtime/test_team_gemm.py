@@ -1,8 +1,9 @@
 """Matrix products shared out over the OpenMP team (`runtime/team_gemm.h`, reached through the shim header
 every compiled SDFG's CBLAS calls go through) compute what one BLAS call computes, whichever way a call
 is split: by rows or columns of C, or by the inner dimension into partial products added afterwards, and
-whichever BLAS runs the blocks: torch's MKL (this process has imported torch) or, when GRADFLOW_BLAS says
-so, the wheel's OpenBLAS.
+whichever BLAS runs the blocks: torch's MKL (this process has imported torch), the wheel's OpenBLAS, or
+the one of the two measured faster for the shape (GRADFLOW_BLAS=auto, whose first product of a shape runs
+both on the same C).
 
 The header is compiled into a small library (one per BLAS: the choice is made at a library's first product)
 that records which split each call took, and run with two OpenMP threads in this process (the suite itself
@@ -30,6 +31,7 @@ void set_threads(int n) { omp_set_num_threads(n); }
 char how() { return last_how; }
 int team() { return last_team; }
 int mkl() { return gradflow_mkl_found().sgemm != nullptr; }
+long routes() { return (long)gradflow_gemm_routes_recorded(); }
 #define EXPORT(NAME, T, CALL)                                                                          \
     void NAME(int order, int ta, int tb, int M, int N, int K, T alpha, const T *A, int lda, const T *B,  \
               int ldb, T beta, T *C, int ldc) {                                                        \
@@ -44,14 +46,16 @@ EXPORT(dgemm, double, cblas_dgemm)
 ROW, COL, NO, TRANS = 101, 102, 111, 112
 
 
-@pytest.fixture(scope="module", params=["mkl", "openblas"])
+@pytest.fixture(scope="module", params=["mkl", "openblas", "auto"])
 def lib(request, tmp_path_factory):
     loaded = compile_probe(tmp_path_factory.mktemp(f"team_gemm_{request.param}"), _SOURCE)
     loaded.how.restype = ctypes.c_char
+    loaded.routes.restype = ctypes.c_long
+    loaded.choice = request.param
     saved = os.environ.get("GRADFLOW_BLAS")
-    os.environ["GRADFLOW_BLAS"] = "auto" if request.param == "mkl" else "openblas"
+    os.environ["GRADFLOW_BLAS"] = request.param
     try:
-        assert loaded.mkl() == (request.param == "mkl")  # the first product of the library chooses
+        assert loaded.mkl() == (request.param != "openblas")  # the first product of the library chooses
     finally:
         os.environ.pop("GRADFLOW_BLAS") if saved is None else os.environ.update(GRADFLOW_BLAS=saved)
     loaded.set_threads(2)
@@ -111,6 +115,21 @@ def test_split_products_equal_numpy(lib, dtype, order, ta, tb, m, n, k, beta, sp
     assert np.isnan(c_mem[:, -1]).all()  # the padding past each column (row) of C is untouched
 
 
+def test_the_first_product_of_a_shape_times_both_libraries_and_leaves_one_result(lib) -> None:
+    # auto: the first call runs MKL, OpenBLAS, MKL, OpenBLAS (and MKL again if it won) on C restored each
+    # time; C must end as one product added to beta * C, the library kept for the shape's later calls
+    rng = np.random.default_rng(17)
+    a, b = rng.standard_normal((23, 31)), rng.standard_normal((31, 29))
+    before = lib.routes()
+    for call in range(2):
+        c0 = rng.standard_normal((23, 29))
+        c = np.asfortranarray(c0.copy())
+        lib.dgemm(COL, NO, NO, 23, 29, 31, ctypes.c_double(2.0), _pointer(np.asfortranarray(a)), 23,
+                  _pointer(np.asfortranarray(b)), 31, ctypes.c_double(0.5), _pointer(c), 23)
+        np.testing.assert_allclose(c, 2.0 * a @ b + 0.5 * c0, rtol=1e-12, atol=1e-12)
+        assert lib.routes() - before == (1 if lib.choice == "auto" else 0)  # recorded at the first call only
+
+
 def test_one_thread_makes_one_call(lib) -> None:
     lib.set_threads(1)
     try:
@@ -167,10 +186,12 @@ print("error", np.abs(c - a.astype(np.float64) @ b).max())
 """
 
 
-@pytest.mark.parametrize("choice, mkl", [(None, True), ("auto", True), ("openblas", False)])
-def test_which_blas_a_compiled_product_calls(tmp_path, choice, mkl) -> None:
+@pytest.mark.parametrize("choice, mkl, says", [(None, True, "auto"), ("auto", True, "auto"), ("mkl", True, "mkl"),
+                                              ("openblas", False, "openblas")])
+def test_which_blas_a_compiled_product_calls(tmp_path, choice, mkl, says) -> None:
     # MKL_VERBOSE makes MKL print a line per call: there is one unless GRADFLOW_BLAS asks for OpenBLAS
-    # (gradflow imports torch, whose libtorch_cpu.so carries MKL); the product is right either way
+    # (gradflow imports torch, whose libtorch_cpu.so carries MKL; auto times it at the first product); the
+    # product is right either way
     script = tmp_path / "verbose.py"
     script.write_text(_VERBOSE)
     env = {**os.environ, "MKL_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
@@ -181,7 +202,7 @@ def test_which_blas_a_compiled_product_calls(tmp_path, choice, mkl) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("SGEMM(" in out.stdout) == mkl, out.stdout[-2000:]
     assert float(out.stdout.split()[-1]) < 1e-4
-    assert f"library {'mkl' if mkl else 'openblas'}" in out.stdout  # what gradflow says it uses
+    assert f"library {says}" in out.stdout  # what gradflow says it uses
 
 
 def test_an_unknown_blas_choice_is_named(monkeypatch) -> None:
@@ -189,5 +210,5 @@ def test_an_unknown_blas_choice_is_named(monkeypatch) -> None:
     from gradflow.runtime import blas
 
     monkeypatch.setenv("GRADFLOW_BLAS", "OpenBLAS")
-    with pytest.raises(InvalidArgumentError, match="GRADFLOW_BLAS is 'OpenBLAS'; it takes one of 'auto', 'openblas'"):
+    with pytest.raises(InvalidArgumentError, match="GRADFLOW_BLAS is 'OpenBLAS'; it takes one of 'auto', 'mkl', 'openblas'"):
         blas.gemm_library()

@@ -22,10 +22,11 @@ This module, when that wheel is importable:
 Without the wheel, `available()` is False, `compile_context()` changes nothing and DaCe's pure expansion
 (a loop nest) runs; `describe()` says so.
 
-Matrix products (`?gemm`, also inside the convolution kernels) run through `team_gemm.h`, which calls
-torch's MKL when torch's library carries one (x86 wheels; about 1.4x OpenBLAS's speed on the products of
-the models of `benchmarks/models.py`) and OpenBLAS otherwise or when `GRADFLOW_BLAS=openblas`;
-`gemm_library()` says which.
+Matrix products (`?gemm`, also inside the convolution kernels) run through `team_gemm.h`. Where torch's
+library carries MKL (x86 wheels) it times MKL and OpenBLAS at the first product of each shape and keeps
+the faster (`GRADFLOW_BLAS=auto`, the default: MKL was about 1.4x OpenBLAS's speed on the products of the
+models of `benchmarks/models.py` on one host, OpenBLAS 1.1-1.2x MKL's on an AVX-512 AMD one);
+`GRADFLOW_BLAS=mkl` or `openblas` pins one, and without MKL OpenBLAS runs them. `gemm_library()` says which.
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ def describe() -> str:
     if not available():
         return "no BLAS (scipy-openblas32 not installed): matrix products use DaCe's pure loop-nest expansion"
     text = f"OpenBLAS from scipy-openblas32 ({library_path()})"
-    return text + ("; matrix products by torch's MKL" if gemm_library() == "mkl" else "")
+    library = gemm_library()
+    if library == "auto":
+        return text + "; matrix products by torch's MKL or OpenBLAS, whichever measured faster per shape"
+    return text + ("; matrix products by torch's MKL" if library == "mkl" else "")
 
 
 #: the values of GRADFLOW_BLAS (read by `team_gemm.h` at a program's first matrix product)
-BLAS_CHOICES = ("auto", "openblas")
+BLAS_CHOICES = ("auto", "mkl", "openblas")
 
 
 def blas_choice() -> str:
@@ -90,14 +94,16 @@ def blas_choice() -> str:
 
 
 def gemm_library() -> str:
-    """"mkl" or "openblas": which library the matrix products of programs loaded now run on, as
-    `team_gemm.h` decides it (an unknown GRADFLOW_BLAS is an `InvalidArgumentError`)."""
-    if blas_choice() == "openblas" or not available():
+    """Which library the matrix products of programs loaded now run on, as `team_gemm.h` decides it:
+    "mkl", "openblas", or "auto" (each shape on the one measured faster; products inside a parallel region
+    on MKL). An unknown GRADFLOW_BLAS is an `InvalidArgumentError`."""
+    choice = blas_choice()
+    if choice == "openblas" or not available():
         return "openblas"
     one_thread()  # as compile_sdfg does before any program runs
-    if _openblas_threads() != 1:
+    if _openblas_threads() != 1 or not _torch_mkl():
         return "openblas"
-    return "mkl" if _torch_mkl() else "openblas"
+    return choice
 
 
 def _openblas_threads() -> int:

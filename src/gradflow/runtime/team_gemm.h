@@ -17,15 +17,27 @@
 //
 // Which BLAS runs each block: torch's MKL where torch carries one (gradflow imports torch; the x86
 // wheels' libtorch_cpu.so exports MKL's Fortran sgemm_/dgemm_, found at a library's first product with
-// dlopen(RTLD_NOLOAD)), on one thread per call as OpenBLAS runs; else the wheel's OpenBLAS. A 32x512 by
-// 512x512 float32 product on one core: MKL 103 us, OpenBLAS 148 us. GRADFLOW_BLAS=openblas (read at the
-// first product) keeps OpenBLAS; so does OPENBLAS_NUM_THREADS above 1 (the user chose OpenBLAS's threads).
+// dlopen(RTLD_NOLOAD)), on one thread per call as OpenBLAS runs; else the wheel's OpenBLAS. Which of the
+// two is faster depends on the machine and the shape: a 32x512 by 512x512 float32 product on one core
+// took MKL 103 us and OpenBLAS 148 us on one host, 192 and 171 us on an AVX-512 AMD one (where MKL runs its
+// AVX2 path). So with both at hand GRADFLOW_BLAS=auto (the default, read at the first product) times them
+// at the first product of each shape (element size, layout, transposes, M, N, K, OpenMP threads) called
+// outside a parallel region: MKL, OpenBLAS, MKL, OpenBLAS on the same C, restored between them, the
+// faster recorded for this library's later products of that shape, its result left in C. Products inside
+// a parallel region (in a map) run on MKL: OpenBLAS's small-matrix path is not safe under concurrent calls
+// (below). GRADFLOW_BLAS=mkl keeps MKL, =openblas OpenBLAS; so does OPENBLAS_NUM_THREADS above 1 (the
+// user chose OpenBLAS's threads).
 //
 // Pasted into the shim header after the wheel's cblas.h (gradflow.runtime.blas); C++, as DaCe emits C++.
 #pragma once
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <array>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <vector>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -47,6 +59,7 @@ struct gradflow_mkl {
     gradflow_fortran_gemm<float> sgemm = nullptr;
     gradflow_fortran_gemm<double> dgemm = nullptr;
     int (*threads_local)(int) = nullptr;  // MKL_Set_Num_Threads_Local: this thread's count, the old one back
+    bool measured = false;                 // GRADFLOW_BLAS=auto: MKL or OpenBLAS, timed per product shape
 };
 
 // torch's MKL when it is loaded and chosen (see above), else all members null; found once per library
@@ -64,6 +77,8 @@ static const gradflow_mkl &gradflow_mkl_found() {
         mkl.threads_local = (int (*)(int))dlsym(torch, "MKL_Set_Num_Threads_Local");
         if (!mkl.sgemm || !mkl.dgemm || !mkl.threads_local)
             mkl = gradflow_mkl();
+        else
+            mkl.measured = !(choice && strcmp(choice, "mkl") == 0);
         dlclose(torch);  // drops the reference NOLOAD took; torch stays loaded
         return mkl;
     }();
@@ -152,16 +167,37 @@ static void gradflow_team_gemm(Call call, const enum CBLAS_ORDER order, const en
 #endif
 }
 
-// cblas_?gemm by the team, each block through MKL when found, else OpenBLAS
+// GRADFLOW_BLAS=auto: the library recorded for each product shape of this library (0 MKL, 1 OpenBLAS)
+typedef std::array<long, 8> gradflow_gemm_shape;  // element size, order, ta, tb, M, N, K, OpenMP threads
+static std::mutex gradflow_gemm_routes_lock;
+static std::map<gradflow_gemm_shape, int> gradflow_gemm_routes;
+
+// how many shapes have a recorded library (what tests check the measurement with)
+static size_t gradflow_gemm_routes_recorded() {
+    std::lock_guard<std::mutex> hold(gradflow_gemm_routes_lock);
+    return gradflow_gemm_routes.size();
+}
+
+// the stored matrix C (M x N in `order`, leading dimension ldc) to or from a packed copy
+template <typename T>
+static void gradflow_gemm_copy_c(const enum CBLAS_ORDER order, const blasint M, const blasint N, T *C,
+                                 const blasint ldc, T *packed, bool save) {
+    const long lines = order == CblasRowMajor ? M : N, length = order == CblasRowMajor ? N : M;
+    for (long i = 0; i < lines; ++i)
+        memcpy(save ? packed + i * length : C + i * (long)ldc, save ? C + i * (long)ldc : packed + i * length,
+               sizeof(T) * length);
+}
+
+// cblas_?gemm by the team, each block through MKL or OpenBLAS (see above)
 template <typename T>
 static void gradflow_gemm(void (*openblas)(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE,
                                            const enum CBLAS_TRANSPOSE, const blasint, const blasint, const blasint,
                                            const T, const T *, const blasint, const T *, const blasint, const T,
                                            T *, const blasint),
-                          gradflow_fortran_gemm<T> mkl, int (*threads_local)(int), const enum CBLAS_ORDER order,
-                          const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb, const blasint M,
-                          const blasint N, const blasint K, const T alpha, const T *A, const blasint lda, const T *B,
-                          const blasint ldb, const T beta, T *C, const blasint ldc) {
+                          gradflow_fortran_gemm<T> mkl, int (*threads_local)(int), bool measured,
+                          const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                          const blasint M, const blasint N, const blasint K, const T alpha, const T *A,
+                          const blasint lda, const T *B, const blasint ldb, const T beta, T *C, const blasint ldc) {
     if (mkl == nullptr) {
         gradflow_team_gemm<T>(openblas, order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -172,7 +208,53 @@ static void gradflow_gemm(void (*openblas)(const enum CBLAS_ORDER, const enum CB
                                       const blasint lb, const T be, T *c, const blasint lc) {
         gradflow_fortran_call<T>(mkl, threads_local, a_t, b_t, m, n, k, al, a, la, b, lb, be, c, lc);
     };  // team_gemm hands every block over column-major
-    gradflow_team_gemm<T>(block, order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    auto run = [&](int library) {
+        if (library == 1)
+            gradflow_team_gemm<T>(openblas, order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        else
+            gradflow_team_gemm<T>(block, order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    };
+    int threads = 1;
+#ifdef _OPENMP
+    if (measured && omp_in_parallel())
+        measured = false;
+    threads = omp_get_max_threads();
+#endif
+    if (!measured) {
+        run(0);
+        return;
+    }
+    const gradflow_gemm_shape shape{(long)sizeof(T), (long)order, (long)ta, (long)tb, M, N, K, threads};
+    int library = -1;
+    {
+        std::lock_guard<std::mutex> hold(gradflow_gemm_routes_lock);
+        auto found = gradflow_gemm_routes.find(shape);
+        if (found != gradflow_gemm_routes.end())
+            library = found->second;
+    }
+    if (library >= 0) {
+        run(library);
+        return;
+    }
+    // C enters the result unless beta is 0 (then BLAS does not read it): kept for each trial
+    std::vector<T> before(beta == (T)0 ? 0 : (size_t)M * N);
+    if (!before.empty())
+        gradflow_gemm_copy_c<T>(order, M, N, C, ldc, before.data(), true);
+    auto trial = [&](int library) {
+        if (!before.empty())
+            gradflow_gemm_copy_c<T>(order, M, N, C, ldc, before.data(), false);
+        const auto start = std::chrono::steady_clock::now();
+        run(library);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    const double mkl_first = trial(0), openblas_first = trial(1);
+    const double mkl_time = std::min(mkl_first, trial(0)), openblas_time = std::min(openblas_first, trial(1));
+    {
+        std::lock_guard<std::mutex> hold(gradflow_gemm_routes_lock);
+        library = gradflow_gemm_routes.emplace(shape, openblas_time < mkl_time ? 1 : 0).first->second;
+    }
+    if (library == 0)  // C holds OpenBLAS's result
+        trial(0);
 }
 
 static inline void gradflow_team_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta,
@@ -181,8 +263,8 @@ static inline void gradflow_team_sgemm(const enum CBLAS_ORDER order, const enum 
                                        const float *B, const blasint ldb, const float beta, float *C,
                                        const blasint ldc) {
     const gradflow_mkl &mkl = gradflow_mkl_found();
-    gradflow_gemm<float>(scipy_cblas_sgemm, mkl.sgemm, mkl.threads_local, order, ta, tb, M, N, K, alpha, A, lda,
-                         B, ldb, beta, C, ldc);
+    gradflow_gemm<float>(scipy_cblas_sgemm, mkl.sgemm, mkl.threads_local, mkl.measured, order, ta, tb, M, N, K,
+                         alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static inline void gradflow_team_dgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta,
@@ -191,6 +273,6 @@ static inline void gradflow_team_dgemm(const enum CBLAS_ORDER order, const enum 
                                        const double *B, const blasint ldb, const double beta, double *C,
                                        const blasint ldc) {
     const gradflow_mkl &mkl = gradflow_mkl_found();
-    gradflow_gemm<double>(scipy_cblas_dgemm, mkl.dgemm, mkl.threads_local, order, ta, tb, M, N, K, alpha, A,
-                          lda, B, ldb, beta, C, ldc);
+    gradflow_gemm<double>(scipy_cblas_dgemm, mkl.dgemm, mkl.threads_local, mkl.measured, order, ta, tb, M, N,
+                          K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -1,7 +1,7 @@
 """`analysis.loops.counter_bound`: a `while` loop capped by a counter gets a trip-count bound, and only when
 that bound holds (the counter assigned once per iteration, the stop fixed in the body, the start known
 before the loop). A bound lets a byte budget price the loop without `loop_bounds` and gives it fixed-size
-stacks, whose gradient program `hvp` differentiates (a growable stack's pop is C++ forward mode refuses)."""
+stacks (and `hvp` equals torch's through it)."""
 
 from __future__ import annotations
 

@@ -198,6 +198,25 @@ def release(state: SDFGState, records) -> None:
         state.add_edge(tasklet, "__r", state.add_write(record), None, dace.Memlet(f"{record}[0:4]"))
 
 
+def heap_call(node) -> str | None:
+    """"push" or "pop" for the C++ tasklet of a growable stack's heap (`_heap_call`), else None."""
+    if not isinstance(node, dace.nodes.Tasklet) or node.language != dace.Language.CPP:
+        return None
+    code = node.code.as_string.strip()
+    for kind, template in (("push", _GROW), ("pop", _TAKE)):
+        if any(code == template.replace("ITEM", item).strip() for item in ("&__item", "__item")):
+            return kind
+    return None
+
+
+def heap_code(kind: str, items: list[tuple[str, bool]]) -> str:
+    """The code of a heap push (`kind` "push") or pop of several items of one stack's item size, each a
+    (connector, scalar) pair, in that order; a pop takes them in reverse, so pops mirror pushes."""
+    template = _GROW if kind == "push" else _TAKE
+    ordered = items if kind == "push" else items[::-1]
+    return "".join(template.replace("ITEM", f"&{c}" if scalar else c) for c, scalar in ordered)
+
+
 def _heap_call(state: SDFGState, stack: Stack, code: str, what: str, staging=None) -> None:
     """A C++ tasklet that appends the staging array to (`_GROW`) or takes it from (`_TAKE`) the heap."""
     desc = state.sdfg.arrays[stack.array]

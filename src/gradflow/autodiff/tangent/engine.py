@@ -4,7 +4,8 @@
    arrays, and the float scalars local to the map bodies that write them, get a tangent array: `wrt` and
    `of` an argument `prefix + name`, the others a transient.
 2. Every operation that writes an array with a tangent gets its tangent from the `tangent` table's rule for
-   its kind, in its own state (NORMALIZE gave every operation one).
+   its kind, in its own state (NORMALIZE gave every operation one); a growable stack's heap push of a
+   varied value, which writes only an integer record, also pushes its tangent (`heap.py`).
 3. At the start of the outermost program, the tangents of arguments that are not `wrt` are zero (their
    initial values do not depend on the inputs): outputs the program writes only in part, in/out arrays.
 Control flow is not touched.
@@ -30,6 +31,7 @@ from gradflow.autodiff.tangent.context import (
     TangentSpec,
     TangentTables,
 )
+from gradflow.autodiff.tangent.heap import dual_heap_call, varied_push
 from gradflow.core.errors import NotDifferentiableError
 
 
@@ -112,6 +114,12 @@ def tangent_program(sdfg: dace.SDFG, spec: TangentSpec, tables: TangentTables,
                                          f"('{site.op.label}')")
         ctx.note_rule(rule.name)
         rule.fn.tangent(site, ctx)
+    for site in sites:  # heap pushes write only an integer record: no rule sees the value they carry away
+        if site not in writers:
+            mirror = ctx.mirror(site.state)
+            for node in site.members():
+                if varied_push(site.state, node, mirror):
+                    dual_heap_call(site.state, node, mirror)
     zeros = sorted(a for a in tangents if not sdfg.arrays[a].transient and a not in spec.wrt)
     if spec.outermost and zeros:
         start = sdfg.add_state_before(sdfg.start_block, "gradflow_tangent_zeros", is_start_block=True)

@@ -8,8 +8,10 @@ from dace.sdfg import nodes as nd
 from gradflow.autodiff.context import OpSite
 from gradflow.autodiff.tangent.context import TangentContext, TangentSpec, tangent_rule
 from gradflow.autodiff.tangent.dual import dual_tasklet
+from gradflow.autodiff.tangent.heap import dual_heap_call
 from gradflow.autodiff.tangent.products import product_edges, product_tangents
 from gradflow.autodiff.tangent.zeros import zero_path, zero_subset
+from gradflow.autodiff.tape import heap_call
 from gradflow.core.errors import NotDifferentiableError
 
 
@@ -45,7 +47,9 @@ class DualTasklets:
         if products:
             product_tangents(site, ctx)
         for node in members:
-            if isinstance(node, nd.Tasklet):
+            if heap_call(node):  # a growable stack's pop into a varied staging array
+                dual_heap_call(state, node, mirror)
+            elif isinstance(node, nd.Tasklet):
                 dual_tasklet(state, node, mirror, constants[node], products)
             elif isinstance(node, nd.NestedSDFG):
                 nested_tangent(state, node, ctx)

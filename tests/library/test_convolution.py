@@ -221,7 +221,7 @@ def test_auto_route_times_both_at_the_first_call_then_keeps_one(kernels, routes,
     got, want, dims = _all_three(kernels, config, seed=5)
     _assert_close(got, want)
     key = [*dims[:13], *dims[14:16]]
-    recorded = [r for r in routes.routes() if [r[k] for k in routes._SHAPE] == key]
+    recorded = [r for r in routes.routes() if [r[k] for k in routes.SHAPE_FIELDS] == key]
     assert sorted(r["operation"] for r in recorded) == (sorted(routes.OPERATIONS) if can else [])
     assert all(r["threads"] == 1 for r in recorded)
     before = routes.torch_calls()

@@ -38,7 +38,8 @@ from gradflow.runtime.compile import usable_cache_root
 CONV_CHOICES = ("own", "torch", "auto")
 #: the kernels' operations, by their number in aten_conv.cpp
 OPERATIONS = ("forward", "grad_input", "grad_weights")
-_SHAPE = ("N", "C", "H", "W", "M", "KH", "KW", "OH", "OW", "SH", "SW", "DH", "DW", "PH", "PW")
+#: the shape values of a route, as `runtime/conv_kernels.h`'s `Shape` names them
+SHAPE_FIELDS = ("N", "C", "H", "W", "M", "KH", "KW", "OH", "OW", "SH", "SW", "DH", "DW", "PH", "PW")
 _SOURCE = Path(__file__).with_name("aten_conv.cpp")
 _LOCK = threading.Lock()
 _LOADED: list[ctypes.CDLL] = []
@@ -97,7 +98,7 @@ def routes() -> list[dict]:
     count = _LOADED[0].gradflow_aten_conv2d_routes(None, ctypes.c_long(0))
     rows = (ctypes.c_long * (18 * count))()
     count = min(count, _LOADED[0].gradflow_aten_conv2d_routes(rows, ctypes.c_long(count)))
-    return [{"operation": OPERATIONS[rows[18 * k]], **dict(zip(_SHAPE, rows[18 * k + 1:18 * k + 16])),
+    return [{"operation": OPERATIONS[rows[18 * k]], **dict(zip(SHAPE_FIELDS, rows[18 * k + 1:18 * k + 16])),
              "threads": rows[18 * k + 16], "torch": bool(rows[18 * k + 17])} for k in range(count)]
 
 

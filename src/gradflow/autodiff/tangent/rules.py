@@ -47,7 +47,7 @@ class DualTasklets:
         if products:
             product_tangents(site, ctx)
         for node in members:
-            if heap_call(node):  # a growable stack's pop into a varied staging array
+            if heap_call(node):  # a growable stack's heap push or pop of a varied staging array
                 dual_heap_call(state, node, mirror)
             elif isinstance(node, nd.Tasklet):
                 dual_tasklet(state, node, mirror, constants[node], products)

@@ -414,3 +414,73 @@ def test_a_branch_around_a_checkpointed_loop_leaves_the_value_where_it_is_read(s
     spec = spec_from_source(HEADER + source, {"N": 5, "M": 6}, ("x0", "x2"), integers, configs, seed=seed)
     verdict = check_program(spec)
     assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.error} {verdict.detail}"
+
+
+# `gradflow fuzz --n 2000 --seed 16401` at 9d9765c, program 68 (WRONG under grad, STORE_ALL, optimize): d S /
+# d x0[1] = -126.13 where central differences give 11807.40 (at steps h and 2h alike). Not gradflow's:
+# torch.autograd computes the same -126.125. `x0[1:] -= x0[3]` (i2 = 3) makes x0[3] exactly 0, the difference
+# of a value and itself; the later `np.prod(x0[1:])` gives that 0 an adjoint of the product of the others
+# (their values near -1200: -8.3e27 after three such products), which at that update meets itself again
+# (+a from the slice, -(a + the others' adjoints) from the subtracted element): the others' 1.58 is below
+# the rounding of 8.3e27 and is lost, and the steps before multiply the loss to 11,600. Reverse mode in
+# float64 cannot give this derivative; forward mode can (the tangent of x0[3] - x0[3] is exactly 0). Kept
+# as the evidence that gradflow computes what torch's reverse mode computes there.
+CANCELLED_ADJOINT = """@dace.program
+def program(x0: dace.float64[M], w0: dace.float64[M], idx: dace.int64[5], S: dace.float64[1]):
+    x0[:M - 1] = x0[1:]
+    x0[3] -= (x0 @ (x0[:] - (x0[2] * x0[M - 3])))
+    x0[3] -= ((x0[1:] + x0[M - 2]) @ np.minimum(x0[1:], x0[:M - 1]))
+    for i1 in range(0, M - 1):
+        for i2 in range(0, M, 3):
+            x0[1:M - 1] += np.square(0.0 + 2.85 * np.tanh(x0[1:M - 1]))
+            if x0[M - 1] > -0.2:
+                x0[M - 2] *= x0[M - 2]
+                x0[1:] -= x0[i2]
+            x0[i1 + 1] += np.prod(x0[1:])
+    x0[M - 3] *= np.maximum((x0[M - 1] + x0[M - 2]), (np.log1p(1.75 + 2.137 * np.tanh((-0.75))) * ((1.6 + 1.3 * np.tanh(3.0)) ** (-1.0))))
+    S[0] += np.sum(x0 * w0)
+"""
+
+
+def _cancelled_adjoint_in_torch(x0, w0):
+    import math
+
+    import torch
+
+    def put(x, where, value):  # out of place: each update a new tensor, as torch's autograd needs
+        y = x.clone()
+        y[where] = value
+        return y
+
+    m = x0.shape[0]
+    x0 = put(x0, slice(0, m - 1), x0[1:])
+    x0 = put(x0, 3, x0[3] - (x0 @ (x0 - (x0[2] * x0[m - 3]))))
+    x0 = put(x0, 3, x0[3] - ((x0[1:] + x0[m - 2]) @ torch.minimum(x0[1:], x0[:m - 1])))
+    for i1 in range(0, m - 1):
+        for i2 in range(0, m, 3):
+            x0 = put(x0, slice(1, m - 1), x0[1:m - 1] + torch.square(0.0 + 2.85 * torch.tanh(x0[1:m - 1])))
+            if x0[m - 1] > -0.2:
+                x0 = put(x0, m - 2, x0[m - 2] * x0[m - 2])
+                x0 = put(x0, slice(1, None), x0[1:] - x0[i2])
+            x0 = put(x0, i1 + 1, x0[i1 + 1] + torch.prod(x0[1:]))
+    floor = math.log1p(1.75 + 2.137 * math.tanh(-0.75)) * ((1.6 + 1.3 * math.tanh(3.0)) ** (-1.0))
+    x0 = put(x0, m - 3, x0[m - 3] * torch.clamp_min(x0[m - 1] + x0[m - 2], floor))
+    return torch.sum(x0 * w0)
+
+
+def test_an_adjoint_cancelled_below_rounding_is_torchs_gradient_too(tmp_path) -> None:
+    import numpy as np
+    import torch
+
+    from gradflow.verify.fuzz.check import _load, make_data
+    from gradflow.verify.routes import gradient
+
+    spec = spec_from_source(HEADER + CANCELLED_ADJOINT, {"N": 7, "M": 5}, ("x0",), {"idx": [3, 2, 4, 2, 0]},
+                            (DEFAULT,), seed=16401 * 100_003 + 68)
+    assert check_program(spec).kind == "WRONG"  # what the fuzzer reports: the gradient is not the derivative
+    data = make_data(spec, spec["seed"])
+    x = torch.tensor(data["x0"], requires_grad=True)
+    want = torch.autograd.grad(_cancelled_adjoint_in_torch(x, torch.tensor(data["w0"])), x)[0].numpy()
+    program = _load(HEADER + CANCELLED_ADJOINT, tmp_path, "cancelled").program
+    _, grads = gradient(program, ("x0",), "S", data, spec["symbols"], route="grad", optimize=True)
+    np.testing.assert_allclose(grads["x0"], want, rtol=1e-10, atol=1e-10)

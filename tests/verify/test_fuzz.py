@@ -177,7 +177,63 @@ def test_forward_mode_is_checked_against_the_checked_gradient() -> None:
     _, grads = gradient(module.program, wrt, "S", data, spec["symbols"])
     assert _jvp_problem(module.program, wrt, data, spec["symbols"], grads) is None
     wrong = {k: v * 1.01 for k, v in grads.items()}
-    assert "jvp" in (_jvp_problem(module.program, wrt, data, spec["symbols"], wrong) or "")
+
+    def rerun(d):
+        return {k: v * 1.01 for k, v in gradient(module.program, wrt, "S", d, spec["symbols"])[1].items()}
+    # a wrong tangent is still linear and moves by rounding only under a nudge: WRONG, not unstable
+    for measured in (None, rerun):
+        verdict, detail = _jvp_problem(module.program, wrt, data, spec["symbols"], wrong, measured) or ("", "")
+        assert verdict == "WRONG" and "jvp" in detail
+
+
+def _absorbing_twin(big: float):
+    """A twin whose S passes through `(S + x) - S` at |S| = `big`: d S / d x[0] is 1 + w[0] in real arithmetic,
+    but a step of 1e-5 in x does not move S when `big` is 1e13."""
+    def program(x, w, S):
+        S[0] = big
+        S[0] = (S[0] + x[0]) - S[0]
+        S[0] += np.sum(x * w)
+    return program
+
+
+def test_a_difference_rounding_hides_is_taken_again_at_a_step_it_can_see() -> None:
+    from gradflow.verify.fuzz.check import _gradients_agree, central_differences, magnitude, resolved_difference
+
+    data = {"x": np.array([0.3, -0.2]), "w": np.array([0.5, 2.0]), "S": np.zeros(1)}
+    right = {"x": np.array([1.5, 2.0])}
+    for big, hidden in ((1e13, True), (10.0, False)):
+        twin = _absorbing_twin(big)
+        fd1, fd2 = central_differences(twin, data, ["x"])
+        assert bool(abs(fd1["x"][0] - 0.5) < 1e-6) is hidden  # at 1e13 a step of 1e-5 is below S's resolution
+        largest = magnitude(twin, data)
+        assert largest == big
+
+        def resolve(name, flat, tol, twin=twin, largest=largest):
+            return resolved_difference(twin, data, name, flat, tol, largest)
+        assert _gradients_agree(right, fd1, fd2, 0.0, resolve)[0] is None
+        # a wrong gradient is still wrong at the larger step
+        assert "d S / d x[1] = 2.1" in (_gradients_agree({"x": np.array([1.5, 2.1])}, fd1, fd2, 0.0, resolve)[0] or "")
+        if hidden:
+            assert "central differences 0.5" in (_gradients_agree(right, fd1, fd2, 0.0)[0] or "")
+        else:
+            assert _gradients_agree(right, fd1, fd2, 0.0)[0] is None
+
+
+def test_an_element_no_step_resolves_is_skipped_not_compared() -> None:
+    """(S + x^3) - S at |S| = 1e13: the step that rounding allows is far beyond where x^3 is linear."""
+    from gradflow.verify.fuzz.check import _gradients_agree, central_differences, magnitude, resolved_difference
+
+    def twin(x, w, S):
+        S[0] = 1e13
+        S[0] = (S[0] + x[0] ** 3) - S[0]
+        S[0] += np.sum(x * w)
+    data = {"x": np.array([0.3, -0.2]), "w": np.array([0.5, 2.0]), "S": np.zeros(1)}
+    fd1, fd2 = central_differences(twin, data, ["x"])
+    largest = magnitude(twin, data)
+    assert resolved_difference(twin, data, "x", 0, 1e-6, largest) is None
+    problem, skipped = _gradients_agree({"x": np.array([0.5 + 3 * 0.09, 2.0])}, fd1, fd2, 0.0,
+                                        lambda n, k, t: resolved_difference(twin, data, n, k, t, largest))
+    assert problem is None and skipped == 1
 
 
 def test_second_order_is_checked_against_differences_of_the_checked_gradient() -> None:

@@ -484,3 +484,34 @@ def test_an_adjoint_cancelled_below_rounding_is_torchs_gradient_too(tmp_path) ->
     program = _load(HEADER + CANCELLED_ADJOINT, tmp_path, "cancelled").program
     _, grads = gradient(program, ("x0",), "S", data, spec["symbols"], route="grad", optimize=True)
     np.testing.assert_allclose(grads["x0"], want, rtol=1e-10, atol=1e-10)
+
+
+# `gradflow fuzz --n 1000 --seed 19244` at f9fd018, programs 87 and 88 (reported WRONG), shrunk: the loop takes
+# S to about -2.8e13 before `S[0] -= (S[0] + x2[M - 2])`, where a float64 is 0.004 apart: a difference step of
+# 1e-5 in x2 does not move S, so central differences read 0 where d S / d x2[M - 2] has a term -1 (gradflow's
+# and torch's). The checker now measures the twin's largest magnitude and takes such an element again at a
+# step rounding cannot hide (`resolved_difference`). Forward mode then differs from the gradient by 0.58:
+# the tangent of S (about 1e13 times S's own) cancels the same way, and its rounding, measured as how far
+# the tangent of a split direction is from linear, is that large: `unstable`, reported apart, never ok.
+ABSORBED = """@dace.program
+def program(x0: dace.float64[N], x1: dace.float64[M], x2: dace.float64[M], w0: dace.float64[N], w1: dace.float64[M], w2: dace.float64[M], idx: dace.int64[4], S: dace.float64[1]):
+    c2 = np.zeros((1,), dtype=np.float64)
+    while c2[0] < 2.0:
+        for i3 in range(M - 3, 0, -1):
+            for i4 in range(N - 1, -1, -1):
+                S[0] = ((S[0] * 0.9) + (S[0] + (-0.75)))
+        c2[0] += 0.5 + (x0[N - 3] + x1[1]) ** 2
+    S[0] += 2.0
+    S[0] -= (S[0] + x2[M - 2])
+    S[0] += np.sum(x1 * w1) + np.sum(x2 * w2)
+"""
+
+
+def test_a_difference_below_the_resolution_of_S_is_taken_again() -> None:
+    from gradflow.verify.fuzz.check import JVP
+
+    spec = spec_from_source(HEADER + ABSORBED, {"N": 5, "M": 5}, ("x0", "x1", "x2"), {"idx": [1, 2, 4, 0]},
+                            (DEFAULT, ("grad", "budget", True)), seed=19244 * 100_003 + 88)
+    verdict = check_program(spec)
+    assert verdict.kind == "unstable" and verdict.config == JVP, f"{verdict.kind}, {verdict.config}: {verdict.detail}"
+    assert "from linear" in verdict.detail

@@ -305,6 +305,15 @@ def program(x0: dace.float64[M], w0: dace.float64[M], idx: dace.int64[5], cnt: d
                 S[0] = S[0]
     S[0] += np.sum(x0 * w0)
 """, {"N": 5, "M": 6}, ("x0",), {"idx": [0, 2, 1, 4, 0], "cnt": [3]}, ("grad", "store_all", True)),
+    # `gradflow fuzz --n 300 --seed 13898` at 92eedc8, programs 38-42 (refused): SymPy cannot prove
+    # acos(0.855 tanh(x)) real (it is complex beyond [-1, 1]), so its derivative of Abs went through re, im
+    # and atan2, which no tasklet prints ("cannot print atan2(0, -__cse12)"). The tasklet computes in real
+    # arithmetic: d |u| = sign(u) du (`core/symbolic._RealAbs`).
+    "abs_of_a_value_sympy_cannot_prove_real": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[M], w1: dace.float64[M], S: dace.float64[1]):
+    x1[:] = np.abs(0.0 + 2.85 * np.tanh(np.arccos(0.0 + 0.855 * np.tanh(x0))))
+    S[0] += np.sum(x1 * w1)
+""", {"N": 5, "M": 6}, ("x0", "x1"), {}, ("vjp", "recompute_all", False)),
 }
 
 

@@ -446,6 +446,39 @@ class _SplitMax(_SplitTies, sympy.Function):
     plain = sympy.Max
 
 
+class _RealAbs(sympy.Function):
+    """`Abs` of a value the program computes in real arithmetic: its derivative is `sign(u) du`. SymPy gives
+    `Abs(u)` of an argument it cannot prove real (`acos(0.855 tanh(x))`, complex beyond [-1, 1]) a derivative
+    through `re`, `im` and `atan2`, which no tasklet prints; the tasklet computes a real `u` (or NaN)."""
+
+    plain = sympy.Abs
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        return _RealSign(self.args[0])
+
+
+class _RealSign(sympy.Function):
+    """`sign` of a real value: a step, derivative 0 (almost everywhere), whatever SymPy can prove."""
+
+    plain = sympy.sign
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        return sympy.Integer(0)
+
+
+def _as_real(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with `Abs` and `sign` of arguments SymPy does not know to be real as `_RealAbs` / `_RealSign`."""
+    def unproven(e: sympy.Basic) -> bool:
+        return isinstance(e, (sympy.Abs, sympy.sign)) and e.args[0].is_extended_real is not True
+    return expr.replace(unproven, lambda e: (_RealAbs if isinstance(e, sympy.Abs) else _RealSign)(*e.args))
+
+
+def _plain(expr: sympy.Expr) -> sympy.Expr:
+    """The inverse of `_as_real` and `_with_split_ties`: SymPy's own functions again."""
+    return expr.replace(lambda e: isinstance(e, (_RealAbs, _RealSign, _SplitMin, _SplitMax)),
+                        lambda e: e.plain(*e.args))
+
+
 def _with_split_ties(expr: sympy.Expr) -> sympy.Expr:
     """`expr` with every min and max of three or more arguments as `_SplitMin` / `_SplitMax`."""
     return expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)) and len(e.args) > 2,
@@ -455,14 +488,16 @@ def _with_split_ties(expr: sympy.Expr) -> sympy.Expr:
 def derivative(expr: sympy.Expr, wrt: sympy.Symbol) -> sympy.Expr:
     """d expr / d wrt, with distributions (DiracDelta) replaced by their almost-everywhere value 0; a truth
     value (`a == b` stored as a number, as gradients of `max` are) is a step, whose derivative is 0; a min or
-    max of three or more values splits its derivative among ties (`_SplitTies`)."""
+    max of three or more values splits its derivative among ties (`_SplitTies`); `abs` and `sign` are of
+    real values (`_RealAbs`)."""
     expr = number_of(expr)
+    rewritten = expr
     if expr.has(sympy.Min, sympy.Max):
-        split = _with_split_ties(expr)
-        if split != expr:
-            d = sympy.diff(split, wrt).replace(lambda e: isinstance(e, (_SplitMin, _SplitMax)),
-                                               lambda e: e.plain(*e.args))
-            return _finished(d, expr, wrt)
+        rewritten = _with_split_ties(rewritten)
+    if expr.has(sympy.Abs, sympy.sign):
+        rewritten = _as_real(rewritten)
+    if rewritten != expr:
+        return _finished(_plain(sympy.diff(rewritten, wrt)), expr, wrt)
     return _finished(sympy.diff(expr, wrt), expr, wrt)
 
 

@@ -456,6 +456,26 @@ def _hvp_problem(program, wrt: Sequence[str], data: Mapping[str, Any], symbols: 
     return None
 
 
+def _higher_modes(spec: Mapping, program, wrt: Sequence[str], data: Mapping[str, Any], reference: Mapping,
+                  rerun) -> Verdict | None:
+    """Forward mode's and second order's verdict against the checked gradient, or None when both hold."""
+    later = ((JVP, "jvp", lambda: _jvp_problem(program, wrt, data, spec["symbols"], reference, rerun)),
+             (HVP, "hvp", lambda: _hvp_problem(program, wrt, data, spec["symbols"], rerun)))
+    for config, key, problem_of in later:
+        if not spec.get(key, True):
+            continue
+        try:
+            found = problem_of()
+        except Exception as exc:
+            kind = _classify(exc)
+            tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
+            return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip())
+        if found is not None:
+            kind, detail = ("WRONG", found) if isinstance(found, str) else found
+            return Verdict(kind, config, detail=detail)
+    return None
+
+
 def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
     """Check one program (see the module docstring); never raises for a program's failure."""
     start = time.perf_counter()
@@ -547,20 +567,7 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
     if reference is None:
         return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)
     # forward mode and second order, each against the checked gradient
-    later = ((JVP, "jvp", lambda: _jvp_problem(module.program, reference_wrt, data, spec["symbols"], reference,
-                                               rerun)),
-             (HVP, "hvp", lambda: _hvp_problem(module.program, reference_wrt, data, spec["symbols"], rerun)))
-    for config, key, problem_of in later:
-        if not spec.get(key, True):
-            continue
-        try:
-            found = problem_of()
-        except Exception as exc:
-            kind = _classify(exc)
-            tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
-            return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
-                           time.perf_counter() - start, skipped=skipped)
-        if found is not None:
-            kind, detail = ("WRONG", found) if isinstance(found, str) else found
-            return Verdict(kind, config, detail=detail, seconds=time.perf_counter() - start, skipped=skipped)
+    later = _higher_modes(spec, module.program, reference_wrt, data, reference, rerun)
+    if later is not None:
+        return attrs.evolve(later, seconds=time.perf_counter() - start, skipped=skipped)
     return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)

@@ -43,6 +43,24 @@ def test_table_elementwise_op_matches_reference(op):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("op,attrs", [("Softmax", {"axis": -1}), ("LogSoftmax", {"axis": -1}),
+                                      ("ReduceLogSumExp", {}), ("ReduceL2", {})])
+def test_float32_normalisations_call_no_double_function(op, attrs):
+    """A normalisation's code written once for every dtype (`exp(a - m) / s`) calls DaCe's type-generic
+    functions in a float32 model: a bare `exp` compiles to C's double `exp` (a GPT's softmax ran in double)."""
+    shape = [3, 5]
+    out_shape = [3, 5] if "Softmax" in op else [1, 1]
+    model = single_node_model(op, [("x", F, shape)], [("out", F, out_shape)], opset=13, **attrs)
+    prog = load(model)
+    codes = [n.code.as_string for n, _ in prog.sdfg.all_nodes_recursive() if isinstance(n, dace.nodes.Tasklet)]
+    functions = [c for c in codes if any(f"{f}(" in c for f in ("exp", "log", "sqrt"))]
+    assert functions and all("math." in c for c in functions), codes
+    x = np.random.default_rng(3).normal(size=shape).astype(np.float32) * 4
+    (got,) = prog(x)
+    (want,) = reference(model, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 class Flat(torch.nn.Module):
     def forward(self, x):
         y = x.reshape(x.shape[0], -1)  # Shape -> Gather -> Concat -> Reshape over a symbolic batch

@@ -18,6 +18,7 @@ from gradflow.frontend.onnx.builder import (
     Checked, Dim, InvalidNode, Lowering, RuleUnsupported, Tensor, dstr, exact_div, literal_float, norm_axis, norm_dim,
     params, prod, row_major_index, same_extent, storage_dtype, sub,
 )
+from gradflow.frontend.onnx.rules.elementwise import typed
 from gradflow.frontend.onnx.rules.linalg import library_product, on_blas
 from gradflow.frontend.onnx.rules.reduce import kept_shape, reduce_into
 from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
@@ -459,7 +460,8 @@ def _normalize(lw: Lowering, node: Node, x: Tensor, s: Tensor, b: Tensor, mean, 
     channels = x.shape[1] if x.rank > 1 else 1
     a = lw.temp([channels], x.dtype, "bn_scale")
     (vt, vidx), (mt, midx) = var, mean
-    lw.map(node.label, [("c", channels)], {"s": (s, ["c"]), "v": (vt, vidx("c"))}, f"o = s / sqrt(v + {eps})",
+    lw.map(node.label, [("c", channels)], {"s": (s, ["c"]), "v": (vt, vidx("c"))},
+           typed(f"o = s / sqrt(v + {eps})", x.dtype),
            {"o": (a, ["c"], None)})
     p = params("p", x.rank)
     c = p[1] if x.rank > 1 else "0"
@@ -518,7 +520,7 @@ def softmax_cross_entropy(lw: Lowering, node: Node) -> None:
     else:
         logp = lw.temp(x.shape, x.dtype, "logp")
     lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (mx, kidx(p)), "s": (s, kidx(p))},
-           "o = a - m - log(s)", {"o": (logp, p, None)})
+           typed("o = a - m - log(s)", x.dtype), {"o": (logp, p, None)})
     _negative_log_likelihood(lw, node, logp, lab, wt)
 
 

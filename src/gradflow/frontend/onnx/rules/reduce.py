@@ -14,6 +14,7 @@ from gradflow.core.wcr import MAX, MIN, PRODUCT, SUM
 from gradflow.frontend.onnx.builder import (
     Dim, InvalidNode, Lowering, Tensor, dstr, norm_axes, norm_axis, norm_dim, params, prod,
 )
+from gradflow.frontend.onnx.rules.elementwise import typed
 from gradflow.frontend.onnx.rules.tensor import axes_of
 from gradflow.frontend.onnx.table import Node, onnx_rule
 
@@ -48,7 +49,7 @@ def reduce_into(lw: Lowering, label: str, x: Tensor, axes: list[int], keepdims: 
     ins = {"a": (x, p)}
     for c, (t, idx_fn) in (extra or {}).items():
         ins[c] = (t, idx_fn(p))
-    lw.map(label, list(zip(p, x.shape)), ins, f"o = {pre}", {"o": (out, out_idx, WCR[op])})
+    lw.map(label, list(zip(p, x.shape)), ins, typed(f"o = {pre}", x.dtype), {"o": (out, out_idx, WCR[op])})
 
 
 def _reduce_axes(lw: Lowering, node: Node, x: Tensor, attr_until: int) -> list[int] | None:
@@ -111,7 +112,7 @@ def reduction(lw: Lowering, node: Node) -> None:
         out = lw.output(node.outputs[0], x.shape, x.dtype)
         code = {"ReduceL1": "o = abs(a)", "ReduceL2": "o = abs(a)", "ReduceSumSquare": "o = a * a",
                 "ReduceLogSum": "o = log(a)", "ReduceLogSumExp": "o = a"}.get(op, "o = a")
-        lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, code, {"o": (out, p, None)})
+        lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p)}, typed(code, x.dtype), {"o": (out, p, None)})
         return
     shape = out_shape(x, axes, keep)
     if any(isinstance(x.shape[a], int) and x.shape[a] == 0 for a in axes):
@@ -140,7 +141,7 @@ def reduction(lw: Lowering, node: Node) -> None:
         code = f"r / ({dstr(prod(x.shape[k] for k in axes))})"
     if extra:
         ins["m"] = (extra["m"][0], ridx)
-    lw.map(node.label, ranges, ins, f"o = {code}", {"o": (out, oidx, None)})
+    lw.map(node.label, ranges, ins, typed(f"o = {code}", x.dtype), {"o": (out, oidx, None)})
 
 
 @onnx_rule("ArgMax", "ArgMin")
@@ -183,8 +184,8 @@ def softmax_like(lw: Lowering, node: Node, log: bool) -> None:
     out = lw.output(node.outputs[0], x.shape, x.dtype)
     p = params("p", x.rank)
     code = "o = a - m - log(s)" if log else "o = exp(a - m) / s"
-    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (m, kidx(p)), "s": (s, kidx(p))}, code,
-           {"o": (out, p, None)})
+    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (m, kidx(p)), "s": (s, kidx(p))},
+           typed(code, x.dtype), {"o": (out, p, None)})
 
 
 @onnx_rule("Softmax")
@@ -213,7 +214,8 @@ def _moments(lw: Lowering, node: Node, x: Tensor, axes: list[int], eps: float, m
     v = lw.temp(keep, x.dtype, "var")
     reduce_into(lw, node.label, x, axes, True, "sum", v, "(a - m) * (a - m)", {"m": (mean, kidx)})
     inv = lw.output(invstd_name, keep, x.dtype) if invstd_name else lw.temp(keep, x.dtype, "invstd")
-    lw.map(node.label, kranges, {"v": (v, kp)}, f"o = 1.0 / sqrt(v / ({n}) + {eps!r})", {"o": (inv, kp, None)})
+    lw.map(node.label, kranges, {"v": (v, kp)}, typed(f"o = 1.0 / sqrt(v / ({n}) + {eps!r})", x.dtype),
+           {"o": (inv, kp, None)})
     return mean, inv
 
 

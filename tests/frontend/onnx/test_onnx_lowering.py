@@ -61,6 +61,37 @@ def test_float32_normalisations_call_no_double_function(op, attrs):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("x_shape", [[3, 4, 6], [5, 6]])
+def test_a_product_with_a_transposed_matrix_reads_the_matrix(x_shape):
+    """MatMul(x, Transpose(W)), a Linear layer as exported: the product reads W with its transposed flag (no
+    transposed copy of W is computed, nor of its gradient in reverse mode), and value and gradients hold."""
+    import gradflow
+
+    nodes = [helper.make_node("Transpose", ["W"], ["WT"], perm=[1, 0]), helper.make_node("MatMul", ["x", "WT"], ["y"]),
+             helper.make_node("ReduceSumSquare", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, x_shape),
+                                           helper.make_tensor_value_info("W", F, [7, 6])],
+                              [helper.make_tensor_value_info("loss", F, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    prog = load(model)
+    sdfg = prog.graph.sdfg
+    gemms = [n for n, _ in sdfg.all_nodes_recursive() if type(n).__name__ == "Gemm"]
+    w_array = prog.signature.inputs[1].array
+    assert len(gemms) == 1 and gemms[0].transB
+    state = next(st for st in sdfg.states() if gemms[0] in st.nodes())
+    assert any(e.data.data == w_array for e in state.in_edges(gemms[0]))
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=x_shape).astype(np.float32), rng.normal(size=(7, 6)).astype(np.float32)
+    np.testing.assert_allclose(prog(x, w)[0], np.sum((x @ w.T) ** 2), rtol=1e-5)
+    y_array = prog.signature.outputs[0].array
+    _, grads = gradflow.value_and_grad(prog.graph, wrt=[prog.signature.inputs[0].array, w_array], of=y_array)(
+        **{prog.signature.inputs[0].array: x, w_array: w})
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ((xt @ wt.T) ** 2).sum().backward()
+    np.testing.assert_allclose(grads[w_array], wt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads[prog.signature.inputs[0].array], xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 class Flat(torch.nn.Module):
     def forward(self, x):
         y = x.reshape(x.shape[0], -1)  # Shape -> Gather -> Concat -> Reshape over a symbolic batch

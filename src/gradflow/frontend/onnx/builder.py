@@ -236,6 +236,9 @@ class Lowering:
         self._flag: Tensor | None = None
         self.node = None  # the ONNX node being lowered (a `table.Node`), for messages
         self.array_origins: dict[str, str] = {}  # array -> the ONNX node whose rule created it, for messages
+        #: ONNX value -> the 2-D value it is the transpose of (`Transpose` records it; a product reads the
+        #: source with its transposed flag instead). ONNX values are never overwritten, so the pair holds.
+        self.transposes: dict[str, str] = {}
 
     # -- arrays -----------------------------------------------------------------------------------
     def add_array(self, name: str, shape: Sequence[Dim], dtype: np.dtype, what: str, transient: bool = True) -> None:

@@ -103,12 +103,17 @@ def matmul(lw: Lowering, node: Node) -> None:
     same_extent(k_dim, b.shape[-2] if b.rank >= 2 else b.shape[0], "the contracted dims of MatMul's inputs")
     shape = list(batch) + ([a.shape[-2]] if a.rank >= 2 else []) + ([b.shape[-1]] if b.rank >= 2 else [])
     out = lw.output(node.outputs[0], shape, a.dtype)
+    # B the transpose of a matrix W (a Linear layer's `x @ W.T`): the product reads W with its transposed
+    # flag, and reverse mode writes W's gradient directly, not through a transposed copy each way
+    source = lw.transposes.get(node.inputs[1]) if b.rank == 2 else None
+    w = lw.get(source) if source is not None else None
     if a.rank >= 3 and b.rank == 2 and on_blas(a, b, out, matrices=(prod(list(a.shape[:-1])), k_dim, b.shape[-1])):
-        _rows_times_matrix(lw, node, a, b, out)
+        _rows_times_matrix(lw, node, a, b if w is None else w, out, transposed=w is not None)
         return
     if on_blas(a, b, out) and (max(a.rank, b.rank) <= 2 or _batched_on_blas(a, b)):
         if a.rank == 2 and b.rank == 2:
-            lib = Gemm("gemm", alpha=1, beta=0, cin=False)
+            lib = Gemm("gemm", alpha=1, beta=0, cin=False, transB=w is not None)
+            b = b if w is None else w
         else:
             lib = MatMul("matmul")
         library_product(lw, node.label, lib, {"_a": a, "_b": b}, out)
@@ -130,9 +135,10 @@ def matmul(lw: Lowering, node: Node) -> None:
     contract(lw, node.label, out, out_idx, ranges, [(a, a_idx), (b, b_idx)])
 
 
-def _rows_times_matrix(lw: Lowering, node: Node, a: Tensor, b: Tensor, out: Tensor) -> None:
-    """A[..., m, k] @ B[k, n] (a Linear layer on a batch of sequences): every row of A times B, as one Gemm
-    over A's rows gathered into a matrix (a copy in, a copy out), not a batched product of small matrices.
+def _rows_times_matrix(lw: Lowering, node: Node, a: Tensor, b: Tensor, out: Tensor, transposed: bool = False) -> None:
+    """A[..., m, k] @ B[k, n] (a Linear layer on a batch of sequences; with `transposed`, `b` is B's
+    transpose): every row of A times B, as one Gemm over A's rows gathered into a matrix (a copy in, a copy
+    out), not a batched product of small matrices.
     Reverse mode then makes B's gradient one Gemm over all rows; the batched form made one product per
     batch item and summed them with a map (transformer layer: 0.15 ms of its 1 ms backward per Linear)."""
     rows = prod(list(a.shape[:-1]))
@@ -140,8 +146,9 @@ def _rows_times_matrix(lw: Lowering, node: Node, a: Tensor, b: Tensor, out: Tens
     fa = lw.temp([rows, a.shape[-1]], a.dtype, "rows")
     lw.map(node.label, list(zip(p, a.shape)), {"x": (a, p)}, "o = x",
            {"o": (fa, [row_major_index(p[:-1], list(a.shape[:-1])), p[-1]], None)})
-    fc = lw.temp([rows, b.shape[-1]], a.dtype, "rows_product")
-    library_product(lw, node.label, Gemm("gemm", alpha=1, beta=0, cin=False), {"_a": fa, "_b": b}, fc)
+    fc = lw.temp([rows, b.shape[0] if transposed else b.shape[-1]], a.dtype, "rows_product")
+    library_product(lw, node.label, Gemm("gemm", alpha=1, beta=0, cin=False, transB=transposed), {"_a": fa, "_b": b},
+                    fc)
     q = params("q", out.rank)
     lw.map(node.label, list(zip(q, out.shape)), {"x": (fc, [row_major_index(q[:-1], list(out.shape[:-1])), q[-1]])},
            "o = x", {"o": (out, q, None)})

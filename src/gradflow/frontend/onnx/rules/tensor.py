@@ -312,6 +312,8 @@ def transpose(lw: Lowering, node: Node) -> None:
     if sorted(perm) != list(range(x.rank)):
         raise InvalidNode(f"perm {perm} is not a permutation of the {x.rank} axes")
     out = lw.output(node.outputs[0], [x.shape[k] for k in perm], x.dtype)
+    if perm == [1, 0]:
+        lw.transposes[node.outputs[0]] = node.inputs[0]
     p = params("p", out.rank)
     idx = [""] * x.rank
     for k, src in enumerate(perm):

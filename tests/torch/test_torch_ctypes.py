@@ -290,3 +290,44 @@ def test_constant_arrays_keep_their_values_in_both_sweeps() -> None:
     out.sum().backward()
     torch.testing.assert_close(out.reshape(()), ref.detach(), rtol=1e-12, atol=0)
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-12, atol=0)
+
+
+N = dace.symbol("N")
+
+
+@dace.program
+def _chain(x: dace.float64[N], y: dace.float64[N]):
+    a = np.copy(x)
+    b = np.copy(x)
+    for i in range(3):
+        a[:] = np.tanh(a) * x
+        b[:] = np.sin(b * a)
+    y[:] = a * b
+
+
+def test_saved_intermediates_share_one_allocation_and_stay_until_backward():
+    """The values the backward reads are allocated as one buffer (one `torch.empty`, pointers into it,
+    one saved tensor), not one each; the buffer lives as long as the graph: a second backward
+    (`retain_graph`) after other calls of the function reads the same values."""
+    from gradflow.torch.ctypes_dispatch import _pooled
+
+    f = gt.function(_chain, inputs=["x"], outputs=["y"], wrt=["x"])
+    signature_symbols = {"N": 7}
+    offsets, total = _pooled(f.plan, signature_symbols)
+    assert len(offsets) >= 2 and total >= 7 * 8 * len(offsets) and all(o % 64 == 0 for o in offsets.values())
+    x = torch.rand(7, dtype=torch.float64, requires_grad=True)
+    y = f(x)
+    g = torch.rand(7, dtype=torch.float64)
+    (first,) = torch.autograd.grad(y, x, g, retain_graph=True)
+    for _ in range(3):  # other calls of the same signature allocate and fill pools of their own
+        f(torch.rand(7, dtype=torch.float64, requires_grad=True)).sum().backward()
+    (second,) = torch.autograd.grad(y, x, g)
+    xr = x.detach().clone().requires_grad_()
+    a, b = xr, xr
+    for _ in range(3):
+        a = torch.tanh(a) * xr
+        b = torch.sin(b * a)
+    want = torch.autograd.grad(a * b, xr, g)[0]
+    torch.testing.assert_close(first, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(second, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y, a * b, rtol=1e-12, atol=1e-12)

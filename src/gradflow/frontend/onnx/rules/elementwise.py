@@ -37,11 +37,11 @@ def printer(dtype) -> Callable[[sympy.Expr], str]:
 def typed(code: str, dtype) -> str:
     """Tasklet code written once for every dtype (`o = exp(a - m) / s`, a Python expression over connectors,
     optionally assigned) in the spelling of `dtype`: in a float32 program, float32 literals and DaCe's type
-    generic functions. A bare `exp` there is C's double function (the file declares it for libmvec): the
-    float32 softmax of a 2-layer GPT spent a tenth of its time in double precision `exp`."""
+    generic functions. A bare `exp` there compiles to C's `double exp(double)`: the float32 softmax of a
+    2-layer GPT spent a tenth of its time in double precision `exp`."""
     if np.dtype(dtype) != np.float32:
         return code
-    target, sep, expr = code.rpartition("=") if "=" in code.split("(")[0] else ("", "", code)
+    target, sep, expr = code.partition("=") if "=" in code.split("(")[0] else ("", "", code)
     names = {n: sympy.Symbol(n, real=True) for n in re.findall(r"\b[a-zA-Z_]\w*\b", expr)
              if n not in _FUNCTIONS}
     value = sympy.sympify(expr, locals={**names, **_FUNCTIONS})

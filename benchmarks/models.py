@@ -267,6 +267,12 @@ def worker(name: str, threads: int, dtype: torch.dtype, budget: float, inductor:
             times[s].append(_time(lambda m=m, p=p: _fwd_bwd(m, p, x, g)))
     rec.update({f"{s}_ms": 1e3 * statistics.median(t) for s, t in times.items()}, repeats=reps)
     rec["ratio"] = rec["gradflow_ms"] / rec["torch_ms"]
+    # which convolutions this process gave to torch (decided by timing at their first call: a per-process
+    # choice, recorded so that a model's outlier run can be told apart from a route timed under load)
+    from gradflow.torch.convolution import routes
+
+    taken = routes()
+    rec["conv_routes"] = {"torch": sum(r["torch"] for r in taken), "own": sum(not r["torch"] for r in taken)}
     if inductor:
         rec["inductor_ratio"] = rec["gradflow_ms"] / rec["inductor_ms"]
     return rec

@@ -28,6 +28,7 @@ from gradflow.optimize.schedules import ChooseSchedules
 from gradflow.optimize.shared_buffers import ShareDeadBuffers
 from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.simd_sums import SimdRegisterSums
+from gradflow.optimize.split_sums import SplitSumMaps
 from gradflow.optimize.sunk_fills import SinkFills
 from gradflow.optimize.versioning import VersionBySize
 from gradflow.transforms.fusion import FuseMaps
@@ -44,9 +45,9 @@ from gradflow.transforms.views import RemoveViews
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), JoinCopyStates(), WriteInPlace(),
-                     MoveLoopsIntoMaps(), OwnScatterWrites(), NestReductions(), LocalReductions(), ChooseSchedules(),
-                     VersionBySize(), RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(), SinkFills(),
-                     ShareDeadBuffers()))
+                     MoveLoopsIntoMaps(), OwnScatterWrites(), SplitSumMaps(), NestReductions(), LocalReductions(),
+                     ChooseSchedules(), VersionBySize(), RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(),
+                     SinkFills(), ShareDeadBuffers()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:

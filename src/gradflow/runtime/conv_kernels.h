@@ -116,9 +116,10 @@ inline bool torch_can(const Shape& s) {
 
 // Op 0 (forward: out overwritten), 1 (input gradient) or 2 (weight gradient: added into out) by torch or
 // by `own()`, as the process's route for it says. An undecided route (GRADFLOW_CONV=auto, the first call
-// of this operation, shape and thread count) times torch, own, torch, own on the same `out` restored each
-// time, records the faster (the fastest of each side's two: torch's first call builds its kernel), and
-// leaves the recorded route's result in `out`.
+// of this operation, shape and thread count) times torch and own in turn, three times each, on the same
+// `out` restored each time, records the faster (the fastest of each side's three: torch's first call builds
+// its kernel, and a trial the scheduler interrupts, as another process's compile can, counts once at most
+// on each side), and leaves the recorded route's result in `out`.
 template <typename T, typename Own>
 void routed(int op, const Shape& s, const T* a, const T* b, T* out, Own&& own) {
     if constexpr (!std::is_same<T, float>::value) {
@@ -151,8 +152,11 @@ void routed(int op, const Shape& s, const T* a, const T* b, T* out, Own&& own) {
             }
             return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         };
-        const double first = trial(true), mine = trial(false);
-        const double theirs = std::min(first, trial(true)), ours = std::min(mine, trial(false));
+        double theirs = std::numeric_limits<double>::infinity(), ours = theirs;
+        for (int round = 0; round < 3; ++round) {
+            theirs = std::min(theirs, trial(true));
+            ours = std::min(ours, trial(false));
+        }
         // `out` holds own's result; another thread may have recorded this route meanwhile: that one holds
         const double failed = std::numeric_limits<double>::infinity();
         if (t.decide(op, key, theirs < ours ? 1 : 0) == 1 && trial(true) == failed) {

@@ -44,6 +44,33 @@ def reads_its_target(x: dace.float64[N, C], w: dace.float64[C], gx: dace.float64
             db = a
 
 
+@dace.program
+def scale_adjoint(x: dace.float64[N, C], w: dace.float64[C], g: dace.float64[N, C], gx: dace.float64[N, C],
+                  gw: dace.float64[C]):
+    # y = x * w: gw[c] is fixed by c, which owns gx too, so the one map, nested by c, sums gw in registers
+    for n, c in dace.map[0:N, 0:C]:
+        with dace.tasklet:
+            a << x[n, c]
+            b << w[c]
+            d << g[n, c]
+            da >> gx(1, lambda p, q: p + q)[n, c]
+            db >> gw(1, lambda p, q: p + q)[c]
+            da = d * b
+            db = d * a
+
+
+@dace.program
+def plus_total_adjoint(g: dace.float64[N, C], gx: dace.float64[N, C], gt: dace.float64[1]):
+    # y = x + t (go_fast's `a + trace`): gx is a copy of g, gt a sum no parameter owns
+    for n, c in dace.map[0:N, 0:C]:
+        with dace.tasklet:
+            d << g[n, c]
+            da >> gx(1, lambda p, q: p + q)[n, c]
+            dt >> gt(1, lambda p, q: p + q)[0]
+            da = d
+            dt = d
+
+
 def _top_maps(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry]]:
     return [(s, n) for s in sdfg.states() for n in s.nodes() if isinstance(n, nd.MapEntry) and s.entry_node(n) is None]
 
@@ -90,3 +117,12 @@ def test_a_map_reading_what_it_sums_into_is_left_alone() -> None:
     [(state, entry)] = _top_maps(plain.sdfg)
     assert groups(plain.sdfg, state, entry) is None
     assert SplitSumMaps()(plain).unwrap().fingerprint == plain.fingerprint
+
+
+def test_a_split_that_gains_no_register_sum_is_not_made() -> None:
+    # split, each copy would read g again and no sum would move into registers that is not there already
+    for program in (scale_adjoint, plus_total_adjoint):
+        plain = Graph.of(program.to_sdfg())
+        [(state, entry)] = _top_maps(plain.sdfg)
+        assert groups(plain.sdfg, state, entry) is None, program.name
+        assert SplitSumMaps()(plain).unwrap().fingerprint == plain.fingerprint

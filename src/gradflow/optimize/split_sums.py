@@ -10,12 +10,14 @@ is owned by (c, k) and sums over n and o in registers, and the one that sums int
 
 Applies to a top-level map whose body is one Python tasklet (pure: its code only assigns its outputs)
 whose outputs all leave the map as write-conflict sums into one element each (no index computed in the
-code), when grouping those outputs by the set of
-parameters owning them (`nest_reductions.owns`; outputs into one array kept together) gives two groups
-or more. Each group gets a copy of the map with the same range and a copy of the tasklet; the tasklet's
-other outputs go to a local scalar in that copy, a dead store the C++ compiler removes. Precondition,
-checked: no array the map reads is one it sums into, so running the copies one after the other reads
-what the one map read, and each array receives the same additions in the same order.
+code), when grouping those outputs by the set of parameters owning them (`nest_reductions.owns`; outputs
+into one array kept together) gives two groups or more, and one of them would sum in registers alone but
+not nested by the owners all groups share (else a split only reads the inputs again: the adjoint of
+`a + trace` made two passes over the matrix, lp_go_fast's backward 3.2 -> 3.4-3.6 ms). Each group gets a
+copy of the map with the same range and a copy of the tasklet; the tasklet's other outputs go to a local
+scalar in that copy, a dead store the C++ compiler removes. Precondition, checked: no array the map reads
+is one it sums into, so running the copies one after the other reads what the one map read, and each
+array receives the same additions in the same order.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from typing import ClassVar
 
 import attrs
 import dace
+from dace import symbolic
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
 
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
-from gradflow.optimize.nest_reductions import owns
+from gradflow.optimize.nest_reductions import MIN_REGISTER_SUM, owns
 
 
 def _body(state: dace.SDFGState, entry: nd.MapEntry) -> nd.Tasklet | None:
@@ -68,7 +71,30 @@ def groups(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> list[l
         by_owners.setdefault(owned, []).extend(edges)
     if len(by_owners) < 2:
         return None
+    common = frozenset.intersection(*by_owners)
+    if not any(_gains_registers(entry, edges, owned, common) for owned, edges in by_owners.items()):
+        return None
     return [by_owners[k] for k in sorted(by_owners, key=lambda k: sorted(k))]
+
+
+def _fixed_by(edges: list, owned: frozenset, params: set[str]) -> bool:
+    return all({str(s) for s in e.data.subset.free_symbols} & params <= owned for e in edges)
+
+
+def _gains_registers(entry: nd.MapEntry, edges: list, owned: frozenset, common: frozenset) -> bool:
+    """Whether these sums, alone in a map, would run in registers (`nest_reductions`: their elements fixed
+    by their owners, over `MIN_REGISTER_SUM` terms or more) where in the one map, nested by the owners all
+    sums share, they would not. Otherwise a split only makes each copy read the map's inputs again (the
+    adjoint of `a + trace`: a plain copy and a sum over one matrix, twice as many passes over it)."""
+    params = set(entry.map.params)
+    if not owned or not _fixed_by(edges, owned, params) or (common and _fixed_by(edges, common, params)):
+        return False
+    terms = 1
+    for p, (begin, end, step) in zip(entry.map.params, entry.map.range.ranges):
+        if p not in owned:
+            terms *= (end - begin + 1) // step
+    terms = symbolic.simplify(terms)
+    return not (terms.is_Integer and int(terms) < MIN_REGISTER_SUM)
 
 
 def _candidates(sdfg: dace.SDFG) -> list:

@@ -22,7 +22,7 @@
 // took MKL 103 us and OpenBLAS 148 us on one host, 192 and 171 us on an AVX-512 AMD one (where MKL runs its
 // AVX2 path). So with both at hand GRADFLOW_BLAS=auto (the default, read at the first product) times them
 // at the first product of each shape (element size, layout, transposes, M, N, K, OpenMP threads) called
-// outside a parallel region: MKL, OpenBLAS, MKL, OpenBLAS on the same C, restored between them, the
+// outside a parallel region: MKL and OpenBLAS in turn, three times, on the same C, restored between them, the
 // faster recorded for this library's later products of that shape, its result left in C. Products inside
 // a parallel region (in a map) run on MKL: OpenBLAS's small-matrix path is not safe under concurrent calls
 // (below). GRADFLOW_BLAS=mkl keeps MKL, =openblas OpenBLAS; so does OPENBLAS_NUM_THREADS above 1 (the
@@ -35,6 +35,7 @@
 #include <string.h>
 #include <array>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -247,8 +248,13 @@ static void gradflow_gemm(void (*openblas)(const enum CBLAS_ORDER, const enum CB
         run(library);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
-    const double mkl_first = trial(0), openblas_first = trial(1);
-    const double mkl_time = std::min(mkl_first, trial(0)), openblas_time = std::min(openblas_first, trial(1));
+    // each library three times in turn, the fastest of each kept: a trial the scheduler interrupts (another
+    // process's compile on a shared core) counts at most once a side
+    double mkl_time = std::numeric_limits<double>::infinity(), openblas_time = mkl_time;
+    for (int round = 0; round < 3; ++round) {
+        mkl_time = std::min(mkl_time, trial(0));
+        openblas_time = std::min(openblas_time, trial(1));
+    }
     {
         std::lock_guard<std::mutex> hold(gradflow_gemm_routes_lock);
         library = gradflow_gemm_routes.emplace(shape, openblas_time < mkl_time ? 1 : 0).first->second;

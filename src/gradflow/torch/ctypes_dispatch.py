@@ -51,10 +51,11 @@ class Signature:
         self.symbols = symbols
         fwd_handle = dispatcher.fwd.handle_for(symbols)
         bwd_handle = dispatcher.bwd.handle_for(symbols)
-        self.backward = _exec(_backward_source(plan, symbols, dispatcher.bwd.stateful), {
+        pool = _pooled(plan, symbols)  # one layout of the pool, which both functions must agree on
+        self.backward = _exec(_backward_source(plan, symbols, dispatcher.bwd.stateful, pool), {
             **_ALLOC, "_call": dispatcher.bwd.program, "_cotangent": dispatcher.cotangent,
             "_lock": dispatcher.bwd.lock, "_H": bwd_handle, **_dtype_env(plan)}, "backward")
-        self.forward = _exec(_forward_source(plan, symbols, dispatcher.fwd.stateful), {
+        self.forward = _exec(_forward_source(plan, symbols, dispatcher.fwd.stateful, pool), {
             **_ALLOC, "_call": dispatcher.fwd.program, "_BWD": self.backward,
             "_lock": dispatcher.fwd.lock, "_H": fwd_handle, **_dtype_env(plan)}, "forward")
 
@@ -125,7 +126,8 @@ def _pooled(plan: FunctionPlan, symbols: dict[str, int]) -> tuple[dict[int, int]
     return (offsets, total) if len(offsets) > 1 else ({}, 0)
 
 
-def _forward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = True) -> str:
+def _forward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool,
+                    pool: tuple[dict[int, int], int]) -> str:
     """`forward(ctx, a0, a1, ...)` for one signature (inputs already accepted): copy-in of the written
     inputs, allocation, the forward SDFG's call, and the autograd bookkeeping (`ctx.bwd` is this
     signature's backward)."""
@@ -140,7 +142,7 @@ def _forward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = 
         local[plan.inputs[i].name] = f"p{i}.data_ptr()"
         value[i] = f"p{i}"
     like = {_layout(s): value[i] for i, s in reversed(list(enumerate(plan.inputs))) if s.kind == ARRAY}
-    pooled, total = _pooled(plan, symbols)
+    pooled, total = pool
     if pooled:
         lines += [f"    pool = _empty(({total},), dtype=_U8)", "    q = pool.data_ptr()"]
     for prefix, specs in (("o", plan.outputs), ("e", plan.extras)):
@@ -170,17 +172,19 @@ def _forward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = 
     return "\n".join(lines) + "\n"
 
 
-def _backward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool = True) -> str:
+def _backward_source(plan: FunctionPlan, symbols: dict[str, int], locked: bool,
+                     pool: tuple[dict[int, int], int]) -> str:
     """`backward(ctx, c0, c1, ...)` for one signature: the cotangents of every output arrive (those the
     backward SDFG takes are made dense and contiguous if needed); allocation of the gradients, the
     backward SDFG's call, and the gradients of the inputs that need them."""
     n = len(plan.inputs)
     lines = [f"def backward(ctx, {', '.join(f'c{i}' for i in range(len(plan.outputs)))}):"]
-    pooled, _ = _pooled(plan, symbols)
+    pooled, _ = pool
     tensors = [name for name, src in plan.forwarded if plan.backward.arg(name).kind == ARRAY
                and not (src.role == EXTRA and src.index in pooled)]
     if tensors or pooled:
-        lines.append(f"    {''.join(f's{i}, ' for i in range(len(tensors)))}{'pool, ' if pooled else ''}= ctx.saved_tensors")
+        names = "".join(f"s{i}, " for i in range(len(tensors))) + ("pool, " if pooled else "")
+        lines.append(f"    {names}= ctx.saved_tensors")
     if pooled:
         lines.append("    q = pool.data_ptr()")
     local, like = {}, {}

@@ -4,6 +4,7 @@ pass without an entry here fails `test_every_registered_pass_has_a_contract`. Pu
 
 from __future__ import annotations
 
+import math  # noqa: F401 - a tasklet's `math.tanh`
 import re
 from typing import Callable
 
@@ -384,6 +385,29 @@ def _steps_as_argument(A: dace.float64[N], S: dace.float64[1], steps: dace.int64
     S[0] = np.sum(A)
 
 
+@dace.program
+def _outer_tanh(a: dace.float64[N], b: dace.float64[N], S: dace.float64[1]):
+    for i, j in dace.map[0:N, 0:N]:
+        with dace.tasklet:
+            x << a[i]
+            y << b[j]
+            s >> S(1, lambda p, q: p + q)[0]
+            s = math.tanh(x * y)
+
+
+def _outer_gradient() -> Graph:
+    """The reverse of a map summing tanh(a[i] b[j]): one tasklet sums into the gradients of a (owned by i)
+    and b (owned by j)."""
+    return Reverse(("a", "b"), ("S",))(_normalized(_outer_tanh)).unwrap()
+
+
+def _splittable_maps(g: Graph) -> int:
+    from gradflow.optimize.split_sums import groups
+
+    return sum(isinstance(n, nd.MapEntry) and s.entry_node(n) is None and groups(sub, s, n) is not None
+               for sub in g.sdfg.all_sdfgs_recursive() for s in sub.states() for n in s.nodes())
+
+
 def _count_arguments(g: Graph) -> list[str]:
     """Integer scalar arguments read only by control flow (`unused`, read by nothing, is not one)."""
     return count_arguments(g.sdfg)
@@ -443,6 +467,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
     "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),
+    "split_sum_maps": (_outer_gradient, None, _splittable_maps, (1, 0)),
     "forward_broadcasts": (_sum_gradient, None, _broadcasts, ("> 0", 0)),
     "register_scalar_sums": (_optimized_but_scalar_sums, None, _scalar_sums, ("> 0", 0)),
     "simd_register_sums": (_optimized_but_simd_sums, None, _unmarked_simd_sums, ("> 0", 0)),

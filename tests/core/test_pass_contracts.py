@@ -4,7 +4,6 @@ pass without an entry here fails `test_every_registered_pass_has_a_contract`. Pu
 
 from __future__ import annotations
 
-import math  # noqa: F401 - a tasklet's `math.tanh`
 import re
 from typing import Callable
 
@@ -385,20 +384,12 @@ def _steps_as_argument(A: dace.float64[N], S: dace.float64[1], steps: dace.int64
     S[0] = np.sum(A)
 
 
-@dace.program
-def _outer_tanh(a: dace.float64[N], b: dace.float64[N], S: dace.float64[1]):
-    for i, j in dace.map[0:N, 0:N]:
-        with dace.tasklet:
-            x << a[i]
-            y << b[j]
-            s >> S(1, lambda p, q: p + q)[0]
-            s = math.tanh(x * y)
-
-
 def _outer_gradient() -> Graph:
     """The reverse of a map summing tanh(a[i] b[j]): one tasklet sums into the gradients of a (owned by i)
     and b (owned by j)."""
-    return Reverse(("a", "b"), ("S",))(_normalized(_outer_tanh)).unwrap()
+    from tests.optimize.test_split_sums import outer_tanh
+
+    return Reverse(("a", "b"), ("S",))(_normalized(outer_tanh)).unwrap()
 
 
 def _splittable_maps(g: Graph) -> int:

@@ -146,7 +146,12 @@ def _fixed_by(state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> bo
     sums = [e for e in state.in_edges(state.exit_node(entry)) if e.data.wcr is not None and not e.data.is_empty()]
     if any(detect_reduction_type(e.data.wcr) != dace.dtypes.ReductionType.Sum for e in sums):
         return False  # the register code zeroes and adds
-    return any({str(s) for s in e.data.subset.free_symbols} & params <= set(owned) for e in sums)
+    return any(fixed_by(e.data.subset, owned, params) for e in sums)
+
+
+def fixed_by(subset, owned, params: set[str]) -> bool:
+    """The element `subset` names depends on no map parameter but the `owned` ones."""
+    return {str(s) for s in subset.free_symbols} & params <= set(owned)
 
 
 #: a sum over fewer iterations than this per element is not worth a register (zeroing and adding it back
@@ -154,13 +159,20 @@ def _fixed_by(state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> bo
 MIN_REGISTER_SUM = 16
 
 
-def _summed(entry: nd.MapEntry, owned: list[str]):
+def _summed(entry: nd.MapEntry, owned):
     """How many iterations the non-owner parameters span (symbolic where the map is)."""
     count = 1
     for p, (begin, end, step) in zip(entry.map.params, entry.map.range.ranges):
         if p not in owned:
             count *= (end - begin + 1) // step
     return symbolic.simplify(count)
+
+
+def long_enough(entry: nd.MapEntry, owned) -> bool:
+    """Whether each element the `owned` parameters fix gets `MIN_REGISTER_SUM` terms or more (or a symbolic
+    count) from the other parameters: worth a register."""
+    summed = _summed(entry, owned)
+    return not (summed.is_Integer and int(summed) < MIN_REGISTER_SUM)
 
 
 def _split_sum_connectors(state: dace.SDFGState, entry: nd.MapEntry) -> None:
@@ -312,8 +324,7 @@ def _nest(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, owned: lis
         _tile_owner(sdfg, state, entry, owned[0], *tiling)
         return
     m = entry.map
-    summed = _summed(entry, owned)
-    registers = _fixed_by(state, entry, owned) and not (summed.is_Integer and int(summed) < MIN_REGISTER_SUM)
+    registers = _fixed_by(state, entry, owned) and long_enough(entry, owned)
     # Owners first where the sums can then run in registers (and are long enough to pay for one);
     # otherwise only the first owner moves out and the rest keep the map's order, the one the lowering
     # chose for its memory layout: for the adjoint of an unfolding (`gx[n, c, o + k] += gcol[..]`) owners

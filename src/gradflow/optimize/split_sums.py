@@ -27,13 +27,12 @@ from typing import ClassVar
 
 import attrs
 import dace
-from dace import symbolic
 from dace.frontend.operations import detect_reduction_type
 from dace.sdfg import nodes as nd
 
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
-from gradflow.optimize.nest_reductions import MIN_REGISTER_SUM, owns
+from gradflow.optimize.nest_reductions import fixed_by, long_enough, owns
 
 
 def _body(state: dace.SDFGState, entry: nd.MapEntry) -> nd.Tasklet | None:
@@ -77,24 +76,17 @@ def groups(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> list[l
     return [by_owners[k] for k in sorted(by_owners, key=lambda k: sorted(k))]
 
 
-def _fixed_by(edges: list, owned: frozenset, params: set[str]) -> bool:
-    return all({str(s) for s in e.data.subset.free_symbols} & params <= owned for e in edges)
-
-
 def _gains_registers(entry: nd.MapEntry, edges: list, owned: frozenset, common: frozenset) -> bool:
     """Whether these sums, alone in a map, would run in registers (`nest_reductions`: their elements fixed
     by their owners, over `MIN_REGISTER_SUM` terms or more) where in the one map, nested by the owners all
     sums share, they would not. Otherwise a split only makes each copy read the map's inputs again (the
     adjoint of `a + trace`: a plain copy and a sum over one matrix, twice as many passes over it)."""
     params = set(entry.map.params)
-    if not owned or not _fixed_by(edges, owned, params) or (common and _fixed_by(edges, common, params)):
+    if not owned or not all(fixed_by(e.data.subset, owned, params) for e in edges):
         return False
-    terms = 1
-    for p, (begin, end, step) in zip(entry.map.params, entry.map.range.ranges):
-        if p not in owned:
-            terms *= (end - begin + 1) // step
-    terms = symbolic.simplify(terms)
-    return not (terms.is_Integer and int(terms) < MIN_REGISTER_SUM)
+    if common and all(fixed_by(e.data.subset, common, params) for e in edges):
+        return False
+    return long_enough(entry, owned)
 
 
 def _candidates(sdfg: dace.SDFG) -> list:
@@ -102,8 +94,9 @@ def _candidates(sdfg: dace.SDFG) -> list:
     for state in sdfg.states():
         for node in state.nodes():
             if isinstance(node, nd.MapEntry) and state.entry_node(node) is None:
-                if groups(sdfg, state, node) is not None:
-                    found.append((state, node))
+                parts = groups(sdfg, state, node)
+                if parts is not None:
+                    found.append((state, node, parts))
     return found
 
 
@@ -118,12 +111,11 @@ def _sink(sdfg: dace.SDFG, state: dace.SDFGState, tasklet: nd.Tasklet, edge, exi
     state.add_nedge(sink, exit_, dace.Memlet())
 
 
-def _split(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> None:
-    parts = groups(sdfg, state, entry)
+def _split(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, parts: list[list]) -> None:
     exit_ = state.exit_node(entry)
     tasklet = _body(state, entry)
-    assert parts is not None and tasklet is not None
-    ins = state.in_edges(tasklet)
+    assert tasklet is not None
+    ins = state.in_edges(tasklet)  # all from `entry`: the tasklet is the one node inside the map
     for part in parts[1:]:
         new_map = copy.deepcopy(entry.map)
         new_entry, new_exit = nd.MapEntry(new_map), nd.MapExit(new_map)
@@ -131,8 +123,6 @@ def _split(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> None:
         twin.label = f"{tasklet.label}_split"
         state.add_nodes_from([new_entry, new_exit, twin])
         for e in ins:
-            if e.src is not entry:
-                raise ValueError("a map's one tasklet reads only through the map entry")
             if e.data.is_empty():
                 state.add_nedge(new_entry, twin, dace.Memlet())
                 continue
@@ -142,8 +132,6 @@ def _split(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> None:
                 [outer] = [o for o in state.in_edges(entry) if o.dst_conn == "IN_" + conn]
                 state.add_edge(outer.src, outer.src_conn, new_entry, "IN_" + conn, copy.deepcopy(outer.data))
             state.add_edge(new_entry, "OUT_" + conn, twin, e.dst_conn, copy.deepcopy(e.data))
-        if not ins:
-            state.add_nedge(new_entry, twin, dace.Memlet())
         mine = {e.src_conn for e in part}
         for e in state.out_edges(tasklet):
             if e.src_conn not in mine:
@@ -178,5 +166,5 @@ class SplitSumMaps(RewritePass):
         return _candidates(sdfg)
 
     def rewrite(self, sdfg: dace.SDFG, match) -> None:
-        state, entry = match
-        _split(sdfg, state, entry)
+        state, entry, parts = match
+        _split(sdfg, state, entry, parts)

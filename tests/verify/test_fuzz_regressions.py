@@ -314,6 +314,18 @@ def program(x0: dace.float64[M], x1: dace.float64[M], w1: dace.float64[M], S: da
     x1[:] = np.abs(0.0 + 2.85 * np.tanh(np.arccos(0.0 + 0.855 * np.tanh(x0))))
     S[0] += np.sum(x1 * w1)
 """, {"N": 5, "M": 6}, ("x0", "x1"), {}, ("vjp", "recompute_all", False)),
+    # `gradflow fuzz --seed 9359` at 93ac0f6, programs 37-39 (refused): `t1 = x0[1:]` is a view, so
+    # `t1[:] = x0[1:]` in a loop is the copy x0[1:N] -> x0[1:N], which the copy rule refused as a copy
+    # between overlapping parts of one array. A copy onto the same elements changes nothing; its reverse
+    # leaves the gradient as it is.
+    "view_assigned_its_own_elements": ("""@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
+    t1 = x0[1:]
+    t1[:] = t1
+    for i4 in range(2, M, 2):
+        t1[:] = x0[1:]
+    S[0] += np.sum(x0 * w0) + np.sum(t1 * 1.0)
+""", {"N": 6, "M": 5}, ("x0",), {}, ("vjp", "budget", False)),
 }
 
 

@@ -44,6 +44,11 @@ def _difference(a, b):
     return sympy.simplify(_canonical(a) - _canonical(b))
 
 
+def _same_elements(a: subsets.Range, b: subsets.Range) -> bool:
+    """Whether two ranges provably name the same elements in the same order."""
+    return len(a) == len(b) and all(_difference(x, y) == 0 for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
 def _varying_dims(rng: subsets.Range) -> list[int]:
     return [d for d, size in enumerate(rng.size()) if _difference(size, 1) != 0]
 
@@ -99,6 +104,8 @@ class CopyReverse:
         src_subset = memlet.get_src_subset(edge, state) or subsets.Range.from_array(state.sdfg.arrays[src.data])
         dst_subset = memlet.get_dst_subset(edge, state) or subsets.Range.from_array(state.sdfg.arrays[dst.data])
         what = f"copy {src.data}[{src_subset}] -> {dst.data}[{dst_subset}] in state '{state.label}'"
+        if src.data == dst.data and memlet.wcr is None and _same_elements(src_subset, dst_subset):
+            return  # `x[s] = x[s]` (a view assigned to itself) changes nothing: the gradient passes as it is
         if src.data == dst.data and not disjoint(src_subset, dst_subset):
             raise NotDifferentiableError(f"{what}: a copy within one array between overlapping subsets is not "
                                          "differentiated", "copy through a temporary array")

@@ -3,7 +3,8 @@
 float-computed indices, a running `max()` of scalars, `break` and `while` on data, an RNN whose trip count
 is an argument, a view updated in place, an explicit tasklet, a power by the loop index; step functions
 (floor, ceil, trunc, rint) and remainders (`%`, `//`, np.remainder, np.fmod), whose steps have derivative 0
-(refused as unknown functions until 2026-12-04).
+(refused as unknown functions until 2026-12-04); numpy's arctan2, hypot, exp2, log2, log10, cbrt, arcsinh,
+arccosh, arctanh, fmax, fmin, deg2rad, rad2deg, reciprocal and float_power (until 2026-12-05).
 
 They were written from the outside (as a new user would) on 2026-12-03 and all passed then on every route;
 each runs here on two routes that between them cover both policies, both routes and optimize on and off.
@@ -240,6 +241,22 @@ def t_remainders(A, D):
     return (B * B).sum() + (C * C).sum()
 
 
+@dace.program
+def numpy_functions(A: dace.float64[N], D: dace.float64[N], S: dace.float64[1]):
+    B = np.arctan2(A, D) * np.hypot(A, D) + np.exp2(A) * np.log2(D) - np.log10(D) * np.cbrt(A)
+    C = np.arcsinh(A) * np.arccosh(D + 1.0) + np.arctanh(0.5 * A) + np.fmax(A, D) * np.fmin(A, 0.5 * D)
+    E = np.deg2rad(A) * np.rad2deg(D) + np.reciprocal(D) * np.float_power(D, A)
+    S[0] = np.sum(B * C) + np.sum(E * E)
+
+
+def t_numpy_functions(A, D):
+    B = torch.atan2(A, D) * torch.hypot(A, D) + torch.exp2(A) * torch.log2(D) - torch.log10(D) * (
+        torch.sign(A) * torch.abs(A) ** (1.0 / 3.0))
+    C = torch.asinh(A) * torch.acosh(D + 1.0) + torch.atanh(0.5 * A) + torch.fmax(A, D) * torch.fmin(A, 0.5 * D)
+    E = torch.deg2rad(A) * torch.rad2deg(D) + torch.reciprocal(D) * torch.float_power(D, A)
+    return (B * C).sum() + (E * E).sum()
+
+
 def _uniform(rng, shape, low=0.1, high=1.0):
     return rng.uniform(low, high, shape)
 
@@ -269,6 +286,11 @@ CASES = {
     "remainders": (remainders, t_remainders, ("A", "D"),
                    lambda r: {"A": r.normal(size=6), "D": r.choice([-1.0, 1.0], 6) * r.uniform(0.3, 1.5, 6)},
                    {"N": 6}),
+    # numpy's elementary functions beyond the first table (refused as unknown until 2026-12-05); A away from 0
+    # (cbrt's infinite slope), A and D/2 apart (fmin's kink)
+    "numpy_functions": (numpy_functions, t_numpy_functions, ("A", "D"),
+                        lambda r: {"A": r.choice([-1.0, 1.0], 6) * r.uniform(0.2, 1.2, 6), "D": r.uniform(2.6, 3.0, 6)},
+                        {"N": 6}),
     "power_of_loop_index": (power_of_loop_index, t_power_of_loop_index, ("A",), lambda r: {"A": _uniform(r, 6)},
                             {"N": 6}),
 }

@@ -529,7 +529,8 @@ class _Printer:
     FUNCS = {
         sympy.exp: "exp", sympy.log: "log", sympy.sin: "sin", sympy.cos: "cos", sympy.tan: "tan",
         sympy.sinh: "sinh", sympy.cosh: "cosh", sympy.tanh: "tanh", sympy.asin: "asin", sympy.acos: "acos",
-        sympy.atan: "atan", sympy.Abs: "abs", sympy.sign: "sign", sympy.erf: "erf", log1p: "log1p",
+        sympy.atan: "atan", sympy.atan2: "atan2", sympy.asinh: "asinh", sympy.acosh: "acosh", sympy.atanh: "atanh",
+        sympy.Abs: "abs", sympy.sign: "sign", sympy.erf: "erf", log1p: "log1p",
         expm1: "expm1", **{f: f.c_name for f in STEP_FUNCTIONS.values()},
     }
     #: functions DaCe's `math.` spelling compiles to its type-generic overloads (`dace::math::exp`)

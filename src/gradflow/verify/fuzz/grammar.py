@@ -39,7 +39,9 @@ def _functions() -> tuple[tuple[str, float, float], ...]:
     found = []
     for entry in elementwise_table():
         spelling = next((s for s in entry.spellings if s.startswith("np.")), None)
-        if spelling is None or len(entry.args) != 1 or spelling == "np.absolute":
+        # np.absolute spells abs again; cbrt's slope is unbounded at 0, inside its domain, where central
+        # differences of the twin cannot check a gradient
+        if spelling is None or len(entry.args) != 1 or spelling in ("np.absolute", "np.cbrt"):
             continue
         lo, hi = entry.domain[entry.args[0]]
         found.append((spelling, round((lo + hi) / 2, 3), round((hi - lo) / 2 * 0.95, 3)))

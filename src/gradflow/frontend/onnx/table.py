@@ -9,6 +9,7 @@ The rule modules import this one; the built-in table itself is collected where t
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -27,9 +28,36 @@ TABLE = "onnx_lowering"
 LATEST_OPSET = 28
 
 
+def widened(value: float) -> float:
+    """The double an ONNX float attribute most likely came from.
+
+    ONNX stores FLOAT attributes in single precision: an exporter writing `LeakyReLU(0.1)` of a float64
+    model stores 0.100000001490116..., and a float64 program built from that slope differs from the model
+    by 1.5e-9 relative (`HardSigmoid`'s 1/6, `Elu`'s alpha and the epsilons of the normalizations alike).
+    Of the doubles that round to the stored single, this takes the shortest decimal (0.1, 1e-05) and, when
+    that needs seven or more digits, a fraction with a denominator up to 100 if one rounds to it (1/6): never
+    further from the stored value than single precision's rounding, and for float32 programs the same single.
+    """
+    single = np.float32(value)
+    if not np.isfinite(single) or single == 0:
+        return float(value)
+    text = np.format_float_positional(single, unique=True, trim="-") if 1e-4 <= abs(single) < 1e6 else \
+        np.format_float_scientific(single, unique=True, trim="-")
+    decimal = float(text)
+    if len(text.lstrip("-0.").split("e")[0].replace(".", "")) >= 7:
+        fraction = Fraction(decimal).limit_denominator(100)
+        if np.float32(float(fraction)) == single:
+            return float(fraction)
+    return decimal
+
+
 def _attr_value(a: onnx.AttributeProto) -> Any:
     if a.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(a.t)
+    if a.type == onnx.AttributeProto.FLOAT:
+        return widened(a.f)
+    if a.type == onnx.AttributeProto.FLOATS:
+        return [widened(f) for f in a.floats]
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")

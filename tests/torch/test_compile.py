@@ -551,10 +551,34 @@ def test_recurrent_layers_match_torch(layer):
         torch.testing.assert_close(a, b, **F64)
 
 
+class _Determinant(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return torch.linalg.det(self.lin(x))
+
+
 def test_an_op_without_a_rule_is_reported_at_compile():
-    shuffle = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.PixelShuffle(2)).double()  # DepthToSpace
-    with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'DepthToSpace'"):
-        gt.compile(shuffle, torch.randn(1, 4, 3, 3, dtype=torch.float64))
+    with pytest.raises(UnsupportedOpError, match="unsupported ONNX op 'Det'"):
+        gt.compile(_Determinant().double(), torch.randn(2, 3, 3, dtype=torch.float64))
+
+
+def test_pixel_shuffle_and_unshuffle_train_as_in_torch():
+    """PixelShuffle exports DepthToSpace in CRD mode (no lowering rule until 2026-12-05); PixelUnshuffle
+    exports reshapes and a transpose."""
+    ref = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 1), torch.nn.PixelShuffle(2), torch.nn.Conv2d(2, 4, 3),
+                              torch.nn.PixelUnshuffle(2), torch.nn.Tanh()).double()
+    model = gt.compile(copy.deepcopy(ref), (torch.randn(2, 4, 3, 3, dtype=torch.float64),))
+    x = torch.randn(2, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    out, want = model(x), ref(x)
+    torch.testing.assert_close(out, want, **F64)
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = torch.autograd.grad(out, [x, *model.parameters()], cot)
+    expected = torch.autograd.grad(want, [x, *ref.parameters()], cot)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, **F64)
 
 
 def _legacy_export(module, x, **kwargs) -> onnx.ModelProto:

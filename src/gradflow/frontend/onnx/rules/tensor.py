@@ -321,6 +321,62 @@ def transpose(lw: Lowering, node: Node) -> None:
     lw.copy_indexed(node.label, x, out, idx, p)
 
 
+def _divided(d: Dim, k: int, what: str) -> Dim:
+    if isinstance(d, int) and d % k:
+        raise InvalidNode(f"{what} {d} is not divisible by {k}")
+    return exact_div(d, k)
+
+
+def _block_size(node: Node, x: Tensor) -> int:
+    if x.rank != 4:
+        raise InvalidNode(f"the input has rank {x.rank}; {node.op_type} takes [N, C, H, W]")
+    b = node.attr("blocksize")
+    if b is None or int(b) < 1:
+        raise InvalidNode(f"blocksize {b!r} is not a positive integer")
+    return int(b)
+
+
+@onnx_rule("DepthToSpace")
+def depth_to_space(lw: Lowering, node: Node) -> None:
+    """out[n, c, y, x] = x[n, channel, y // b, x // b]: channel (y % b, x % b, c) in DCR mode (torch's
+    `pixel_shuffle` exports CRD: (c, y % b, x % b))."""
+    x = lw.get(node.inputs[0])
+    b = _block_size(node, x)
+    n, c, h, w = x.shape
+    depth = _divided(c, b * b, "the channel count")
+    out = lw.output(node.outputs[0], [n, depth, norm_dim(h * b), norm_dim(w * b)], x.dtype)
+    pn, pc, py, px = params("p", 4)
+    mode = node.attr("mode", "DCR")
+    if mode == "DCR":
+        channel = f"(({py} % {b}) * {b} + {px} % {b}) * ({dstr(depth)}) + {pc}"
+    elif mode == "CRD":
+        channel = f"{pc} * {b * b} + ({py} % {b}) * {b} + {px} % {b}"
+    else:
+        raise InvalidNode(f"mode {mode!r} is neither 'DCR' nor 'CRD'")
+    lw.copy_indexed(node.label, x, out, [pn, channel, f"{py} // {b}", f"{px} // {b}"], [pn, pc, py, px])
+
+
+@onnx_rule("SpaceToDepth")
+def space_to_depth(lw: Lowering, node: Node) -> None:
+    """DepthToSpace's inverse: out[n, (i b + j) C + c, y, x] = x[n, c, y b + i, x b + j] in DCR mode,
+    out[n, c b^2 + i b + j, y, x] in CRD mode (the attribute since opset 25)."""
+    x = lw.get(node.inputs[0])
+    b = _block_size(node, x)
+    n, c, h, w = x.shape
+    out = lw.output(node.outputs[0], [n, norm_dim(c * b * b),
+                                      _divided(h, b, "the height"), _divided(w, b, "the width")], x.dtype)
+    pn, pc, py, px = params("p", 4)
+    mode = node.attr("mode", "DCR")
+    if mode == "DCR":
+        block, channel = f"{pc} // ({dstr(c)})", f"{pc} % ({dstr(c)})"
+    elif mode == "CRD":
+        block, channel = f"{pc} % {b * b}", f"{pc} // {b * b}"
+    else:
+        raise InvalidNode(f"mode {mode!r} is neither 'DCR' nor 'CRD'")
+    lw.copy_indexed(node.label, x, out, [pn, channel, f"{py} * {b} + ({block}) // {b}", f"{px} * {b} + ({block}) % {b}"],
+                    [pn, pc, py, px])
+
+
 # -- slicing -----------------------------------------------------------------------------------------
 def _clamp(v: int, lo: Dim, hi: Dim, d: Dim) -> Dim:
     """ONNX Slice clamping of a start/end `v` against dim `d` into [lo, hi]."""

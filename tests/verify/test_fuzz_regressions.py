@@ -536,3 +536,27 @@ def test_a_difference_below_the_resolution_of_S_is_taken_again() -> None:
     verdict = check_program(spec)
     assert verdict.kind == "unstable" and verdict.config == JVP, f"{verdict.kind}, {verdict.config}: {verdict.detail}"
     assert "from linear" in verdict.detail
+
+
+# `gradflow fuzz --n 2000 --seed 13218` at b692d13, program 153 (reported WRONG under `hvp`): S is tripled
+# thirty times, so d S / d S0 is about 2e14, whose rounding step (0.03) a difference step of 1e-5 along v
+# cannot move: central differences of the gradient read exactly 0 where (H v) of S is w0[1, 1] v(x0[1, 2]),
+# which `hvp` gives exactly. Elements whose differences rounding hides are no longer compared.
+TRIPLED = """@dace.program
+def program(x0: dace.float64[N, M], x1: dace.float64[N], x2: dace.float64[M], w0: dace.float64[N, M], w1: dace.float64[N], w2: dace.float64[M], idx: dace.int64[7], S: dace.float64[1]):
+    x0[1, 1] = (S[0] * x0[1, 2])
+    c1 = np.zeros((1,), dtype=np.float64)
+    while c1[0] < 3.0:
+        for i2 in range(N - 3, 0, -1):
+            for i4 in range(1, N):
+                S[:] += (S + S[0])
+        c1[0] += 0.5 + np.minimum((-1.25), S[0]) ** 2
+    S[0] += np.sum(x0 * w0)
+"""
+
+
+def test_second_order_where_rounding_hides_the_differences_is_not_called_wrong() -> None:
+    spec = spec_from_source(HEADER + TRIPLED, {"N": 6, "M": 4}, ("x0", "x1", "x2"), {"idx": [2, 3, 1, 2, 3, 1, 1]},
+                            (DEFAULT,), seed=11)
+    verdict = check_program(spec)
+    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"

@@ -820,3 +820,28 @@ def test_argmax_indices_and_remainders_get_torchs_gradients():
     x = torch.randn(5, 6, dtype=torch.float64)
     model = gt.compile(copy.deepcopy(ref), (x,))
     assert_output_and_gradients_agree(ref, model, x, torch.randn(5, 9, dtype=torch.float64), 1e-12)
+
+
+class _TopK(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.topk(y, 3, dim=-1).values * torch.topk(-y, 2, dim=0, largest=False).values.sum()
+
+
+def test_topk_values_pass_their_gradients_to_the_chosen_elements():
+    """TopK's values are a gather at the selected indices, so reverse mode differentiates them (the selection
+    was one tasklet with loops, refused until 2026-12-05)."""
+    ref = _TopK().double()
+    model = gt.compile(copy.deepcopy(ref), (torch.randn(5, 6, dtype=torch.float64),))
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    out, want = model(x), ref(x)
+    torch.testing.assert_close(out, want, **F64)
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    got = torch.autograd.grad(out, [x, *model.parameters()], cot)
+    expected = torch.autograd.grad(want, [x, *ref.parameters()], cot)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, **F64)

@@ -575,7 +575,8 @@ def _negative_log_likelihood(lw: Lowering, node: Node, logp: Tensor, lab: Tensor
 
 @onnx_rule("TopK")
 def topk(lw: Lowering, node: Node) -> None:
-    """Per slice along `axis`: K rounds of selecting the best unused element (ties: lower index first)."""
+    """Per slice along `axis`: each element's rank (the elements better than it, or equal at a lower index:
+    ONNX's order) places its index among the first K, then the values are gathered at those indices."""
     x = lw.get(node.inputs[0])
     axis = norm_axis(node.attr("axis", -1), x.rank)
     if node.opset >= 10:
@@ -602,25 +603,22 @@ def topk(lw: Lowering, node: Node) -> None:
         return sub(conn, t, [j if k == axis else q for k, q in enumerate(p)])
 
     better = ">" if largest else "<"
+    # element j goes to position r, the number of elements ahead of it (better, or equal at a lower index)
     code = f"""
-for t in range({K}):
-    best = -1
-    for j in range({n}):
-        used = False
-        for u in range(t):
-            if {at('ii', inds, 'u')} == j:
-                used = True
-        if not used:
-            if best < 0:
-                best = j
-            elif {at('a', x, 'j')} {better} {at('a', x, 'best')}:
-                best = j
-    {at('vo', vals, 't')} = {at('a', x, 'best')}
-    {at('io', inds, 't')} = best
-    {at('ii', inds, 't')} = best
+for j in range({n}):
+    r = 0
+    for u in range({n}):
+        if {at('a', x, 'u')} {better} {at('a', x, 'j')} or ({at('a', x, 'u')} == {at('a', x, 'j')} and u < j):
+            r = r + 1
+    if r < {K}:
+        {at('io', inds, 'r')} = j
 """
-    lw.map(node.label, outer, {"a": (x, None), "ii": (inds, None)}, code.strip(),
-           {"vo": (vals, None, None), "io": (inds, None, None)}, sequential=True)
+    lw.map(node.label, outer, {"a": (x, None)}, code.strip(), {"io": (inds, None, None)}, sequential=True)
+    # the values as a gather at the chosen indices: the selection's integers pass no derivative, the gather's
+    # reverse sends each value's gradient to the element it came from
+    src = ["i" if k == axis else q for k, q in enumerate(p)]
+    lw.map(node.label, list(zip(p, shape)), {"a": (x, None), "i": (inds, p)}, f"o = {sub('a', x, src)}",
+           {"o": (vals, p, None)})
 
 
 @onnx_rule("CumSum")

@@ -301,3 +301,17 @@ def test_a_reshape_that_merges_or_splits_dimensions_has_affine_indices() -> None
     assert split[2] == ["p0*(1)", "p1*(1)", "p2*(8) + p3*(1)"] and split[1] == ["p0", "p1", "p2", "p3"]
     assert refined_copy((6,), (1, 2, 3, 1)) == ([("q1", 2), ("q2", 3)], ["q1*(3) + q2*(1)"], ["0", "q1", "q2", "0"])
     assert refined_copy((4, 6), (6, 4)) is None  # no common refinement: `reindex` with divisions
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_with_nans_orders_them_as_torch_does(largest: int) -> None:
+    """A NaN counts as the largest value (torch's order), so every one of the K positions gets an index
+    (the rank of each element is a strict total order)."""
+    model = single_node_model("TopK", [("x", TensorProto.DOUBLE, [2, 6])],
+                              [("v", TensorProto.DOUBLE, [2, 3]), ("i", TensorProto.INT64, [2, 3])],
+                              initializers=[helper.make_tensor("k", TensorProto.INT64, (1,), [3])], largest=largest)
+    x = np.array([[0.5, np.nan, -1.0, 2.0, np.nan, 0.25], [3.0, -2.0, 1.0, np.nan, 0.0, -0.5]])
+    values, indices = load(model)(x)
+    want = torch.topk(torch.from_numpy(x), 3, dim=-1, largest=bool(largest))
+    np.testing.assert_array_equal(values, want.values.numpy())
+    np.testing.assert_array_equal(indices, want.indices.numpy())

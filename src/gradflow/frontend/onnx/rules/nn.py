@@ -576,7 +576,8 @@ def _negative_log_likelihood(lw: Lowering, node: Node, logp: Tensor, lab: Tensor
 @onnx_rule("TopK")
 def topk(lw: Lowering, node: Node) -> None:
     """Per slice along `axis`: each element's rank (the elements better than it, or equal at a lower index:
-    ONNX's order) places its index among the first K, then the values are gathered at those indices."""
+    ONNX's order; NaN the largest) places its index among the first K, then the values are gathered at those
+    indices."""
     x = lw.get(node.inputs[0])
     axis = norm_axis(node.attr("axis", -1), x.rank)
     if node.opset >= 10:
@@ -603,12 +604,23 @@ def topk(lw: Lowering, node: Node) -> None:
         return sub(conn, t, [j if k == axis else q for k, q in enumerate(p)])
 
     better = ">" if largest else "<"
-    # element j goes to position r, the number of elements ahead of it (better, or equal at a lower index)
+    # element j goes to position r, the number of elements ahead of it: better, or equal at a lower index;
+    # a NaN counts as the largest value (as in torch), so the order is total and every position is written
+    au, aj = at('a', x, 'u'), at('a', x, 'j')
     code = f"""
 for j in range({n}):
     r = 0
+    nj = {aj} != {aj}
     for u in range({n}):
-        if {at('a', x, 'u')} {better} {at('a', x, 'j')} or ({at('a', x, 'u')} == {at('a', x, 'j')} and u < j):
+        nu = {au} != {au}
+        ahead = False
+        if nu != nj:
+            ahead = {'nu' if largest else 'nj'}
+        elif nu:
+            ahead = u < j
+        else:
+            ahead = {au} {better} {aj} or ({au} == {aj} and u < j)
+        if ahead:
             r = r + 1
     if r < {K}:
         {at('io', inds, 'r')} = j

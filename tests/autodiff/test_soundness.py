@@ -262,3 +262,20 @@ def test_dependence_verdicts(name, var, independent, names) -> None:
     assert verdict.independent == independent, verdict.describe()
     if names is not None:
         assert names in verdict.describe()
+
+
+@dace.program
+def shifted_view_update(x: dace.float64[N], S: dace.float64[1]):
+    t = x[1:]
+    t[:] -= x[:N - 1]  # numpy reads the old x (it buffers the overlap); DaCe's map reads what others overwrote
+    S[0] = np.sum(x * x)
+
+
+def test_a_racing_update_is_refused_naming_its_line() -> None:
+    import inspect
+
+    lines, first = inspect.getsourcelines(shifted_view_update.f)
+    line = first + next(k for k, text in enumerate(lines) if "t[:] -=" in text)
+    with pytest.raises(gradflow.NotDifferentiableError,
+                       match=rf"^line {line} \(.*the map reads 'x' and overwrites elements of 'x'; iterations would race"):
+        gradflow.grad(shifted_view_update, wrt="x", of="S")

@@ -20,6 +20,8 @@ iteration only, and clears the written elements in a map of its own afterwards.
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import dace
 import sympy
@@ -190,6 +192,14 @@ def _whole(array: str, port: Port, wcr: str | None = None) -> dace.Memlet:
     return dace.Memlet(f"{array}[{port.subset}]", wcr=wcr, dynamic=True, volume=1)
 
 
+def _where(site: OpSite) -> str:
+    """The operation in its author's terms first: the source line DaCe's frontend put in the state's label
+    (`augassign_16_4_op4` is line 16), then DaCe's names for the map and the state."""
+    found = re.search(r"_(\d+)_\d+(?:_|$)", site.state.label)
+    dace_names = f"'{site.op.label}' in state '{site.state.label}'"
+    return f"line {found.group(1)} ({dace_names})" if found else dace_names
+
+
 @reverse_rule("map", "tasklet")
 class ElementwiseReverse:
     """Element-wise maps and top-level tasklet groups: one reverse tasklet per element (module doc)."""
@@ -197,7 +207,7 @@ class ElementwiseReverse:
     @staticmethod
     def _plan(site: OpSite, ctx: ReverseContext) -> tuple[ElementFunction, _Plan, str]:
         ef = _element_function(site, ctx)
-        where = f"'{site.op.label}' in state '{site.state.label}'"
+        where = _where(site)
         return ef, ctx.memo(("elementwise_plan", site.index), lambda: _plan(ef, ctx, where, site.state)), where
 
     def needs(self, site: OpSite, ctx: ReverseContext) -> frozenset[str]:

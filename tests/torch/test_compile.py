@@ -570,11 +570,17 @@ def test_pixel_shuffle_and_unshuffle_train_as_in_torch():
     exports reshapes and a transpose."""
     ref = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 1), torch.nn.PixelShuffle(2), torch.nn.Conv2d(2, 4, 3),
                               torch.nn.PixelUnshuffle(2), torch.nn.Tanh()).double()
-    model = gt.compile(copy.deepcopy(ref), (torch.randn(2, 4, 3, 3, dtype=torch.float64),))
-    x = torch.randn(2, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    _assert_compiled_matches_torch(ref, (2, 4, 3, 3), seed=2)
+
+
+def _assert_compiled_matches_torch(ref, shape, seed: int) -> None:
+    """`gt.compile(ref)`'s output and its gradients with respect to the input and the parameters are
+    torch's (float64), for a random input of `shape` and a random cotangent."""
+    model = gt.compile(copy.deepcopy(ref), (torch.randn(*shape, dtype=torch.float64),))
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     out, want = model(x), ref(x)
     torch.testing.assert_close(out, want, **F64)
-    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     got = torch.autograd.grad(out, [x, *model.parameters()], cot)
     expected = torch.autograd.grad(want, [x, *ref.parameters()], cot)
     for a, b in zip(got, expected):
@@ -833,13 +839,4 @@ class _TopK(torch.nn.Module):
 def test_topk_values_pass_their_gradients_to_the_chosen_elements():
     """TopK's values are a gather at the selected indices, so reverse mode differentiates them (the selection
     was one tasklet with loops, refused until 2026-12-05)."""
-    ref = _TopK().double()
-    model = gt.compile(copy.deepcopy(ref), (torch.randn(5, 6, dtype=torch.float64),))
-    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
-    out, want = model(x), ref(x)
-    torch.testing.assert_close(out, want, **F64)
-    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    got = torch.autograd.grad(out, [x, *model.parameters()], cot)
-    expected = torch.autograd.grad(want, [x, *ref.parameters()], cot)
-    for a, b in zip(got, expected):
-        torch.testing.assert_close(a, b, **F64)
+    _assert_compiled_matches_torch(_TopK().double(), (5, 6), seed=3)

@@ -108,6 +108,13 @@ def decompose(state: SDFGState) -> list[Op]:
     return [ops[i] for i in sequence]
 
 
+def source_line(label: str) -> str | None:
+    """The source line DaCe's frontend wrote into a state's label (`assign_12_4` and `augassign_16_4_op4` are
+    lines 12 and 16), or None."""
+    found = re.search(r"_(\d+)(?:_\d+)?(?:_op\d+)?$", label)
+    return found.group(1) if found else None
+
+
 def _cycle_error(state: SDFGState, ops: list[Op], order: nx.DiGraph) -> NotDifferentiableError:
     """Operations each of which reads what another overwrites, all in one dataflow step: no sequence of them
     keeps every read before the write it must precede. Named by what each writes and reads of the arrays of
@@ -123,8 +130,8 @@ def _cycle_error(state: SDFGState, ops: list[Op], order: nx.DiGraph) -> NotDiffe
         return ", ".join(sorted(found)) or "?"
 
     steps = "; ".join(f"{parts(ops[i], True)} from {parts(ops[i], False)}" for i, _ in cycle)
-    match = re.search(r"_(\d+)(?:_\d+)?$", state.label)
-    where = f"line {match.group(1)}, " if match else ""
+    line = source_line(state.label)
+    where = f"line {line}, " if line else ""
     first = arrays[0] if arrays else "x"
     return NotDifferentiableError(
         f"updates of {named} in one dataflow step ({where}DaCe's state '{state.label}') each read elements "

@@ -20,14 +20,13 @@ iteration only, and clears the written elements in a map of its own afterwards.
 
 from __future__ import annotations
 
-import re
-
 import attrs
 import dace
 import sympy
 from dace import subsets
 
 from gradflow.analysis.dependence import apart_over
+from gradflow.analysis.ops import source_line
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.elementfn import ElementFunction, Port, element_function
 from gradflow.autodiff.emit import add_element_tasklet, fill, map_ranges
@@ -195,9 +194,9 @@ def _whole(array: str, port: Port, wcr: str | None = None) -> dace.Memlet:
 def _where(site: OpSite) -> str:
     """The operation in its author's terms first: the source line DaCe's frontend put in the state's label
     (`augassign_16_4_op4` is line 16), then DaCe's names for the map and the state."""
-    found = re.search(r"_(\d+)_\d+(?:_|$)", site.state.label)
+    line = source_line(site.state.label)
     dace_names = f"'{site.op.label}' in state '{site.state.label}'"
-    return f"line {found.group(1)} ({dace_names})" if found else dace_names
+    return f"line {line} ({dace_names})" if line else dace_names
 
 
 @reverse_rule("map", "tasklet")

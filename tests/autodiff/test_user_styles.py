@@ -4,7 +4,9 @@ float-computed indices, a running `max()` of scalars, `break` and `while` on dat
 is an argument, a view updated in place, an explicit tasklet, a power by the loop index; step functions
 (floor, ceil, trunc, rint) and remainders (`%`, `//`, np.remainder, np.fmod), whose steps have derivative 0
 (refused as unknown functions until 2026-12-04); numpy's arctan2, hypot, exp2, log2, log10, cbrt, arcsinh,
-arccosh, arctanh, fmax, fmin, deg2rad, rad2deg, reciprocal and float_power (until 2026-12-05).
+arccosh, arctanh, fmax, fmin, deg2rad, rad2deg, reciprocal and float_power (until 2026-12-05); weights from
+`np.arange`, in a `for` and in a `while` that steps by two (refused until 2026-12-05: DaCe writes arange's
+conversion in C++).
 
 They were written from the outside (as a new user would) on 2026-12-03 and all passed then on every route;
 each runs here on two routes that between them cover both policies, both routes and optimize on and off.
@@ -211,6 +213,33 @@ def t_power_of_loop_index(A):
 
 
 @dace.program
+def weighted_by_position(A: dace.float64[N], S: dace.float64[1]):
+    B = np.ndarray([N], dtype=np.float64)
+    for i in range(N):
+        B[i] = A[N - 1 - i] * A[i]
+    S[0] = np.sum(B * np.arange(N))
+
+
+def t_weighted_by_position(A):
+    return (A.flip(0) * A * torch.arange(A.shape[0])).sum()
+
+
+@dace.program
+def while_every_other(A: dace.float64[N], S: dace.float64[1]):
+    i = 0
+    while i < N:
+        A[i] = A[i] * A[i] + 1.0
+        i += 2
+    S[0] = np.sum(A * np.arange(N))
+
+
+def t_while_every_other(A):
+    B = A.clone()
+    B[::2] = A[::2] * A[::2] + 1.0
+    return (B * torch.arange(A.shape[0])).sum()
+
+
+@dace.program
 def step_functions(A: dace.float64[N], S: dace.float64[1]):
     B = A * np.ceil(A * 2.0) + np.trunc(A * 3.0) * A * A + np.rint(A * 4.0) * np.sin(A)
     S[0] = np.sum(B * np.floor(A + 0.3))
@@ -291,6 +320,12 @@ CASES = {
     "numpy_functions": (numpy_functions, t_numpy_functions, ("A", "D"),
                         lambda r: {"A": r.choice([-1.0, 1.0], 6) * r.uniform(0.2, 1.2, 6), "D": r.uniform(2.6, 3.0, 6)},
                         {"N": 6}),
+    # np.arange's tasklet converts with C++'s `decltype(__out)(...)` (refused as an unknown function until
+    # 2026-12-05)
+    "weighted_by_position": (weighted_by_position, t_weighted_by_position, ("A",), lambda r: {"A": r.normal(size=7)},
+                             {"N": 7}),
+    "while_every_other": (while_every_other, t_while_every_other, ("A",), lambda r: {"A": r.normal(size=7)},
+                          {"N": 7}),
     "power_of_loop_index": (power_of_loop_index, t_power_of_loop_index, ("A",), lambda r: {"A": _uniform(r, 6)},
                             {"N": 6}),
 }

@@ -115,3 +115,23 @@ def test_a_min_or_max_of_three_splits_its_derivative_among_ties(kind, values) ->
     extremum = kind(*at.values())
     tied = [x for x in (a, b, c) if at[x] == extremum]
     assert got == [1 / len(tied) if x in tied else 0.0 for x in (a, b, c)]
+
+
+def test_a_conversion_to_a_connectors_type_is_read_by_that_type() -> None:
+    """`decltype(conn)(v)`, which DaCe's frontend writes into `np.arange`'s tasklet: the value for a float
+    connector, truncated for an integer one (derivative 0); untyped, only a constant converts."""
+    import dace
+
+    code = "o = decltype(o)(x) * 2.0 + decltype(o)(1)"
+    as_float = parse_tasklet(code, {"x": dace.float64}, {"o": dace.float64})["o"]
+    assert _value(as_float, x=1.75) == 4.5
+    assert float(derivative(as_float, x)) == 2.0
+    as_int = parse_tasklet(code, {"x": dace.float64}, {"o": dace.int64})["o"]
+    assert _value(as_int, x=1.75) == 3.0 and _value(as_int, x=-1.75) == -1.0  # toward zero, as C converts
+    assert _value(derivative(as_int, x), x=1.75) == 0
+    constant = parse_tasklet("o = decltype(o)(0) + i * decltype(o)(1)", ["i"], ["o"])["o"]
+    assert _value(constant, i=3.0) == 3.0
+    with pytest.raises(UnsupportedCode, match="conversion to the type of 'o', which is not known"):
+        parse_tasklet(code, ["x"], ["o"])
+    with pytest.raises(UnsupportedCode, match="a call of a call's result"):
+        parse_tasklet("o = f(x)(x)", ["x"], ["o"])

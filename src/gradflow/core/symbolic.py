@@ -85,10 +85,12 @@ _CMPOPS = {
 
 
 class _ExprReader:
-    def __init__(self, env: Mapping[str, sympy.Expr], table: ElementwiseTable, where: str) -> None:
+    def __init__(self, env: Mapping[str, sympy.Expr], table: ElementwiseTable, where: str,
+                 types: Mapping[str, object] | None = None) -> None:
         self.env = env
         self.table = table
         self.where = where
+        self.types = types or {}  # connector -> DaCe type, where the caller knows it (`decltype(conn)(v)`)
         # reads `conn[index]`; set by the statement interpreter
         self.element: Callable[[ast.Subscript], sympy.Symbol] | None = None
         self.statement: ast.stmt | None = None  # the statement being read (named in errors)
@@ -163,6 +165,8 @@ class _ExprReader:
             args = [self.read(a) for a in node.args]
             if node.keywords:
                 raise self.fail(node, "keyword arguments")
+            if isinstance(node.func, ast.Call) and len(args) == 1:
+                return self._conversion(node, args[0])
             if name in CASTS and len(args) == 1:
                 return args[0]
             if name in INTEGER_CASTS and len(args) == 1:
@@ -177,6 +181,35 @@ class _ExprReader:
                 raise self.fail(node, f"'{name}' takes {len(entry.args)} argument(s)")
             return entry.apply(*args)
         raise self.fail(node, f"unsupported syntax {type(node).__name__}")
+
+
+    def _conversion(self, node: ast.Call, value: sympy.Expr) -> sympy.Expr:
+        """`decltype(conn)(value)`, C++'s conversion to a connector's type, which DaCe's frontend writes (in
+        `np.arange`'s tasklet, for one): the value itself for a floating-point connector, truncated for an
+        integer one; a constant needs no type."""
+        func = node.func
+        assert isinstance(func, ast.Call)
+        if not (_dotted(func.func) == "decltype" and len(func.args) == 1 and isinstance(func.args[0], ast.Name)):
+            raise self.fail(node, "a call of a call's result")
+        conn = func.args[0].id
+        dtype = self.types.get(conn)
+        kind = _number_kind(dtype)
+        if kind == "f" or (kind is None and isinstance(value, sympy.Number)):
+            return value
+        if kind in ("i", "u"):
+            return Truncate(number_of(value))
+        raise self.fail(node, f"a conversion to the type of '{conn}', which is not known to be a number")
+
+
+def _number_kind(dtype) -> str | None:
+    """numpy's kind letter of a DaCe connector type ('f', 'i', 'u', ...); None where it has none (untyped,
+    a pointer)."""
+    import numpy as np
+
+    try:
+        return np.dtype(dtype.type).kind
+    except (AttributeError, TypeError):
+        return None
 
 
 #: Prefix of the symbol that stands for "not assigned here" (see `unassigned`).
@@ -376,20 +409,24 @@ def read_tasklet(
     Statements: assignments (plain, augmented, annotated), `if`/`elif`/`else` (values merged as `Piecewise`;
     Python's truth value for a non-boolean test), ternaries, `pass`,
     bare expressions (dead code, unless they call something other than an elementwise function), reads
-    `conn[j]` of an indexed input connector and writes `conn[j] = v` of an output connector. A name may be
+    `conn[j]` of an indexed input connector and writes `conn[j] = v` of an output connector; conversions
+    `int(v)`, `float(v)`, `decltype(conn)(v)` (by the connector's type, where `inputs`/`outputs` map connectors
+    to types, as a node's connector dictionaries do). A name may be
     assigned many times; reading a name on a path where it is not assigned is an error. `constants` are names
     the code may read that are not connectors (SDFG symbols, map parameters): they become symbols too, but no
     gradient flows to them.
     """
     table = table or elementwise_table()
     ins, outs = set(inputs), set(outputs)
+    types = {**(dict(inputs) if isinstance(inputs, Mapping) else {}),
+             **(dict(outputs) if isinstance(outputs, Mapping) else {})}
     env: dict[str, sympy.Expr] = {name: sympy.Symbol(name) for name in constants}
     env.update({name: sympy.Symbol(name, real=True) for name in ins})
     try:
         tree = ast.parse(code.strip())
     except SyntaxError as exc:
         raise UnsupportedCode(f"{where}: tasklet code does not parse as Python: {exc}") from None
-    reader = _ExprReader(env, table, where)
+    reader = _ExprReader(env, table, where, types)
     interpreter = _Interpreter(reader, ins, outs)
     env = interpreter.run(tree.body, env, sympy.true)
     result = {name: value for name, value in env.items() if name in outs}

@@ -106,6 +106,34 @@ def test_loops_named_to_keep_stay_loops() -> None:
     assert any(isinstance(n, nd.MapEntry) for n, _ in kept.sdfg.all_nodes_recursive())
 
 
+@dace.program
+def lower_triangle(A: dace.float64[N, N], S: dace.float64[1]):
+    """A triangle of independent terms: `for i: for j in range(i + 1): s += ...`."""
+    s = 0.0
+    for i in range(N):
+        for j in range(i + 1):
+            s += A[i, j] * A[j, i]
+    S[0] = s
+
+
+def test_a_loop_around_a_ragged_map_stays_a_loop_before_reverse_mode() -> None:
+    """The inner loop's map ranges over `0:i + 1`: a map over i around it is a nest `collapse_maps` cannot
+    merge, which reverse mode does not differentiate (refused until 2026-12-05). `OPTIMIZE` keeps the nest;
+    reverse mode's `NORMALIZE` leaves the outer loop a loop, and the gradient is the triangle's."""
+    plain = Graph.of(lower_triangle.to_sdfg())
+    nested = LoopsToMaps()(plain).unwrap()
+    assert not _loops(nested.sdfg)
+    kept = LoopsToMaps(ragged=False)(plain).unwrap()
+    assert [r.loop_variable for r in _loops(kept.sdfg)] == ["i"]
+    assert any(isinstance(n, nd.MapEntry) for n, _ in kept.sdfg.all_nodes_recursive())
+    graph = grad_graph(lower_triangle.to_sdfg(), ["A"], "S")
+    A = np.random.default_rng(4).standard_normal((6, 6))
+    grads = {"grad_A": np.zeros((6, 6))}
+    compile_sdfg(graph)(A=A, S=np.zeros(1), **grads, N=6)
+    lower = np.tril(np.ones((6, 6)))
+    np.testing.assert_allclose(grads["grad_A"], lower * A.T + (lower * A).T, rtol=1e-12)
+
+
 def test_a_loop_body_written_as_several_statements_converts() -> None:
     """softmax's `for j: P[i, j] = np.exp(X[i, j] - m); s += P[i, j]`: the frontend makes the body a chain
     of states and reads P[i, j] back; merged and passed through a temporary, the loop is a map whose sum

@@ -220,7 +220,8 @@ def normalize_pipeline(library_rules: RuleTable | None = None, keep_loops: Itera
     return Pipeline((LiftControlFlow(), LowerBreaks(), RaiseConvolutions(), RemoveViews(), expand, FoldProductScales(),
                      HoistRowProducts(), RaiseLoopReductions(), LowerIndirection(), DemoteDataSymbols(),
                      CompleteConditionalWrites(),
-                     BoundTransientShapes(), LoopsToMaps(keep_loops), FuseMaps(), CollapseMaps(), SplitOperations()))
+                     BoundTransientShapes(), LoopsToMaps(keep_loops, ragged=False), FuseMaps(), CollapseMaps(),
+                     SplitOperations()))
 
 
 #: The normalization pipeline with the built-in library table.

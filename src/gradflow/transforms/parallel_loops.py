@@ -23,7 +23,10 @@ What the pass does, on a private copy:
 3. `InlineSDFG`: the one-state body `LoopToMap` nested goes back into the map (`collapse_maps`, later in
    `NORMALIZE`, merges a nest of such maps).
 Other loops stay loops: a multi-state body would stay a nested SDFG inside the map, and a map around
-slice operations (`x[:i + 1] *= b` in a loop) would hold maps that are not perfectly nested. When no
+slice operations (`x[:i + 1] *= b` in a loop) would hold maps that are not perfectly nested. Under reverse
+mode (`ragged=False`, as `NORMALIZE` runs it) a loop around a map whose range depends on the loop's variable
+(`for i: for j in range(i + 1): s += ...`, a triangle) stays a loop too: `collapse_maps` cannot make such a
+nest one map, and reverse mode differentiates one map (until 2026-12-05 the triangle was refused). When no
 loop converts, the input is returned unchanged (step 1 is not kept on its own).
 """
 
@@ -119,10 +122,11 @@ def _elementwise(state: dace.SDFGState, nodes, outside: set[str]) -> bool:
     return True
 
 
-def _eligible(loop: LoopRegion) -> bool:
+def _eligible(loop: LoopRegion, ragged: bool = True) -> bool:
     """The body is one state whose map would be one reverse mode differentiates: tasklets on single
     elements (a map body holding other maps is not), or one map of such tasklets (the loop around a
-    converted one) and nothing else but access nodes, which `collapse_maps` later makes one map."""
+    converted one) and nothing else but access nodes, which `collapse_maps` later makes one map; unless
+    `ragged`, only a map whose range does not depend on the loop's variable (which it could not)."""
     body = loop.nodes()
     if len(body) != 1 or not isinstance(body[0], dace.SDFGState):
         return False
@@ -133,6 +137,8 @@ def _eligible(loop: LoopRegion) -> bool:
     if not maps:
         return _elementwise(state, top, outside)
     if len(maps) != 1:
+        return False
+    if not ragged and loop.loop_variable in map(str, maps[0].map.range.free_symbols):
         return False
     exit_ = state.exit_node(maps[0])
     rest = [n for n in top if n is not maps[0] and n is not exit_]
@@ -252,7 +258,8 @@ def _nested(sdfg: dace.SDFG) -> list[tuple[nd.NestedSDFG, dace.SDFGState]]:
     return [(n, s) for n, s in sdfg.all_nodes_recursive() if isinstance(n, nd.NestedSDFG)]
 
 
-def _convert(program: dace.SDFG, skip: set[str] | frozenset[str]) -> tuple[dace.SDFG, int, str | None]:
+def _convert(program: dace.SDFG, skip: set[str] | frozenset[str],
+             ragged: bool = True) -> tuple[dace.SDFG, int, str | None]:
     """A copy of `program` with its loops converted, innermost first, except those labelled in `skip`:
     (copy, loops converted, label of a loop whose body could not be inlined back, or None)."""
     sdfg = copy.deepcopy(program)
@@ -267,7 +274,7 @@ def _convert(program: dace.SDFG, skip: set[str] | frozenset[str]) -> tuple[dace.
                 _fuse_body(loop)
                 if len(loop.nodes()) == 1 and isinstance(loop.nodes()[0], dace.SDFGState):
                     _forward_written_elements(loop.nodes()[0])
-            if loop.label in skip or not _eligible(loop):
+            if loop.label in skip or not _eligible(loop, ragged):
                 continue
             before = {id(n) for n, _ in _nested(sdfg)}
             if not _to_map(sdfg, loop):
@@ -295,16 +302,18 @@ def _labels(value: Iterable[str]) -> frozenset[str]:
 class LoopsToMaps(Pass):
     """Counted loops with independent iterations and one-state bodies become maps (see the module
     docstring). Loops labelled in `keep` stay loops: a forwarding policy that checkpoints a loop names it
-    by its label (`ad_pipeline` passes those labels)."""
+    by its label (`ad_pipeline` passes those labels). `ragged`: whether a map may hold a map whose range
+    depends on its parameter (yes for programs that run as they are, no before reverse mode)."""
 
     keep: frozenset[str] = attrs.field(default=frozenset(), converter=_labels)
+    ragged: bool = True
     name: ClassVar[str] = "loops_to_maps"
 
     def run(self, graph: Graph) -> PassResult:
         # A loop becomes eligible only through an eligible loop inside it converting: without one to start
         # from, nothing converts (checked before the copy and the pattern matching, which `OPTIMIZE` would
         # otherwise spend on every differentiated program).
-        if not any((_eligible(loop) or _state_chain(loop)) and loop.label not in self.keep
+        if not any((_eligible(loop, self.ragged) or _state_chain(loop)) and loop.label not in self.keep
                    for loop in _loops(graph.sdfg)):
             return Success(graph)
         # One loop at a time, its body inlined before the next: the loop around a converted one then has
@@ -312,7 +321,7 @@ class LoopsToMaps(Pass):
         # body cannot be inlined back is skipped, from a fresh copy.
         skip: set[str] = set(self.keep)
         while True:
-            sdfg, converted, failed = _convert(graph.sdfg, skip)
+            sdfg, converted, failed = _convert(graph.sdfg, skip, self.ragged)
             if failed is None:
                 break
             skip.add(failed)

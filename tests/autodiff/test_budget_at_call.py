@@ -299,3 +299,39 @@ def test_a_step_that_exports_a_symbol_keeps_within_the_budget(route):
     _, got = gradient(inner_loop_in_step, ("x0",), "S", data, {"M": 6}, route=route, forwarding=policy,
                       optimize=False)
     assert _close(got["x0"], expected["x0"])
+
+
+@dace.program
+def strided_by_argument(A: dace.float64[N], K: dace.int64, S: dace.float64[1]):
+    for i in range(0, N - 1, K):
+        A[i + 1] += A[i] * A[i]
+    S[0] = np.sum(A)
+
+
+@dace.program
+def strided_by_count(A: dace.float64[N], K: dace.int64, S: dace.float64[1]):
+    for j in range((N - 1 + K - 1) // K):
+        A[j * K + 1] += A[j * K] * A[j * K]
+    S[0] = np.sum(A)
+
+
+def test_a_loop_stepping_by_an_argument_is_refused_under_a_budget_with_the_rewrite_that_works():
+    """`range(0, N - 1, K)`: no constant step, so no trip count to price. The budget's checkpointing
+    fallback took the loop for one to checkpoint online, which restores no loop variable, and refused it
+    naming gradflow's internal step (`gradflow_step_for_5`); now the refusal names the loop and its step,
+    and the counted form the hint gives plans under the same budget with STORE_ALL's gradient."""
+    A = np.random.default_rng(0).normal(size=8) * 0.5
+    plain = gradflow.value_and_grad(strided_by_argument, wrt="A", of="S")(A=A.copy(), K=3, S=np.zeros(1))
+    f = gradflow.value_and_grad(strided_by_argument, wrt="A", of="S", forwarding=Forwarding.budget(512))
+    with pytest.raises(gradflow.NotDifferentiableError, match=r"loop over i \(line \d+.*advances by 'K'") as refused:
+        f(A=A.copy(), K=3, S=np.zeros(1))
+    assert "gradflow_" not in str(refused.value) and "range((stop - start + K - 1) // K)" in str(refused.value)
+    counted = gradflow.value_and_grad(strided_by_count, wrt="A", of="S", forwarding=Forwarding.budget(512))
+    value, grad = counted(A=A.copy(), K=3, S=np.zeros(1))
+    assert value == pytest.approx(plain[0], rel=1e-14)
+    np.testing.assert_allclose(grad, plain[1], rtol=1e-13)
+    with pytest.raises(gradflow.NotDifferentiableError, match="does not advance by a constant step"):
+        label = next(r.label for r in strided_by_argument.to_sdfg().all_control_flow_regions()
+                     if getattr(r, "loop_variable", None) == "i")
+        gradflow.value_and_grad(strided_by_argument, wrt="A", of="S",
+                                forwarding=Forwarding.checkpoint(2, loops=[label]))(A=A.copy(), K=3, S=np.zeros(1))

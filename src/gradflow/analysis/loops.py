@@ -135,6 +135,20 @@ def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedL
     return CountedLoop(var, sympy.sympify(start), sympy.sympify(stop), int(step), cmp)
 
 
+def variable_step(loop: LoopRegion) -> str | None:
+    """The step of a `for` loop whose variable advances by something other than a constant (`i = i + K`,
+    `range(0, N, K)`), as written; None for a loop that steps by a constant or has no variable."""
+    var = loop.loop_variable
+    if not var or loop.update_statement is None:
+        return None
+    update = loop.update_statement.as_string.split("=", 1)
+    expr = _parse(update[1]) if len(update) == 2 and update[0].strip() == var else None
+    if expr is None:
+        return None
+    step = sympy.simplify(expr - symbolic.symbol(var))
+    return None if step.is_Integer else str(step)
+
+
 def upper_bound(expr: sympy.Expr, intervals: Mapping[str, tuple[sympy.Expr, sympy.Expr]],
                 maximize: bool = True) -> sympy.Expr | None:
     """An expression free of the variables in `intervals` that bounds `expr` over them (max or min).

@@ -96,6 +96,10 @@ def carried_symbols(loop: LoopRegion) -> list[str]:
 
 def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
     """Why the body of `loop` cannot become a checkpointed step (None: it can)."""
+    if loop.loop_variable and counted_loop(loop, assigned_symbols(loop)) is None:
+        # an online step restores no loop variable: only a counted loop's is recomputed from its trip
+        update = loop.update_statement.as_string.strip() if loop.update_statement is not None else "?"
+        return f"its variable '{loop.loop_variable}' does not advance by a constant step ({update})"
     carried = carried_symbols(loop)
     if carried:
         return f"its body carries symbols from one iteration to the next ({', '.join(carried)})"

@@ -34,7 +34,7 @@ from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.activity import OpAccess, activity, is_float
 from gradflow.analysis.cost import op_work
-from gradflow.analysis.loops import describe_loop, upper_bound
+from gradflow.analysis.loops import describe_loop, upper_bound, variable_step
 from gradflow.autodiff import budget, checkpoint
 from gradflow.autodiff.context import OpSite, ReverseContext
 from gradflow.autodiff.emit import copy_array, copy_region, fill
@@ -152,6 +152,14 @@ class Reversal:
         bounds = self._asked_bounds(loops)
         for loop, bound in zip(loops, bounds):
             if bound is None:
+                step = variable_step(loop)
+                if step is not None:
+                    raise NotDifferentiableError(
+                        f"{describe_loop(loop)} advances by '{step}', not by a constant step, so its trip count has "
+                        "no bound before the program runs and the bytes stored inside it cannot be priced",
+                        f"count the iterations instead (`for j in range((stop - start + {step} - 1) // {step})`, "
+                        f"the variable `start + j * {step}`), or forward with STORE_ALL or RECOMPUTE_ALL, whose "
+                        "stacks grow as the loop runs")
                 if loop.loop_variable:  # a user bound caps while loops only: a `for` cannot be stopped early
                     hint = ("pass its count as an argument (`T: dace.int64`, `for i in range(T)`: value_and_grad "
                             "prices it at the call; grad takes Forwarding.budget(..., sizes={'T': ...})), or forward "

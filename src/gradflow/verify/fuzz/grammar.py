@@ -8,7 +8,8 @@ and sign, triangular nests, trip counts from an argument and from data; data-dep
 `break`; accumulators that read their own target (`acc[0] = acc[0] * c + e`, `S[0] += S[0] * c`);
 conditionals on data and on the loop variable; conversions to integers (`astype`, assignment into an
 integer array); gathers and scatters through index arrays with repeated indices; nested programs; maps
-(`dace.map`) of scalar code writing some elements of each row of a zeroed temporary.
+(`dace.map`) of scalar code writing some elements of each row of a zeroed temporary; positions as weights
+(`np.arange(N) * 0.25`).
 
 Shapes are tracked as keys (`Span.key`): two operands of an element-wise operation always have equal keys,
 so a program is well formed whatever sizes it runs at; every index stays inside its array (each loop
@@ -24,7 +25,7 @@ import attrs
 from hypothesis import strategies as st
 
 from gradflow.verify.fuzz.program import (
-    Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, Map, MatMul, Num, Op, Program,
+    Arange, Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, Map, MatMul, Num, Op, Program,
     Read, Reduce, Span, Transpose, Via, While,
 )
 
@@ -197,6 +198,10 @@ def read(draw, scope: Scope, shape: Shape) -> Read | None:
 
 
 def _leaf(draw, scope: Scope, shape: Shape):
+    if len(shape) == 1 and shape[0][1] == 1 and "arange" in scope.features and draw(st.integers(0, 5)) == 0:
+        dim, _, cut = shape[0]  # positions as weights, `np.arange(N - cut) * scale`
+        length = At(dim, -cut) if isinstance(dim, str) else At(None, dim - cut)
+        return Arange(length, draw(st.sampled_from([0.25, -0.5, 0.125])))
     found = draw(read(scope, shape))
     if found is not None and (shape or draw(st.integers(0, 3)) > 0):
         return found
@@ -535,7 +540,7 @@ def block(draw, scope: Scope, most: int) -> list:
 
 
 FEATURES = ("accumulate", "branch", "break", "cast", "gather", "scatter", "trips", "triangular", "while", "helper",
-            "view", "map")
+            "view", "map", "arange")
 
 
 @st.composite

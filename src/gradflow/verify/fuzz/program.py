@@ -82,6 +82,18 @@ class Num:
 
 
 @attrs.frozen
+class Arange:
+    """`np.arange(length) * scale`: weights by position (DaCe writes the conversion in arange's tasklet in
+    C++, `decltype(__out)(...)`, which reverse mode refused until 2026-12-05)."""
+
+    length: At
+    scale: float
+
+    def render(self) -> str:
+        return f"(np.arange({self.length.render()}) * {self.scale!r})"
+
+
+@attrs.frozen
 class Read:
     """An array (or temporary) read whole (`index` None) or through an index per dimension."""
 
@@ -160,7 +172,7 @@ class Transpose:
         return f"np.transpose({self.arg.render()})"
 
 
-Expr = Union[Num, Read, Call, Op, Reduce, MatMul, Transpose]
+Expr = Union[Num, Arange, Read, Call, Op, Reduce, MatMul, Transpose]
 
 
 # ---- statements -------------------------------------------------------------------------------------------

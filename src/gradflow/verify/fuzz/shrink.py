@@ -14,10 +14,10 @@ from typing import Callable, Iterator
 import attrs
 
 from gradflow.verify.fuzz.program import (
-    Assign, Call, Define, For, If, Map, MatMul, Num, Op, Program, Read, Reduce, Transpose, While,
+    Arange, Assign, Call, Define, For, If, Map, MatMul, Num, Op, Program, Read, Reduce, Transpose, While,
 )
 
-_EXPRESSIONS = (Num, Read, Call, Op, Reduce, MatMul, Transpose)
+_EXPRESSIONS = (Num, Arange, Read, Call, Op, Reduce, MatMul, Transpose)
 
 
 def _operands(expr) -> list:

@@ -182,7 +182,6 @@ class _ExprReader:
             return entry.apply(*args)
         raise self.fail(node, f"unsupported syntax {type(node).__name__}")
 
-
     def _conversion(self, node: ast.Call, value: sympy.Expr) -> sympy.Expr:
         """`decltype(conn)(value)`, C++'s conversion to a connector's type, which DaCe's frontend writes (in
         `np.arange`'s tasklet, for one): the value itself for a floating-point connector, truncated for an

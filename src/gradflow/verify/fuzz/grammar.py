@@ -25,8 +25,8 @@ import attrs
 from hypothesis import strategies as st
 
 from gradflow.verify.fuzz.program import (
-    Arange, Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, Map, MatMul, Num, Op, Program,
-    Read, Reduce, Span, Transpose, Via, While,
+    Arange, Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, Map, MatMul, Num, Op,
+    Program, Read, Reduce, Span, Transpose, Via, While,
 )
 
 Shape = tuple  # of keys: () for a scalar, (key,) or (key, key) for arrays (see `Span.key`)

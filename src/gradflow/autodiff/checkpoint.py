@@ -73,6 +73,12 @@ def _symbols_read(block) -> set[str]:
     return {str(x) for x in block.free_symbols}
 
 
+def _body_reads(loop: LoopRegion, name: str) -> bool:
+    """Whether a block of `loop`'s body or an interstate edge between them reads the symbol `name`."""
+    return (any(name in _symbols_read(block) for block in loop.nodes())
+            or any(name in map(str, e.data.read_symbols()) for e in loop.edges()))
+
+
 def carried_symbols(loop: LoopRegion) -> list[str]:
     """Symbols the body of `loop` assigns on interstate edges and may read before assigning them in an
     iteration (their value comes from the previous one), or assigns inside a nested region. A step
@@ -96,10 +102,12 @@ def carried_symbols(loop: LoopRegion) -> list[str]:
 
 def unsupported(sdfg: dace.SDFG, loop: LoopRegion) -> str | None:
     """Why the body of `loop` cannot become a checkpointed step (None: it can)."""
-    if loop.loop_variable and counted_loop(loop, assigned_symbols(loop)) is None:
-        # an online step restores no loop variable: only a counted loop's is recomputed from its trip
+    var = loop.loop_variable
+    if var and counted_loop(loop, assigned_symbols(loop)) is None and _body_reads(loop, var):
+        # an online step restores no loop variable (only a counted loop's is recomputed from its trip): a
+        # body that reads it would read a stale value when a step is rerun
         update = loop.update_statement.as_string.strip() if loop.update_statement is not None else "?"
-        return f"its variable '{loop.loop_variable}' does not advance by a constant step ({update})"
+        return f"its body reads its variable '{var}', which does not advance by a counted step ({update})"
     carried = carried_symbols(loop)
     if carried:
         return f"its body carries symbols from one iteration to the next ({', '.join(carried)})"

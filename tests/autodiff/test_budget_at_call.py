@@ -330,9 +330,9 @@ def test_a_loop_stepping_by_an_argument_is_refused_under_a_budget_with_the_rewri
     value, grad = counted(A=A.copy(), K=3, S=np.zeros(1))
     assert value == pytest.approx(plain[0], rel=1e-14)
     np.testing.assert_allclose(grad, plain[1], rtol=1e-13)
+    label = next(r.label for r in strided_by_argument.to_sdfg().all_control_flow_regions()
+                 if getattr(r, "loop_variable", None) == "i")
     with pytest.raises(gradflow.NotDifferentiableError, match="reads its variable 'i', which does not advance by a co"):
-        label = next(r.label for r in strided_by_argument.to_sdfg().all_control_flow_regions()
-                     if getattr(r, "loop_variable", None) == "i")
         gradflow.value_and_grad(strided_by_argument, wrt="A", of="S",
                                 forwarding=Forwarding.checkpoint(2, loops=[label]))(A=A.copy(), K=3, S=np.zeros(1))
 

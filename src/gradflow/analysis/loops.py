@@ -102,6 +102,17 @@ def assigned_symbols(region) -> frozenset[str]:
     return frozenset(_assignment_counts(region))
 
 
+def _step(loop: LoopRegion) -> sympy.Expr | None:
+    """What the update `var = var + step` adds to the loop's variable (simplified), or None when the update
+    is not an assignment of the variable that parses."""
+    var = loop.loop_variable
+    if not var or loop.update_statement is None:
+        return None
+    update = loop.update_statement.as_string.split("=", 1)
+    expr = _parse(update[1]) if len(update) == 2 and update[0].strip() == var else None
+    return None if expr is None else sympy.simplify(expr - symbolic.symbol(var))
+
+
 def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedLoop | None:
     """The counted-loop form of `loop`, or None when it must be treated as a while loop."""
     var = loop.loop_variable
@@ -110,14 +121,12 @@ def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedL
     if var in assigned_in_body:
         return None
     init = loop.init_statement.as_string.split("=", 1)
-    update = loop.update_statement.as_string.split("=", 1)
-    if len(init) != 2 or len(update) != 2 or init[0].strip() != var or update[0].strip() != var:
+    if len(init) != 2 or init[0].strip() != var:
         return None
-    start, step_expr, cond = _parse(init[1]), _parse(update[1]), _parse(loop.loop_condition.as_string)
-    if start is None or step_expr is None or cond is None:
+    start, step, cond = _parse(init[1]), _step(loop), _parse(loop.loop_condition.as_string)
+    if start is None or step is None or cond is None:
         return None
     v = symbolic.symbol(var)
-    step = sympy.simplify(step_expr - v)
     if not step.is_Integer or step == 0 or type(cond) not in _CMP:
         return None
     cmp = _CMP[type(cond)]
@@ -138,15 +147,8 @@ def counted_loop(loop: LoopRegion, assigned_in_body: frozenset[str]) -> CountedL
 def variable_step(loop: LoopRegion) -> str | None:
     """The step of a `for` loop whose variable advances by something other than a constant (`i = i + K`,
     `range(0, N, K)`), as written; None for a loop that steps by a constant or has no variable."""
-    var = loop.loop_variable
-    if not var or loop.update_statement is None:
-        return None
-    update = loop.update_statement.as_string.split("=", 1)
-    expr = _parse(update[1]) if len(update) == 2 and update[0].strip() == var else None
-    if expr is None:
-        return None
-    step = sympy.simplify(expr - symbolic.symbol(var))
-    return None if step.is_Integer else str(step)
+    step = _step(loop)
+    return None if step is None or step.is_Integer else str(step)
 
 
 def upper_bound(expr: sympy.Expr, intervals: Mapping[str, tuple[sympy.Expr, sympy.Expr]],

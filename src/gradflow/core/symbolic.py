@@ -193,10 +193,10 @@ class _ExprReader:
         conn = func.args[0].id
         dtype = self.types.get(conn)
         kind = _number_kind(dtype)
-        if kind == "f" or (kind is None and isinstance(value, sympy.Number)):
+        if kind in ("f", "i", "u"):
+            return stored_as(value, dtype)
+        if kind is None and isinstance(value, sympy.Number):
             return value
-        if kind in ("i", "u"):
-            return Truncate(number_of(value))
         raise self.fail(node, f"a conversion to the type of '{conn}', which is not known to be a number")
 
 

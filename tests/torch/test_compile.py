@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import gradflow.torch as gt
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
 from gradflow.frontend.onnx.errors import UnsupportedOpError
+from gradflow.torch.errors import DroppedOptionError
 from gradflow.torch.export import ExportError, LostParameterError, check_initializers, named_tensors
 from tests.torch.agreement import assert_output_and_gradients_agree
 from tests.torch.zoo import NAMES, fresh, inputs, mlp
@@ -840,3 +841,51 @@ def test_topk_values_pass_their_gradients_to_the_chosen_elements():
     """TopK's values are a gather at the selected indices, so reverse mode differentiates them (the selection
     was one tasklet with loops, refused until 2026-12-05)."""
     _assert_compiled_matches_torch(_TopK().double(), (5, 6), seed=3)
+
+
+class _Lookup(torch.nn.Module):
+    """Token ids -> three scores, through an embedding table with a lookup option."""
+
+    def __init__(self, **option) -> None:
+        super().__init__()
+        self.e = torch.nn.Embedding(10, 4, **option)
+        self.out = torch.nn.Linear(4, 3)
+
+    def forward(self, ids):
+        return self.out(self.e(ids).mean(1))
+
+
+IDS = torch.tensor([[0, 3, 3], [5, 0, 9]])
+
+
+@pytest.mark.parametrize("option, why", [(dict(padding_idx=0), "padding_idx=0, which gives that row no gradient"),
+                                         (dict(scale_grad_by_freq=True), "scale_grad_by_freq=True, which divides")])
+def test_an_embedding_option_the_export_drops_is_refused_where_it_would_change_the_gradient(option, why):
+    # The ONNX export writes the lookup as a plain Gather: torch's gradient of the table differs (row 0 gets
+    # the padded positions' gradient; repeated ids are not scaled down). Found by a model written outside
+    # the project on 2026-12-05, whose table gradient was silently off by 0.19. (The exporter itself refuses
+    # scale_grad_by_freq in training mode; in eval mode, still trained, it writes the plain lookup.)
+    torch.manual_seed(0)
+    net = _Lookup(**option).double()
+    if "scale_grad_by_freq" in option:
+        net.eval()
+    model = gt.compile(copy.deepcopy(net), (IDS,))
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS), net(IDS), **F64)  # forward only: the option changes nothing
+    with pytest.raises(DroppedOptionError, match=rf"_Lookup looks up e\.weight with {why}"):
+        model(IDS)
+    net.e.weight.requires_grad_(False)  # a frozen table: every other gradient is torch's
+    frozen = gt.compile(copy.deepcopy(net), (IDS,))
+    y, want = frozen(IDS), net(IDS)
+    y.square().sum().backward()
+    want.square().sum().backward()
+    torch.testing.assert_close(frozen.original.out.weight.grad, net.out.weight.grad, **F64)
+
+
+def test_an_embedding_with_max_norm_is_refused_and_its_table_left_as_it_was():
+    torch.manual_seed(0)
+    net = _Lookup(max_norm=0.5).double()
+    table = net.e.weight.detach().clone()
+    with pytest.raises(DroppedOptionError, match=r"looks up e\.weight with max_norm=0\.5, which renormalises"):
+        gt.compile(net, (IDS,))
+    assert torch.equal(net.e.weight, table)

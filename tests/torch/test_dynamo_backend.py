@@ -14,6 +14,7 @@ import torch._dynamo
 
 import gradflow.torch as gt
 from gradflow.torch.dynamo import BackendError
+from gradflow.torch.errors import DroppedOptionError
 from tests.torch.zoo import NAMES, fresh, inputs
 
 F64 = dict(rtol=1e-9, atol=1e-9)
@@ -199,3 +200,22 @@ def test_attention_dropout_draws_eager_torchs_masks():
     ref = _SelfAttention().double()
     model = copy.deepcopy(ref)
     _seeded_alike(model, ref, torch.randn(2, 5, 8, dtype=torch.float64), seeds=2)
+
+
+def test_a_trained_embedding_with_a_padding_row_is_refused_naming_the_users_table():
+    # the captured graph holds the table as an input named l_self_modules_table_parameters_weight_; the error
+    # names it as the user's module does
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(10, 4, padding_idx=0)
+
+        def forward(self, ids):
+            return self.table(ids).sum(1)
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 3, 3], [5, 0, 9]])
+    net = Bag().double()
+    run = torch.compile(copy.deepcopy(net), backend="gradflow")
+    with pytest.raises(DroppedOptionError, match=r"torch\.compile captured looks up table\.weight with padding_idx=0"):
+        run(ids)

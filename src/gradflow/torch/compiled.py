@@ -35,7 +35,8 @@ from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
 from gradflow.torch import batch as batching
 from gradflow.torch.dropout import DropoutCall, dropping_calls, record_calls
-from gradflow.torch.export import Exported, ExportError, adopt_model, export_module
+from gradflow.torch.embedding import recorded, refuse
+from gradflow.torch.export import Exported, ExportError, adopt_model, export_module, named_tensors
 
 
 def _option(problem: Callable[[Any], str]):
@@ -189,6 +190,8 @@ class _Program:
         self.differentiable = [p.array for p in self.outputs if p.dtype.kind == "f"]
         self.wrt = [] if needs_grad is None else [a for a, need in zip(lowered.arrays, needs_grad) if need]
         self.options = options
+        trained = {w.onnx_name for w in sig.weights if w.array in self.wrt}
+        refuse(lowered.exported.embedding_options, trained, source)
         #: a byte budget or checkpointing of a batch program is planned per batch size (the sizes it prices)
         self.per_size = plans_at_call(options.forwarding) and lowered.batch is not None
         self.functions: dict[int | None, Any] = {}
@@ -337,8 +340,9 @@ class CompiledModule(torch.nn.Module):
             calls: list[DropoutCall] = []
             counts: list[tuple[str, int]] = []
             with _untouched(module, self.training), torch.no_grad(), record_calls(module, calls), \
-                    _record_counts(module, counts):
+                    _record_counts(module, counts), recorded(named_tensors(module)) as dropped:
                 out = module(*[x.detach() for x in args])
+            refuse(dropped, set(), module)  # before anything is built: an option that changes the forward
             leaves, spec = pytree.tree_flatten(out)
             if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
                 raise InvalidArgumentError(

@@ -28,6 +28,7 @@ What Dynamo gives and how it is taken:
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -65,6 +66,8 @@ class Captured(torch.nn.Module):
     def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any],
                  sizes: Mapping[int, tuple[int, int]] | None = None) -> None:
         super().__init__()
+        # read before the copy, which drops where Dynamo found each input
+        users_names = {n.name: _user_name(n) for n in gm.graph.nodes if n.op == "placeholder"}
         gm = torch.fx.GraphModule(gm, gm.graph.__deepcopy__())  # the rewrite below edits a private copy
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(args):
@@ -74,6 +77,7 @@ class Captured(torch.nn.Module):
         self._adopt_dropouts(gm)
         self._fixed: dict[int, Any] = {}
         self._inputs: list[int] = []
+        self._names: dict[str, str] = {}  # parameter -> its name in the user's module ('e.weight')
         #: integer input -> (tensor input, dimension) whose size it is (`size_inputs`), where `args` agree
         self._sizes = {k: (j, dim) for k, (j, dim) in (sizes or {}).items()
                        if isinstance(args[k], int) and isinstance(args[j], torch.Tensor) and args[j].dim() > dim
@@ -85,6 +89,7 @@ class Captured(torch.nn.Module):
                 self._fixed[k] = arg if not isinstance(arg, torch.Tensor) else None
             elif isinstance(arg, torch.nn.Parameter):
                 self.register_parameter(f"p{k}", arg)
+                self._names[f"p{k}"] = users_names.get(node.name, node.name)
             elif isinstance(arg, torch.Tensor):
                 self._inputs.append(k)
             else:
@@ -157,6 +162,13 @@ class Captured(torch.nn.Module):
             node.replace_all_uses_with(call)
             gm.graph.erase_node(node)
 
+    #: how errors name the module (`gradflow.torch.embedding`)
+    owner = "the graph torch.compile captured"
+
+    def describe_tensor(self, name: str) -> str:
+        """The user's name of the module tensor this module holds as `name`."""
+        return self._names.get(name, name)
+
     def forward(self, *inputs: torch.Tensor) -> Any:
         args: list[Any] = [None] * self._n
         for k, v in self._fixed.items():
@@ -177,6 +189,22 @@ class Captured(torch.nn.Module):
 
     def inputs_of(self, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         return tuple(args[k] for k in self._inputs)
+
+
+def _user_name(node: torch.fx.Node) -> str:
+    """A parameter input's name in the user's module, read from where Dynamo found it
+    (`L['self']._modules['e']._parameters['weight']`) or from the name Dynamo gave the input
+    (`l_self_modules_e_parameters_weight_`): 'e.weight'; else the input's own name."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    keys = re.findall(r"\['([^']*)'\]", str(getattr(source, "name", "") or ""))
+    if len(keys) > 1:
+        return ".".join(keys[1:])
+    path = node.name.removeprefix("l_").split("_modules_")
+    for kind in ("_parameters_", "_buffers_"):
+        if kind in path[-1] and node.name.endswith("_"):
+            module, tensor = path[-1].split(kind, 1)
+            return ".".join([*path[1:-1], *([module] if len(path) > 1 else []), tensor[:-1]])
+    return node.name
 
 
 def size_inputs(gm: torch.fx.GraphModule) -> dict[int, tuple[int, int]]:

@@ -16,3 +16,9 @@ class ExportError(GradflowError):
 class LostParameterError(ExportError):
     """The ONNX model does not hold a parameter or buffer of the module as an initializer of the same name
     and shape (folded, merged, transposed or renamed by the export): training it would train another model."""
+
+
+@attrs.frozen(eq=False)
+class DroppedOptionError(ExportError):
+    """The module uses an option of a torch operation that changes its gradient (or its forward value) but
+    that the ONNX export does not record: compiling it would train another model."""

@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 from gradflow.torch.batch import BATCH, Conversions, traced_conversions
 from gradflow.torch.dropout import DropoutCall, Mask, attention_drops, attention_mask, masks_as_inputs
+from gradflow.torch.embedding import EmbeddingOption, recorded, refuse
 from gradflow.torch.errors import ExportError, LostParameterError
 from gradflow.torch.precision import undo_scalar_downcasts
 
@@ -67,6 +68,8 @@ class Exported:
     mask_inputs: tuple[str | None, ...] = ()
     #: what the trace turned from a traced value into a Python value (when traced with a symbolic batch)
     conversions: Conversions = ()
+    #: options of the forward's embedding lookups that the export dropped (`gradflow.torch.embedding`)
+    embedding_options: tuple[EmbeddingOption, ...] = ()
 
 
 def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str],
@@ -179,13 +182,14 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes:
             varying = ([a for a, b in zip(args, batch) if b]
                        + [e for e, m in zip(examples, masks) if m.cols is not None] if batch is not None else [])
             with _all_buffers_persistent(module), _traceable_attention(), \
-                    traced_conversions(batch is not None, varying) as seen:
+                    traced_conversions(batch is not None, varying) as seen, recorded(named_tensors(module)) as dropped:
                 data = _quiet_export(module, (*args, *examples), input_names + mask_names, output_names, dynamic)
             conversions = tuple(seen)
         except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
             raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
                               "gradflow.torch.compile traces the module with torch.onnx.export(dynamo=False); "
                               "make its forward traceable (tensors in, tensors out)") from exc
+        refuse(dropped, set(), module)  # an option that changes the forward value, trained or not
         model = onnx.load_from_string(data)
         undo_scalar_downcasts(model)
         matched = check_initializers(model, named_tensors(module), type(module).__name__)
@@ -194,7 +198,8 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes:
     outputs = tuple(o.name for o in model.graph.output)
     stats = expose_batch_stats(model, module)
     return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs, matched, stats,
-                    tuple(masks), tuple(n if n in graph_inputs else None for n in mask_names), conversions)
+                    tuple(masks), tuple(n if n in graph_inputs else None for n in mask_names), conversions,
+                    tuple(dict.fromkeys(dropped)))
 
 
 def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int,

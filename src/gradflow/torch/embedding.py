@@ -36,13 +36,14 @@ def recorded(tensors: Mapping[str, torch.Tensor]) -> Iterator[list[EmbeddingOpti
     names: dict[object, str] = {}
     for name, t in tensors.items():  # by the tensor, and by its storage (the renorm is given a detached view)
         names.setdefault(id(t), name)
-        names.setdefault((t.data_ptr(), tuple(map(int, t.shape))), name)
+        if _storage(t) is not None:
+            names.setdefault(_storage(t), name)
     found: list[EmbeddingOption] = []
     lookup, renorm = torch.embedding, torch.embedding_renorm_
 
     def name_of(weight: torch.Tensor) -> str:
-        return names.get(id(weight)) or names.get((weight.data_ptr(), tuple(map(int, weight.shape))),
-                                                       "an embedding table")  # a traced size is a tensor
+        where = _storage(weight)
+        return names.get(id(weight)) or (names.get(where) if where is not None else None) or "an embedding table"
 
     def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
         if padding_idx is not None and padding_idx >= 0:
@@ -61,6 +62,15 @@ def recorded(tensors: Mapping[str, torch.Tensor]) -> Iterator[list[EmbeddingOpti
         yield found
     finally:
         torch.embedding, torch.embedding_renorm_ = lookup, renorm
+
+
+def _storage(t: torch.Tensor) -> tuple | None:
+    """Where a tensor's elements live and its shape (a traced size is a tensor, hence `int`); None for a
+    tensor without storage (an uninitialized parameter)."""
+    try:
+        return t.data_ptr(), tuple(map(int, t.shape))
+    except (RuntimeError, ValueError):
+        return None
 
 
 def refuse(options: Sequence[EmbeddingOption], trained: set[str], module: Any) -> None:

@@ -889,3 +889,25 @@ def test_an_embedding_with_max_norm_is_refused_and_its_table_left_as_it_was():
     with pytest.raises(DroppedOptionError, match=r"looks up e\.weight with max_norm=0\.5, which renormalises"):
         gt.compile(net, (IDS,))
     assert torch.equal(net.e.weight, table)
+
+
+class _ScaledByDetached(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.l(x)
+        return h * h.detach().sum(-1, keepdim=True)
+
+
+def test_a_forward_that_detaches_runs_forward_only_and_is_refused_when_trained():
+    # ONNX has no stop-gradient: the export writes h.detach() as h, and the gradient was off by 0.6, silently
+    torch.manual_seed(0)
+    net = _ScaledByDetached().double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model = gt.compile(copy.deepcopy(net), (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), net(x), **F64)
+    with pytest.raises(DroppedOptionError, match=r"_ScaledByDetached detaches a tensor in its forward \(.*test_comp"):
+        model(x)

@@ -219,3 +219,14 @@ def test_a_trained_embedding_with_a_padding_row_is_refused_naming_the_users_tabl
     run = torch.compile(copy.deepcopy(net), backend="gradflow")
     with pytest.raises(DroppedOptionError, match=r"torch\.compile captured looks up table\.weight with padding_idx=0"):
         run(ids)
+
+
+def test_a_detach_in_a_trained_graph_is_refused():
+    def scaled(w, x):
+        h = x @ w
+        return h * h.detach().sum(-1, keepdim=True)
+
+    run = torch.compile(scaled, backend="gradflow")
+    w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(DroppedOptionError, match="torch.compile captured detaches a tensor in its forward: torch"):
+        run(w, torch.randn(3, 4, dtype=torch.float64))

@@ -34,8 +34,10 @@ from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
 from gradflow.torch import batch as batching
+from gradflow.torch import stops
 from gradflow.torch.dropout import DropoutCall, dropping_calls, record_calls
 from gradflow.torch.embedding import recorded, refuse
+from gradflow.torch.errors import DroppedOptionError
 from gradflow.torch.export import Exported, ExportError, adopt_model, export_module, named_tensors
 
 
@@ -340,7 +342,8 @@ class CompiledModule(torch.nn.Module):
             calls: list[DropoutCall] = []
             counts: list[tuple[str, int]] = []
             with _untouched(module, self.training), torch.no_grad(), record_calls(module, calls), \
-                    _record_counts(module, counts), recorded(named_tensors(module)) as dropped:
+                    _record_counts(module, counts), recorded(named_tensors(module)) as dropped, \
+                    stops.recorded() as detaches:
                 out = module(*[x.detach() for x in args])
             refuse(dropped, set(), module)  # before anything is built: an option that changes the forward
             leaves, spec = pytree.tree_flatten(out)
@@ -349,7 +352,7 @@ class CompiledModule(torch.nn.Module):
                     f"{type(module).__name__}'s forward returns {describe(out)}; gradflow.torch.compile needs "
                     "tensors (or tuples, lists, dicts of tensors)")
             found = self._gf_traced[key] = _Traced(spec, tuple(tuple(t.shape) for t in leaves), tuple(calls),
-                                                   tuple(counts))
+                                                   tuple(counts), tuple(detaches))
         return found
 
     def _sites(self, traced: _Traced) -> tuple[DropoutCall, ...]:
@@ -467,6 +470,16 @@ class CompiledModule(torch.nn.Module):
     def _program(self, args: Sequence[torch.Tensor]) -> tuple[_Program, _Call]:
         call = self._call(self._modes(), args, _shapes(args))
         needs = call.lowered.needs_grad(args)
+        if needs is not None and call.traced.detaches:
+            owner = getattr(self._gf_source, "owner", type(self._gf_source).__name__)
+            where = call.traced.detaches[0]
+            where = "" if where.startswith("<") else f" ({where})"  # code Dynamo generated has no file
+            raise DroppedOptionError(
+                f"{owner} detaches a tensor in its forward{where}: torch stops the gradient there, but ONNX has "
+                "no such stop and the export gradflow.torch.compile traces writes the value straight through, "
+                "so training through gradflow would give another gradient",
+                "compute the detached value outside the compiled module and pass it in as an input that does "
+                "not require grad; a call under torch.no_grad() runs as it is")
         key = (id(call.lowered), needs)
         program = self._gf_programs.get(key)
         if program is None:
@@ -512,6 +525,7 @@ class _Traced:
     shapes: tuple[tuple[int, ...], ...]
     dropouts: tuple[DropoutCall, ...]
     counts: tuple[tuple[str, int], ...] = ()
+    detaches: tuple[str, ...] = ()  # where the model's code called `detach` (`gradflow.torch.stops`)
 
     def counts_for(self, modules: Sequence[str]) -> list[int]:
         """The values per channel of the BatchNorm calls of `modules` (a module per call, in call order)."""

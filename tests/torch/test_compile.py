@@ -911,3 +911,34 @@ def test_a_forward_that_detaches_runs_forward_only_and_is_refused_when_trained()
         torch.testing.assert_close(model(x), net(x), **F64)
     with pytest.raises(DroppedOptionError, match=r"_ScaledByDetached detaches a tensor in its forward \(.*test_comp"):
         model(x)
+
+
+class _StraightThroughRelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clamp(min=0.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _StraightThrough(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _StraightThroughRelu.apply(self.l(x)) * 2.0
+
+
+def test_an_autograd_function_with_its_own_backward_is_refused_when_trained():
+    # the export keeps the forward (clamp) and drops the backward (identity): the gradient was off by 4.2
+    torch.manual_seed(0)
+    net = _StraightThrough().double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model = gt.compile(copy.deepcopy(net), (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), net(x), **F64)
+    with pytest.raises(DroppedOptionError, match="applies _StraightThroughRelu, an autograd.Function with its own"):
+        model(x)

@@ -230,3 +230,20 @@ def test_a_detach_in_a_trained_graph_is_refused():
     w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
     with pytest.raises(DroppedOptionError, match="torch.compile captured detaches a tensor in its forward: torch"):
         run(w, torch.randn(3, 4, dtype=torch.float64))
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clamp(min=0.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_an_autograd_function_in_a_trained_graph_is_refused():
+    run = torch.compile(lambda w, x: _Identity.apply(x @ w) * 2.0, backend="gradflow")
+    w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(DroppedOptionError, match="captured applies an autograd.Function with its own backward"):
+        run(w, torch.randn(3, 4, dtype=torch.float64))

@@ -472,14 +472,20 @@ class CompiledModule(torch.nn.Module):
         needs = call.lowered.needs_grad(args)
         if needs is not None and call.traced.detaches:
             owner = getattr(self._gf_source, "owner", type(self._gf_source).__name__)
-            where = call.traced.detaches[0]
-            where = "" if where.startswith("<") else f" ({where})"  # code Dynamo generated has no file
+            what = call.traced.detaches[0]
+            if what.startswith("detach"):
+                where = what[len("detach at "):] if what.startswith("detach at ") else ""
+                raise DroppedOptionError(
+                    f"{owner} detaches a tensor in its forward{f' ({where})' if where else ''}: torch stops the "
+                    "gradient there, but ONNX has no such stop and the export gradflow.torch.compile traces "
+                    "writes the value straight through, so training through gradflow would give another gradient",
+                    "compute the detached value outside the compiled module and pass it in as an input that "
+                    "does not require grad; a call under torch.no_grad() runs as it is")
             raise DroppedOptionError(
-                f"{owner} detaches a tensor in its forward{where}: torch stops the gradient there, but ONNX has "
-                "no such stop and the export gradflow.torch.compile traces writes the value straight through, "
-                "so training through gradflow would give another gradient",
-                "compute the detached value outside the compiled module and pass it in as an input that does "
-                "not require grad; a call under torch.no_grad() runs as it is")
+                f"{owner} applies {what} with its own backward: the export gradflow.torch.compile traces keeps "
+                "its forward only, so training through gradflow would differentiate that forward instead",
+                "write the function with torch operations whose own gradient is the one wanted, or call it "
+                "outside the compiled module; a call under torch.no_grad() runs as it is")
         key = (id(call.lowered), needs)
         program = self._gf_programs.get(key)
         if program is None:
@@ -525,7 +531,8 @@ class _Traced:
     shapes: tuple[tuple[int, ...], ...]
     dropouts: tuple[DropoutCall, ...]
     counts: tuple[tuple[str, int], ...] = ()
-    detaches: tuple[str, ...] = ()  # where the model's code called `detach` (`gradflow.torch.stops`)
+    #: what the model's code did that stops or replaces torch's gradient (`gradflow.torch.stops.recorded`)
+    detaches: tuple[str, ...] = ()
 
     def counts_for(self, modules: Sequence[str]) -> list[int]:
         """The values per channel of the BatchNorm calls of `modules` (a module per call, in call order)."""

@@ -6,6 +6,11 @@ model written outside the project on 2026-12-05: `h * h.detach().sum(-1, keepdim
 gradient off by 0.6). `recorded` notes the detaches the user's own code makes during the compiled module's
 eager trace (calls from torch's and gradflow's own modules are theirs, not the model's); a program that
 trains is then refused (`compiled._Program`), while forward-only calls, which a detach does not change, run.
+
+A user-defined `torch.autograd.Function` is the same kind of loss: the export traces its forward, its
+backward is lost, and gradflow differentiates the forward instead (a straight-through ReLU, forward
+`clamp(min=0)` and backward the identity: gradient off by 4.2). Its applications are recorded too, in
+eager code (`Function.apply`) and in a graph Dynamo captured (its `autograd_function_apply` operator).
 """
 
 from __future__ import annotations
@@ -24,16 +29,37 @@ def _users(frame: Any) -> bool:
     return not any(module == p or module.startswith(p + ".") for p in ("torch", "gradflow"))
 
 
+def _custom(fn: type) -> bool:
+    """Whether an `autograd.Function` subclass is the model's (not one of torch's or gradflow's own)."""
+    module = str(getattr(fn, "__module__", ""))
+    return not any(module == p or module.startswith(p + ".") for p in ("torch", "gradflow"))
+
+
 @contextlib.contextmanager
 def recorded() -> Iterator[list[str]]:
-    """While active, where the model's code calls `detach` (`file:line`), in call order."""
+    """While active, what the model's code does that stops or replaces torch's gradient, in call order:
+    `detach at file:line` (`detach` in code Dynamo generated), or `Name, an autograd.Function` (one with its
+    own backward; `an autograd.Function` where a Dynamo graph hides its name)."""
     found: list[str] = []
     method, function = torch.Tensor.detach, torch.detach
+    apply = torch.autograd.Function.__dict__["apply"]
+    hop = type(torch.ops.higher_order.autograd_function_apply)
+    hop_call = hop.__call__
 
     def note() -> None:
         frame = sys._getframe(2)
         if _users(frame):
-            found.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+            found.append(f"detach at {frame.f_code.co_filename}:{frame.f_lineno}"
+                         if not frame.f_code.co_filename.startswith("<") else "detach")
+
+    def apply_noted(cls, *args, **kwargs):
+        if _custom(cls):
+            found.append(f"{cls.__qualname__}, an autograd.Function")
+        return apply.__func__(cls, *args, **kwargs)
+
+    def hop_noted(self, *args, **kwargs):
+        found.append("an autograd.Function")
+        return hop_call(self, *args, **kwargs)
 
     def detach_method(self, *args, **kwargs):
         note()
@@ -44,7 +70,11 @@ def recorded() -> Iterator[list[str]]:
         return function(x, *args, **kwargs)
 
     torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
+    torch.autograd.Function.apply = classmethod(apply_noted)  # type: ignore[method-assign, assignment]
+    hop.__call__ = hop_noted  # type: ignore[method-assign]
     try:
         yield found
     finally:
         torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
+        torch.autograd.Function.apply = apply  # type: ignore[method-assign]
+        hop.__call__ = hop_call  # type: ignore[method-assign]

@@ -942,3 +942,30 @@ def test_an_autograd_function_with_its_own_backward_is_refused_when_trained():
         torch.testing.assert_close(model(x), net(x), **F64)
     with pytest.raises(DroppedOptionError, match="applies _StraightThroughRelu, an autograd.Function with its own"):
         model(x)
+
+
+class _ScaledByData(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.l(x)
+        return h * h.data.sum(-1, keepdim=True)
+
+
+def test_a_forward_that_reads_data_is_refused_and_one_that_detaches_in_place_is_refused_when_trained():
+    # .data left the trace: its value at the example became a constant (output off by 2.2 for other inputs)
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(DroppedOptionError, match=r"_ScaledByData reads a tensor's \.data in its forward \(.*test_"):
+        gt.compile(_ScaledByData().double(), (x,))
+    model = gt.compile(_ScaledByDetachedInPlace().double(), (x,))
+    with pytest.raises(DroppedOptionError, match="_ScaledByDetachedInPlace detaches a tensor in its forward"):
+        model(x)
+
+
+class _ScaledByDetachedInPlace(_ScaledByDetached):
+    def forward(self, x):
+        h = self.l(x)
+        return h * h.clone().detach_().sum(-1, keepdim=True)

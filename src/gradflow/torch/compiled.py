@@ -346,6 +346,16 @@ class CompiledModule(torch.nn.Module):
                     stops.recorded() as detaches:
                 out = module(*[x.detach() for x in args])
             refuse(dropped, set(), module)  # before anything is built: an option that changes the forward
+            read = next((d for d in detaches if d.startswith("data")), None)
+            if read is not None:
+                owner = getattr(module, "owner", type(module).__name__)
+                where = read[len("data at "):] if read.startswith("data at ") else ""
+                raise DroppedOptionError(
+                    f"{owner} reads a tensor's .data in its forward{f' ({where})' if where else ''}: the export "
+                    "gradflow.torch.compile traces records its value at the example as a constant, so the "
+                    "compiled module would compute with the example's values at every later call",
+                    "use .detach() for a value without gradient (its training is refused for the same reason, "
+                    "but forward-only calls run), or compute it outside the module and pass it in")
             leaves, spec = pytree.tree_flatten(out)
             if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
                 raise InvalidArgumentError(

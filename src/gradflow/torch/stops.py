@@ -11,6 +11,10 @@ A user-defined `torch.autograd.Function` is the same kind of loss: the export tr
 backward is lost, and gradflow differentiates the forward instead (a straight-through ReLU, forward
 `clamp(min=0)` and backward the identity: gradient off by 4.2). Its applications are recorded too, in
 eager code (`Function.apply`) and in a graph Dynamo captured (its `autograd_function_apply` operator).
+
+`h.data` is worse: the trace records its value as a constant, so the compiled module computes with the
+example's values at every later call (an output off by 2.2 for other inputs). Reading it in forward is
+refused whatever the call (`data at file:line`); `detach_()` counts as a detach.
 """
 
 from __future__ import annotations
@@ -38,19 +42,33 @@ def _custom(fn: type) -> bool:
 @contextlib.contextmanager
 def recorded() -> Iterator[list[str]]:
     """While active, what the model's code does that stops or replaces torch's gradient, in call order:
-    `detach at file:line` (`detach` in code Dynamo generated), or `Name, an autograd.Function` (one with its
-    own backward; `an autograd.Function` where a Dynamo graph hides its name)."""
+    `detach at file:line` (`detach` in code Dynamo generated), `data at file:line`, or `Name, an
+    autograd.Function` (one with its own backward; `an autograd.Function` where a Dynamo graph hides its
+    name)."""
     found: list[str] = []
     method, function = torch.Tensor.detach, torch.detach
     apply = torch.autograd.Function.__dict__["apply"]
     hop = type(torch.ops.higher_order.autograd_function_apply)
     hop_call = hop.__call__
+    detach_ = torch.Tensor.detach_
+    data = torch._C.TensorBase.__dict__["data"]
 
-    def note() -> None:
-        frame = sys._getframe(2)
+    def note(what: str = "detach") -> None:
+        frame = sys._getframe(2)  # note <- the patched method <- its caller
         if _users(frame):
-            found.append(f"detach at {frame.f_code.co_filename}:{frame.f_lineno}"
-                         if not frame.f_code.co_filename.startswith("<") else "detach")
+            found.append(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}"
+                         if not frame.f_code.co_filename.startswith("<") else what)
+
+    def detach_in_place(self, *args, **kwargs):
+        note()
+        return detach_(self, *args, **kwargs)
+
+    def data_read(self):
+        note("data")
+        return data.__get__(self)
+
+    def data_write(self, value):
+        data.__set__(self, value)
 
     def apply_noted(cls, *args, **kwargs):
         if _custom(cls):
@@ -70,11 +88,15 @@ def recorded() -> Iterator[list[str]]:
         return function(x, *args, **kwargs)
 
     torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
+    torch.Tensor.detach_ = detach_in_place  # type: ignore[method-assign]
+    torch.Tensor.data = property(data_read, data_write)  # type: ignore[assignment, method-assign]
     torch.autograd.Function.apply = classmethod(apply_noted)  # type: ignore[method-assign, assignment]
     hop.__call__ = hop_noted  # type: ignore[method-assign]
     try:
         yield found
     finally:
         torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
+        torch.Tensor.detach_ = detach_  # type: ignore[method-assign]
+        del torch.Tensor.data  # TensorBase's own descriptor again
         torch.autograd.Function.apply = apply  # type: ignore[method-assign]
         hop.__call__ = hop_call  # type: ignore[method-assign]

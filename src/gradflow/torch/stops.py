@@ -1,4 +1,5 @@
-"""`Tensor.detach()` in a module's forward, which the ONNX export drops.
+"""What the ONNX export of a module's forward drops without a word: detaches, `.data`, the backward of an
+`autograd.Function`.
 
 torch stops the gradient at a detach; ONNX has no such stop, so the exported graph carries the value
 straight through and gradflow would differentiate through it: a different gradient, silently (found by a
@@ -26,17 +27,20 @@ from typing import Any, Iterator
 import torch
 
 
-def _users(frame: Any) -> bool:
-    """Whether `frame` runs the model's code: not torch's, not gradflow's (an FX graph Dynamo captured from
-    the model counts as the model's)."""
-    module = str(frame.f_globals.get("__name__", ""))
+def _models(module: str) -> bool:
+    """Whether code of the module named `module` is the model's: not torch's, not gradflow's (an FX graph
+    Dynamo captured from the model counts as the model's)."""
     return not any(module == p or module.startswith(p + ".") for p in ("torch", "gradflow"))
+
+
+def _users(frame: Any) -> bool:
+    """Whether `frame` runs the model's code."""
+    return _models(str(frame.f_globals.get("__name__", "")))
 
 
 def _custom(fn: type) -> bool:
-    """Whether an `autograd.Function` subclass is the model's (not one of torch's or gradflow's own)."""
-    module = str(getattr(fn, "__module__", ""))
-    return not any(module == p or module.startswith(p + ".") for p in ("torch", "gradflow"))
+    """Whether an `autograd.Function` subclass is the model's."""
+    return _models(str(getattr(fn, "__module__", "")))
 
 
 @contextlib.contextmanager

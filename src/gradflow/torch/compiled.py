@@ -37,7 +37,6 @@ from gradflow.torch import batch as batching
 from gradflow.torch import stops
 from gradflow.torch.dropout import DropoutCall, dropping_calls, record_calls
 from gradflow.torch.embedding import recorded, refuse
-from gradflow.torch.errors import DroppedOptionError
 from gradflow.torch.export import Exported, ExportError, adopt_model, export_module, named_tensors
 
 
@@ -346,16 +345,7 @@ class CompiledModule(torch.nn.Module):
                     stops.recorded() as detaches:
                 out = module(*[x.detach() for x in args])
             refuse(dropped, set(), module)  # before anything is built: an option that changes the forward
-            read = next((d for d in detaches if d.startswith("data")), None)
-            if read is not None:
-                owner = getattr(module, "owner", type(module).__name__)
-                where = read[len("data at "):] if read.startswith("data at ") else ""
-                raise DroppedOptionError(
-                    f"{owner} reads a tensor's .data in its forward{f' ({where})' if where else ''}: the export "
-                    "gradflow.torch.compile traces records its value at the example as a constant, so the "
-                    "compiled module would compute with the example's values at every later call",
-                    "use .detach() for a value without gradient (its training is refused for the same reason, "
-                    "but forward-only calls run), or compute it outside the module and pass it in")
+            stops.refuse(detaches, module, training=False)  # a .data read: the forward itself differs
             leaves, spec = pytree.tree_flatten(out)
             if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
                 raise InvalidArgumentError(
@@ -480,22 +470,8 @@ class CompiledModule(torch.nn.Module):
     def _program(self, args: Sequence[torch.Tensor]) -> tuple[_Program, _Call]:
         call = self._call(self._modes(), args, _shapes(args))
         needs = call.lowered.needs_grad(args)
-        if needs is not None and call.traced.detaches:
-            owner = getattr(self._gf_source, "owner", type(self._gf_source).__name__)
-            what = call.traced.detaches[0]
-            if what.startswith("detach"):
-                where = what[len("detach at "):] if what.startswith("detach at ") else ""
-                raise DroppedOptionError(
-                    f"{owner} detaches a tensor in its forward{f' ({where})' if where else ''}: torch stops the "
-                    "gradient there, but ONNX has no such stop and the export gradflow.torch.compile traces "
-                    "writes the value straight through, so training through gradflow would give another gradient",
-                    "compute the detached value outside the compiled module and pass it in as an input that "
-                    "does not require grad; a call under torch.no_grad() runs as it is")
-            raise DroppedOptionError(
-                f"{owner} applies {what} with its own backward: the export gradflow.torch.compile traces keeps "
-                "its forward only, so training through gradflow would differentiate that forward instead",
-                "write the function with torch operations whose own gradient is the one wanted, or call it "
-                "outside the compiled module; a call under torch.no_grad() runs as it is")
+        if needs is not None:
+            stops.refuse(call.traced.detaches, self._gf_source, training=True)
         key = (id(call.lowered), needs)
         program = self._gf_programs.get(key)
         if program is None:

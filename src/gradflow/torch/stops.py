@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
+
+from gradflow.torch.errors import DroppedOptionError
 
 
 def _models(module: str) -> bool:
@@ -104,3 +106,34 @@ def recorded() -> Iterator[list[str]]:
         del torch.Tensor.data  # TensorBase's own descriptor again
         torch.autograd.Function.apply = apply  # type: ignore[method-assign]
         hop.__call__ = hop_call  # type: ignore[method-assign]
+
+
+def refuse(found: Sequence[str], module: Any, training: bool) -> None:
+    """Raise for the first of `found` (what `recorded` noted) that changes this call's result: a `.data` read
+    always, a detach or an `autograd.Function` when the call trains. The error names `module` as the user
+    knows it (a Dynamo graph's `owner`)."""
+    owner = getattr(module, "owner", type(module).__name__)
+    for what in found:
+        kind, _, where = what.partition(" at ")
+        at = f" ({where})" if where else ""
+        if kind == "data":
+            raise DroppedOptionError(
+                f"{owner} reads a tensor's .data in its forward{at}: the export gradflow.torch.compile traces "
+                "records its value at the example as a constant, so the compiled module would compute with the "
+                "example's values at every later call",
+                "use .detach() for a value without gradient (its training is refused for the same reason, but "
+                "forward-only calls run), or compute it outside the module and pass it in")
+        if not training:
+            continue
+        if kind == "detach":
+            raise DroppedOptionError(
+                f"{owner} detaches a tensor in its forward{at}: torch stops the gradient there, but ONNX has no "
+                "such stop and the export gradflow.torch.compile traces writes the value straight through, so "
+                "training through gradflow would give another gradient",
+                "compute the detached value outside the compiled module and pass it in as an input that does not "
+                "require grad; a call under torch.no_grad() runs as it is")
+        raise DroppedOptionError(
+            f"{owner} applies {what} with its own backward: the export gradflow.torch.compile traces keeps its "
+            "forward only, so training through gradflow would differentiate that forward instead",
+            "write the function with torch operations whose own gradient is the one wanted, or call it outside "
+            "the compiled module; a call under torch.no_grad() runs as it is")

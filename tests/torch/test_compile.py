@@ -24,7 +24,7 @@ from gradflow.frontend.onnx.errors import UnsupportedOpError
 from gradflow.torch.errors import DroppedOptionError
 from gradflow.torch.export import ExportError, LostParameterError, check_initializers, named_tensors
 from tests.torch.agreement import assert_output_and_gradients_agree
-from tests.torch.zoo import NAMES, fresh, inputs, mlp
+from tests.torch.zoo import NAMES, StraightThroughRelu, fresh, inputs, mlp
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -913,23 +913,13 @@ def test_a_forward_that_detaches_runs_forward_only_and_is_refused_when_trained()
         model(x)
 
 
-class _StraightThroughRelu(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clamp(min=0.0)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
 class _StraightThrough(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.l = torch.nn.Linear(4, 4)
 
     def forward(self, x):
-        return _StraightThroughRelu.apply(self.l(x)) * 2.0
+        return StraightThroughRelu.apply(self.l(x)) * 2.0
 
 
 def test_an_autograd_function_with_its_own_backward_is_refused_when_trained():
@@ -940,7 +930,7 @@ def test_an_autograd_function_with_its_own_backward_is_refused_when_trained():
     model = gt.compile(copy.deepcopy(net), (x,))
     with torch.no_grad():
         torch.testing.assert_close(model(x), net(x), **F64)
-    with pytest.raises(DroppedOptionError, match="applies _StraightThroughRelu, an autograd.Function with its own"):
+    with pytest.raises(DroppedOptionError, match="applies StraightThroughRelu, an autograd.Function with its own"):
         model(x)
 
 

@@ -15,7 +15,7 @@ import torch._dynamo
 import gradflow.torch as gt
 from gradflow.torch.dynamo import BackendError
 from gradflow.torch.errors import DroppedOptionError
-from tests.torch.zoo import NAMES, fresh, inputs
+from tests.torch.zoo import NAMES, StraightThroughRelu, fresh, inputs
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 
@@ -232,18 +232,8 @@ def test_a_detach_in_a_trained_graph_is_refused():
         run(w, torch.randn(3, 4, dtype=torch.float64))
 
 
-class _Identity(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clamp(min=0.0)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
 def test_an_autograd_function_in_a_trained_graph_is_refused():
-    run = torch.compile(lambda w, x: _Identity.apply(x @ w) * 2.0, backend="gradflow")
+    run = torch.compile(lambda w, x: StraightThroughRelu.apply(x @ w) * 2.0, backend="gradflow")
     w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
     with pytest.raises(DroppedOptionError, match="captured applies an autograd.Function with its own backward"):
         run(w, torch.randn(3, 4, dtype=torch.float64))

@@ -135,3 +135,15 @@ def inputs(name: str, dtype=torch.float64, seed: int = 1) -> tuple[torch.Tensor,
     gen = torch.Generator().manual_seed(seed)
     return tuple(torch.randint(0, 7, shape[1:], generator=gen) if shape[0] == TOKENS else
                  torch.randn(*shape, generator=gen, dtype=dtype) for shape in MODELS[name][1])
+
+
+class StraightThroughRelu(torch.autograd.Function):
+    """ReLU forward, identity backward: a backward the ONNX export drops (refused when trained)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clamp(min=0.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g

@@ -33,6 +33,7 @@ from gradflow.autodiff.passes import ad_pipeline
 
 import gradflow.onnx  # noqa: E402,F401  - `gradflow.onnx.load`; registers the `onnx_lower` pass
 import gradflow.frontend.numpy_prod  # noqa: E402,F401  - `np.prod` in DaCe programs (a product Reduce)
+from gradflow.frontend.stop_gradient import stop_gradient  # noqa: E402  - registers it for DaCe programs
 import gradflow.transforms.internal_names  # noqa: E402,F401  - registers its pass (imported lazily elsewhere)
 import gradflow.gpu  # noqa: E402,F401  - `gradflow.gpu.OPTIMIZE_GPU`; registers the `to_gpu` pass
 
@@ -42,7 +43,7 @@ ignore_tape_pushes()  # DaCe's warning about the first tape push of a loop (see 
 
 __all__ = [
     "grad", "vjp", "value_and_grad", "VJPResult", "ad_pipeline", "jvp", "value_and_jvp", "hvp", "grad_and_hvp",
-    "hessian",
+    "hessian", "stop_gradient",
     "jacfwd", "jacrev",
     "Forwarding", "STORE_ALL", "RECOMPUTE_ALL", "recompute",
     "ArgumentError", "CacheWarning", "CompilationError", "GradflowError", "Graph", "InvalidArgumentError",

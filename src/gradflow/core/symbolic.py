@@ -20,6 +20,8 @@ from sympy.codegen.cfunctions import expm1, log1p
 from gradflow.core.elementwise import ElementwiseTable, elementwise_table
 from gradflow.core.errors import NotDifferentiableError
 from gradflow.core.steps import STEP_FUNCTIONS, FloorDiv, Step
+from gradflow.core.stop_gradient import SPELLING as STOP_SPELLING
+from gradflow.core.stop_gradient import StopGradient
 
 #: Calls that only change the numeric type; differentiation sees through them.
 CASTS = frozenset(
@@ -171,6 +173,8 @@ class _ExprReader:
                 return args[0]
             if name in INTEGER_CASTS and len(args) == 1:
                 return Truncate(number_of(args[0]))
+            if name == STOP_SPELLING and len(args) == 1:
+                return StopGradient(args[0])
             entry = self.table.by_spelling.get(name or "")
             if entry is None:
                 raise self.fail(node, f"function '{name}' is not in rules/elementwise.toml")
@@ -567,7 +571,7 @@ class _Printer:
         sympy.sinh: "sinh", sympy.cosh: "cosh", sympy.tanh: "tanh", sympy.asin: "asin", sympy.acos: "acos",
         sympy.atan: "atan", sympy.atan2: "atan2", sympy.asinh: "asinh", sympy.acosh: "acosh", sympy.atanh: "atanh",
         sympy.Abs: "abs", sympy.sign: "sign", sympy.erf: "erf", log1p: "log1p",
-        expm1: "expm1", **{f: f.c_name for f in STEP_FUNCTIONS.values()},
+        expm1: "expm1", **{f: f.c_name for f in STEP_FUNCTIONS.values()}, StopGradient: STOP_SPELLING,
     }
     #: functions DaCe's `math.` spelling compiles to its type-generic overloads (`dace::math::exp`)
     MATH = frozenset({"exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "erf",

@@ -47,7 +47,7 @@ from dace.sdfg import infer_types
 from dace.sdfg import nodes as nd
 from dace.transformation.passes.insert_explicit_copies import InsertExplicitCopies
 
-from gradflow.core import progress
+from gradflow.core import progress, stop_gradient
 from gradflow.core.dace_warnings import ignore_tape_pushes
 from gradflow.core.errors import CacheWarning, CompilationError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, fingerprint
@@ -385,6 +385,7 @@ def prepared_for_code_generation(sdfg: dace.SDFG) -> Iterator[None]:
         else:
             args = " ".join((dace.Config.get("compiler", "cuda", "args"), *cuda_flags()))
             contexts.enter_context(dace.config.set_temporary("compiler", "cuda", "args", value=args))
+        contexts.enter_context(stop_gradient.defined(sdfg))
         _as_code_generation_sees_it(sdfg)  # inside the contexts: they choose the expansions
         serialized = races.serialize_racing_sums(sdfg)  # DaCe's own check lets some parallel sums race
         if serialized:

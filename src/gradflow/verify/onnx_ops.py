@@ -59,8 +59,45 @@ def _split_then_pick(split: list[int] | int | None, axis: int, keepdims: int, po
     return build
 
 
+def _stopped(shape: tuple[int, ...], elem: int) -> Callable[[], tuple[Any, list[np.ndarray]]]:
+    """A model `y = x * StopGradient(x * x)` (gradflow's own domain; its gradient is checked in
+    `tests/autodiff/test_stop_gradient.py`)."""
+
+    def build():
+        from onnx import helper
+
+        nodes = [helper.make_node("Mul", ["x", "x"], ["xx"]),
+                 helper.make_node("StopGradient", ["xx"], ["s"], domain="gradflow"),
+                 helper.make_node("Mul", ["x", "s"], ["y"])]
+        graph = helper.make_graph(nodes, "stopped", [helper.make_tensor_value_info("x", elem, shape)],
+                                  [helper.make_tensor_value_info("y", elem, shape)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                        helper.make_opsetid("gradflow", 1)])
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        return model, [np.random.default_rng(0).standard_normal(shape).astype(dtype)]
+
+    return build
+
+
+def _reference_ops() -> list[type]:
+    """onnx.reference implementations of gradflow's own ops (the value: a stop is the identity)."""
+    from onnx.reference.op_run import OpRun
+
+    class StopGradient(OpRun):
+        op_domain = "gradflow"
+
+        def _run(self, x):  # noqa: D102
+            return (x,)
+
+    return [StopGradient]
+
+
 #: op type -> written cases, for op types without backend node tests (or whose tests gradflow cannot run).
 WRITTEN: dict[str, tuple[WrittenCase, ...]] = {
+    "StopGradient": (
+        WrittenCase("written_stop_gradient_float", "StopGradient", _stopped((3, 4), 1)),
+        WrittenCase("written_stop_gradient_double", "StopGradient", _stopped((5,), 11), rtol=1e-13, atol=1e-14),
+    ),
     "SplitToSequence": (
         WrittenCase("written_split_to_sequence_chunks", "SplitToSequence", _split_then_pick(2, 1, 1, [0, -1], (3, 5))),
         WrittenCase("written_split_to_sequence_sizes", "SplitToSequence",
@@ -127,7 +164,8 @@ def _check_written(case: WrittenCase) -> float:
     from gradflow.verify.compare import agree
 
     model, inputs = case.build()
-    expected = ReferenceEvaluator(model).run(None, {i.name: v for i, v in zip(model.graph.input, inputs)})
+    expected = ReferenceEvaluator(model, new_ops=_reference_ops()).run(
+        None, {i.name: v for i, v in zip(model.graph.input, inputs)})
     got = load(model)(*inputs)
     worst = 0.0
     for k, (g, w) in enumerate(zip(got, expected)):

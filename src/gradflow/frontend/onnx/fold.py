@@ -19,10 +19,11 @@ from onnx.reference import ReferenceEvaluator
 
 from gradflow.frontend.onnx.table import Node, as_int_list
 
-#: Ops never folded: random ops, and ops with subgraphs.
+#: Ops never folded: random ops, ops with subgraphs, and gradflow's own (the reference evaluator lacks them;
+#: their rules fold known values themselves).
 NO_FOLD = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-     "If", "Loop", "Scan", "Dropout"}
+     "If", "Loop", "Scan", "Dropout", "StopGradient"}
 )
 
 #: Folding a node whose output would be larger than this is left to the lowering (no huge constants).

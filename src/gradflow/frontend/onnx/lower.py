@@ -48,7 +48,7 @@ from gradflow.frontend.onnx.model import OnnxModel
 from gradflow.frontend.onnx.naming import Namer
 from gradflow.frontend.onnx.rules import default_table
 from gradflow.frontend.onnx.spec import check_attributes
-from gradflow.frontend.onnx.table import Node, opset_range, select_rule
+from gradflow.frontend.onnx.table import GRADFLOW_OPS, Node, opset_range, select_rule
 
 
 @attrs.frozen(eq=False)
@@ -121,7 +121,7 @@ def _lower_model(model: OnnxModel, table: RuleTable, max_bytes: int) -> tuple[da
     namer = Namer()
     lw = Lowering(graph.name or "model", model.opset, namer, max_bytes)
     for sub in graph.node:
-        if sub.domain not in ("", "ai.onnx"):
+        if sub.domain not in ("", "ai.onnx") and (sub.domain, sub.op_type) not in GRADFLOW_OPS:
             raise UnsupportedOpError.build(sub.op_type, sub.name or sub.op_type, sub.domain, _opset_of(proto, sub.domain))
 
     inits = {t.name: t for t in graph.initializer}

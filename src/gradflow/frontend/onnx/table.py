@@ -66,6 +66,12 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     return v
 
 
+#: gradflow's own ONNX domain, and the ops a model may use from it: `StopGradient` (x, with no gradient:
+#: torch's detach, which ONNX lacks; `gradflow.torch` exports a model's detaches as it)
+GRADFLOW_DOMAIN = "gradflow"
+GRADFLOW_OPS = frozenset({(GRADFLOW_DOMAIN, "StopGradient")})
+
+
 @attrs.frozen
 class Node:
     """A read-only view of one ONNX node: op, generated safe label, inputs/outputs ('' = absent), attributes."""

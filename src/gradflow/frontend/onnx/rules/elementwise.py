@@ -12,12 +12,14 @@ import numpy as np
 import sympy
 
 from gradflow.core.elementwise import ElementwiseEntry, elementwise_table
+from gradflow.core.stop_gradient import SPELLING as STOP_SPELLING
+from gradflow.core.stop_gradient import with_definition
 from gradflow.core.symbolic import print_code, print_code_single
 from gradflow.frontend.onnx.builder import (
     Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, params, storage_dtype,
 )
 from gradflow.frontend.onnx.dtypes import elem_dtype
-from gradflow.frontend.onnx.table import LATEST_OPSET, Node, onnx_rule
+from gradflow.frontend.onnx.table import GRADFLOW_DOMAIN, LATEST_OPSET, Node, onnx_rule
 
 X, Y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
 
@@ -225,6 +227,18 @@ def predicate(lw: Lowering, node: Node) -> None:
 @onnx_rule("Not")
 def not_(lw: Lowering, node: Node) -> None:
     lw.elementwise(node.label, "res = not x", {"x": lw.get(node.inputs[0])}, node.outputs[0], np.bool_)
+
+
+@onnx_rule("StopGradient", applies=lambda node: node.domain == GRADFLOW_DOMAIN, domain=GRADFLOW_DOMAIN)
+def stop_gradient(lw: Lowering, node: Node) -> None:
+    """gradflow's `StopGradient`: the value, through which differentiation passes nothing
+    (`core.stop_gradient`). A known value stays known: a constant has no gradient to stop."""
+    x = lw.info(node.inputs[0])
+    if x.value is not None:
+        lw.set_value(node.outputs[0], x.value, x.dtype)
+        return
+    lw.sdfg.global_code = {**lw.sdfg.global_code, "frame": with_definition(lw.sdfg.global_code.get("frame"))}
+    lw.elementwise(node.label, f"res = {STOP_SPELLING}(x)", {"x": lw.get(node.inputs[0])}, node.outputs[0], x.dtype)
 
 
 @onnx_rule("Where")

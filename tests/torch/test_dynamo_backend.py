@@ -202,38 +202,79 @@ def test_attention_dropout_draws_eager_torchs_masks():
     _seeded_alike(model, ref, torch.randn(2, 5, 8, dtype=torch.float64), seeds=2)
 
 
-def test_a_trained_embedding_with_a_padding_row_is_refused_naming_the_users_table():
-    # the captured graph holds the table as an input named l_self_modules_table_parameters_weight_; the error
-    # names it as the user's module does
-    class Bag(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.table = torch.nn.Embedding(10, 4, padding_idx=0)
+class _Bag(torch.nn.Module):
+    def __init__(self, **option) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(10, 4, **option)
 
-        def forward(self, ids):
-            return self.table(ids).sum(1)
+    def forward(self, ids):
+        return self.table(ids).sum(1)
 
+
+@pytest.mark.parametrize("option", [dict(padding_idx=0), dict(scale_grad_by_freq=True)],
+                         ids=["padding", "by_frequency"])
+def test_a_trained_embedding_with_an_option_the_export_drops_trains_as_torch_does(option):
     torch.manual_seed(0)
     ids = torch.tensor([[0, 3, 3], [5, 0, 9]])
-    net = Bag().double()
-    run = torch.compile(copy.deepcopy(net), backend="gradflow")
-    with pytest.raises(DroppedOptionError, match=r"torch\.compile captured looks up table\.weight with padding_idx=0"):
+    ref = _Bag(**option).double()
+    graphs: list = []
+    run = torch.compile(copy.deepcopy(ref), backend=_counting(graphs))
+    y, want = run(ids), ref(ids)
+    torch.testing.assert_close(y, want, **F64)
+    y.square().sum().backward()
+    want.square().sum().backward()
+    torch.testing.assert_close(run._orig_mod.table.weight.grad, ref.table.weight.grad, **F64)
+    assert len(graphs) == 1
+    if "padding_idx" in option:
+        assert not ref.table.weight.grad[0].any()
+
+
+def test_an_embedding_with_max_norm_is_refused_naming_the_users_table():
+    # the captured graph holds the table as an input named l_self_modules_table_parameters_weight_; the error
+    # names it as the user's module does
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 3, 3], [5, 0, 9]])
+    run = torch.compile(_Bag(max_norm=0.5).double(), backend="gradflow")
+    with pytest.raises(DroppedOptionError, match=r"torch\.compile captured looks up table\.weight with max_norm=0\.5"):
         run(ids)
 
 
-def test_a_detach_in_a_trained_graph_is_refused():
+def test_a_detach_in_a_trained_graph_trains_as_torch_does():
+    # Dynamo's graph calls detach (a method and torch.detach); each is exported as gradflow's StopGradient
     def scaled(w, x):
         h = x @ w
-        return h * h.detach().sum(-1, keepdim=True)
+        return h * h.detach().sum(-1, keepdim=True) + torch.detach(torch.tanh(h)) ** 2
 
-    run = torch.compile(scaled, backend="gradflow")
+    graphs: list = []
+    run = torch.compile(scaled, backend=_counting(graphs))
+    torch.manual_seed(0)
     w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(DroppedOptionError, match="torch.compile captured detaches a tensor in its forward: torch"):
-        run(w, torch.randn(3, 4, dtype=torch.float64))
+    wr = w.detach().clone().requires_grad_()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    y, want = run(w, x), scaled(wr, x)
+    torch.testing.assert_close(y, want, **F64)
+    g = torch.randn(3, 4, dtype=torch.float64)
+    y.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(w.grad, wr.grad, **F64)
+    assert len(graphs) == 1
 
 
 def test_an_autograd_function_in_a_trained_graph_is_refused():
     run = torch.compile(lambda w, x: StraightThroughRelu.apply(x @ w) * 2.0, backend="gradflow")
     w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
     with pytest.raises(DroppedOptionError, match="captured applies an autograd.Function with its own backward"):
+        run(w, torch.randn(3, 4, dtype=torch.float64))
+
+
+def test_a_gradient_hook_in_a_trained_graph_is_refused():
+    # Dynamo writes h.register_hook(fn) as its register_hook operator; gradflow's backward would skip it
+    def hooked(w, x):
+        h = x @ w
+        h.register_hook(lambda g: g * 3.0)
+        return torch.tanh(h)
+
+    run = torch.compile(hooked, backend="gradflow")
+    w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(DroppedOptionError, match="captured registers a gradient hook on a tensor in its forward"):
         run(w, torch.randn(3, 4, dtype=torch.float64))

@@ -104,3 +104,27 @@ def test_a_float_attribute_is_read_as_the_double_it_rounds_from() -> None:
         assert widened(float(np.float32(value))) == value
     for value in (1.6732632423543772, 0.7978845608028654):  # no short form: still the same single
         assert np.float32(widened(float(np.float32(value)))) == np.float32(value)
+
+
+class Upsampled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 1)
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(self.conv(x), scale_factor=2, mode="nearest").sum((2, 3))
+
+
+def test_a_model_exported_under_float64_as_default_dtype_keeps_resize_scales_float32() -> None:
+    # with float64 as torch's default dtype the exporter writes F.interpolate's scales in float64, which
+    # ONNX's type check refuses: the model did not load (MalformedModelError, "fix or re-export the model")
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = Upsampled()
+        x = torch.randn(2, 2, 3, 3)
+        compiled = gt.compile(copy.deepcopy(model), (x,))
+        assert_output_and_gradients_agree(model, compiled, x, torch.randn(2, 3), 1e-12)
+    finally:
+        torch.set_default_dtype(saved)

@@ -191,8 +191,6 @@ class _Program:
         self.differentiable = [p.array for p in self.outputs if p.dtype.kind == "f"]
         self.wrt = [] if needs_grad is None else [a for a, need in zip(lowered.arrays, needs_grad) if need]
         self.options = options
-        trained = {w.onnx_name for w in sig.weights if w.array in self.wrt}
-        refuse(lowered.exported.embedding_options, trained, source)
         #: a byte budget or checkpointing of a batch program is planned per batch size (the sizes it prices)
         self.per_size = plans_at_call(options.forwarding) and lowered.batch is not None
         self.functions: dict[int | None, Any] = {}
@@ -344,7 +342,7 @@ class CompiledModule(torch.nn.Module):
                     _record_counts(module, counts), recorded(named_tensors(module)) as dropped, \
                     stops.recorded() as detaches:
                 out = module(*[x.detach() for x in args])
-            refuse(dropped, set(), module)  # before anything is built: an option that changes the forward
+            refuse(dropped, module)  # before anything is built: an option that changes the forward
             stops.refuse(detaches, module, training=False)  # a .data read: the forward itself differs
             leaves, spec = pytree.tree_flatten(out)
             if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
@@ -471,7 +469,9 @@ class CompiledModule(torch.nn.Module):
         call = self._call(self._modes(), args, _shapes(args))
         needs = call.lowered.needs_grad(args)
         if needs is not None:
-            stops.refuse(call.traced.detaches, self._gf_source, training=True)
+            stops.refuse(call.traced.detaches + call.lowered.exported.hooks, self._gf_source, training=True,
+                         stops_exported=self._gf_given is None)
+            stops.refuse_backward_hooks(self._gf_source)
         key = (id(call.lowered), needs)
         program = self._gf_programs.get(key)
         if program is None:

@@ -29,11 +29,12 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from gradflow.torch import stops
 from gradflow.torch.batch import BATCH, Conversions, traced_conversions
 from gradflow.torch.dropout import DropoutCall, Mask, attention_drops, attention_mask, masks_as_inputs
-from gradflow.torch.embedding import EmbeddingOption, recorded, refuse
+from gradflow.torch.embedding import recorded, refuse
 from gradflow.torch.errors import ExportError, LostParameterError
-from gradflow.torch.precision import undo_scalar_downcasts
+from gradflow.torch.precision import float32_scales, undo_scalar_downcasts
 
 #: the opset the TorchScript exporter writes (its newest); gradflow's rules cover it
 OPSET = 20
@@ -68,8 +69,8 @@ class Exported:
     mask_inputs: tuple[str | None, ...] = ()
     #: what the trace turned from a traced value into a Python value (when traced with a symbolic batch)
     conversions: Conversions = ()
-    #: options of the forward's embedding lookups that the export dropped (`gradflow.torch.embedding`)
-    embedding_options: tuple[EmbeddingOption, ...] = ()
+    #: where the forward registers gradient hooks on its tensors (`stops.exported_as_stops`)
+    hooks: tuple[str, ...] = ()
 
 
 def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str],
@@ -90,7 +91,7 @@ def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], 
         torch.onnx.export(
             module, args, buf, dynamo=False, export_params=True, do_constant_folding=False,
             keep_initializers_as_inputs=True,  # also turns off de-duplication of equal initializers
-            training=torch.onnx.TrainingMode.PRESERVE, opset_version=OPSET,
+            training=torch.onnx.TrainingMode.PRESERVE, opset_version=OPSET, custom_opsets=stops.OPSETS,
             input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes or None)
     return buf.getvalue()
 
@@ -167,6 +168,7 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes:
     `mask_cols` says (`dropout.masks_as_inputs`). `batch`: per input, whether its first dimension is the
     symbolic `BATCH` (then masks with `cols` have it too, and the trace's conversions of traced values
     to Python values are recorded in `Exported.conversions`)."""
+    owner = getattr(module, "owner", type(module).__name__)  # a Dynamo graph's is the user's name for it
     input_names = [f"{INPUT_PREFIX}{k}" for k in range(len(args))]
     output_names = [f"{OUTPUT_PREFIX}{k}" for k in range(len(shapes))]
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()),
@@ -181,25 +183,26 @@ def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes:
         try:
             varying = ([a for a, b in zip(args, batch) if b]
                        + [e for e, m in zip(examples, masks) if m.cols is not None] if batch is not None else [])
-            with _all_buffers_persistent(module), _traceable_attention(), \
+            with _all_buffers_persistent(module), _traceable_attention(), stops.exported_as_stops() as hooks, \
                     traced_conversions(batch is not None, varying) as seen, recorded(named_tensors(module)) as dropped:
                 data = _quiet_export(module, (*args, *examples), input_names + mask_names, output_names, dynamic)
             conversions = tuple(seen)
         except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
-            raise ExportError(f"torch.onnx.export of {type(module).__name__} failed: {type(exc).__name__}: {exc}",
+            raise ExportError(f"torch.onnx.export of {owner} failed: {type(exc).__name__}: {exc}",
                               "gradflow.torch.compile traces the module with torch.onnx.export(dynamo=False); "
                               "make its forward traceable (tensors in, tensors out)") from exc
-        refuse(dropped, set(), module)  # an option that changes the forward value, trained or not
+        refuse(dropped, module)  # an option that changes the forward value, trained or not
         model = onnx.load_from_string(data)
         undo_scalar_downcasts(model)
-        matched = check_initializers(model, named_tensors(module), type(module).__name__)
+        float32_scales(model)
+        matched = check_initializers(model, named_tensors(module), owner)
     graph_inputs = {vi.name for vi in model.graph.input}
-    _check_outputs(model, shapes, type(module).__name__, "the ONNX export")
+    _check_outputs(model, shapes, owner, "the ONNX export")
     outputs = tuple(o.name for o in model.graph.output)
     stats = expose_batch_stats(model, module)
     return Exported(model, tuple(n if n in graph_inputs else None for n in input_names), outputs, matched, stats,
                     tuple(masks), tuple(n if n in graph_inputs else None for n in mask_names), conversions,
-                    tuple(dict.fromkeys(dropped)))
+                    tuple(dict.fromkeys(hooks)))
 
 
 def adopt_model(model: onnx.ModelProto, module: torch.nn.Module, n_inputs: int,

@@ -9,6 +9,9 @@ back to float64) and computes it in float64: the first Cast keeps float64, and e
 becomes the float64 number with the shortest decimal form that rounds to it (the literal a user writes:
 0.1f becomes 0.1). A detour without a constant (`x.float().double()`, a rounding the model asks for) is
 kept, and so is one whose float32 values go anywhere else.
+
+`float32_scales` mends the opposite: an input ONNX allows in float32 only that a float64 model's export
+wrote in float64 (Resize's scales when float64 is torch's default dtype).
 """
 
 from __future__ import annotations
@@ -97,3 +100,30 @@ def undo_scalar_downcasts(model: onnx.ModelProto) -> int:
         graph.value_info.extend(kept)
         undone += 1
     return undone
+
+
+#: inputs ONNX requires in float32 whatever the model's float type: Resize's `scales` (input 2)
+_FLOAT32_INPUTS = {"Resize": (2,)}
+
+
+def float32_scales(model: onnx.ModelProto) -> int:
+    """Cast to float32 the inputs ONNX types as float32 only that the exporter wrote in float64 (edits
+    `model`); returns how many. With float64 as torch's default dtype, `F.interpolate(x, scale_factor=2)`
+    is exported with float64 `scales`, which ONNX's type check refuses (the model would not load). The
+    scales are what float32 makes of them, as in any valid ONNX model (2.0 stays 2.0)."""
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input,
+                                                               *inferred.graph.output]}
+    types.update({n.output[0]: n.attribute[0].t.data_type for n in graph.node if n.op_type == "Constant"
+                  and len(n.attribute) == 1 and n.attribute[0].name == "value"})
+    cast = 0
+    for position, node in enumerate(list(graph.node)):
+        for k in _FLOAT32_INPUTS.get(node.op_type, ()):
+            if k < len(node.input) and node.input[k] and types.get(node.input[k]) == TensorProto.DOUBLE:
+                name = f"{node.input[k]}_float32_{cast}"
+                graph.node.insert(position + cast, helper.make_node("Cast", [node.input[k]], [name],
+                                                                    to=TensorProto.FLOAT))
+                node.input[k] = name
+                cast += 1
+    return cast

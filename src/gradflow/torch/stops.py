@@ -1,21 +1,34 @@
-"""What the ONNX export of a module's forward drops without a word: detaches, `.data`, the backward of an
+"""Where the model's forward stops or replaces torch's gradient: detaches, `.data`, the backward of an
 `autograd.Function`.
 
-torch stops the gradient at a detach; ONNX has no such stop, so the exported graph carries the value
-straight through and gradflow would differentiate through it: a different gradient, silently (found by a
-model written outside the project on 2026-12-05: `h * h.detach().sum(-1, keepdim=True)` trained with a
-gradient off by 0.6). `recorded` notes the detaches the user's own code makes during the compiled module's
-eager trace (calls from torch's and gradflow's own modules are theirs, not the model's); a program that
-trains is then refused (`compiled._Program`), while forward-only calls, which a detach does not change, run.
+torch stops the gradient at a detach; ONNX has no such stop, so the TorchScript export writes the value
+straight through, and gradflow differentiated through it: a different gradient, silently (found by a model
+written outside the project on 2026-12-05: `h * h.detach().sum(-1, keepdim=True)` trained with a gradient
+off by 0.6). `exported_as_stops` makes each detach of the model's own code (`Tensor.detach`, `torch.detach`)
+a `_Stop` while the module is exported, which the exporter writes as a `StopGradient` node of gradflow's
+domain, lowered to a stop of the gradient (`core.stop_gradient`): the compiled module trains as torch does.
+`recorded` notes the same detaches during the compiled module's eager trace (calls from torch's and
+gradflow's own modules are theirs, not the model's), for a model given as ONNX (`onnx_model=`), which has
+no stops: training it is refused. An in-place `detach_()` is not turned into a stop and is refused when
+the call trains.
 
-A user-defined `torch.autograd.Function` is the same kind of loss: the export traces its forward, its
-backward is lost, and gradflow differentiates the forward instead (a straight-through ReLU, forward
+A user-defined `torch.autograd.Function` is a loss of the same kind: the export traces its forward, its
+backward is lost, and gradflow would differentiate the forward instead (a straight-through ReLU, forward
 `clamp(min=0)` and backward the identity: gradient off by 4.2). Its applications are recorded too, in
-eager code (`Function.apply`) and in a graph Dynamo captured (its `autograd_function_apply` operator).
+eager code (`Function.apply`) and in a graph Dynamo captured (its `autograd_function_apply` operator),
+and refused when the call trains.
 
 `h.data` is worse: the trace records its value as a constant, so the compiled module computes with the
 example's values at every later call (an output off by 2.2 for other inputs). Reading it in forward is
-refused whatever the call (`data at file:line`); `detach_()` counts as a detach.
+refused whatever the call (`data at file:line`).
+
+Gradient hooks are torch's alone: one the forward registers on a tensor (`h.register_hook(fn)`; Dynamo's
+`register_hook` operator in a captured graph) and a module's backward hooks (`register_full_backward_hook`
+on the model or a submodule) are never called by gradflow's backward (found 2026-12-05: a hook scaling the
+gradient by 3 was skipped, the gradient off by 5.4, silently; a submodule's backward hook, off by 0.97).
+Training is refused when the trace or the export met the first (`exported_as_stops` lists them; the
+export runs with gradients, so a hook under `if h.requires_grad:` is seen) or the model has the second
+(`refuse_backward_hooks`).
 """
 
 from __future__ import annotations
@@ -26,7 +39,18 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from gradflow.frontend.onnx.table import GRADFLOW_DOMAIN
 from gradflow.torch.errors import DroppedOptionError
+
+
+def _hook_operator() -> type | None:
+    """The class of Dynamo's `register_hook` operator (a gradient hook the model's forward registers, as it
+    appears in a captured graph), where this torch has one."""
+    try:
+        from torch._higher_order_ops.register_hook import RegisterHookOp
+    except ImportError:
+        return None
+    return RegisterHookOp
 
 
 def _models(module: str) -> bool:
@@ -57,6 +81,7 @@ def recorded() -> Iterator[list[str]]:
     hop = type(torch.ops.higher_order.autograd_function_apply)
     hop_call = hop.__call__
     detach_ = torch.Tensor.detach_
+    register_hook = torch.Tensor.register_hook
     data = torch._C.TensorBase.__dict__["data"]
 
     def note(what: str = "detach") -> None:
@@ -66,8 +91,14 @@ def recorded() -> Iterator[list[str]]:
                          if not frame.f_code.co_filename.startswith("<") else what)
 
     def detach_in_place(self, *args, **kwargs):
-        note()
+        note("detach_")
         return detach_(self, *args, **kwargs)
+
+    def hook_noted(self, hook):
+        note("register_hook")
+        if _users(sys._getframe(1)) or not self.requires_grad:
+            return _NoHook()  # the trace runs without gradients, where torch would refuse the hook
+        return register_hook(self, hook)
 
     def data_read(self):
         note("data")
@@ -94,7 +125,16 @@ def recorded() -> Iterator[list[str]]:
         return function(x, *args, **kwargs)
 
     torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
+    def hook_op_noted(self, tensor, *args, **kwargs):
+        found.append("register_hook")
+        return tensor
+
+    hook_op = _hook_operator()
+    hook_op_call = hook_op.__call__ if hook_op is not None else None
+    if hook_op is not None:
+        hook_op.__call__ = hook_op_noted  # type: ignore[method-assign]
     torch.Tensor.detach_ = detach_in_place  # type: ignore[method-assign]
+    torch.Tensor.register_hook = hook_noted  # type: ignore[method-assign]
     torch.Tensor.data = property(data_read, data_write)  # type: ignore[assignment, method-assign]
     torch.autograd.Function.apply = classmethod(apply_noted)  # type: ignore[method-assign, assignment]
     hop.__call__ = hop_noted  # type: ignore[method-assign]
@@ -103,15 +143,101 @@ def recorded() -> Iterator[list[str]]:
     finally:
         torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
         torch.Tensor.detach_ = detach_  # type: ignore[method-assign]
+        torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
+        if hook_op is not None:
+            hook_op.__call__ = hook_op_call  # type: ignore[method-assign]
         del torch.Tensor.data  # TensorBase's own descriptor again
         torch.autograd.Function.apply = apply  # type: ignore[method-assign]
         hop.__call__ = hop_call  # type: ignore[method-assign]
 
 
-def refuse(found: Sequence[str], module: Any, training: bool) -> None:
+class _Stop(torch.autograd.Function):
+    """x with no gradient, which the TorchScript exporter writes as gradflow's `StopGradient` node."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> None:
+        return None
+
+    @staticmethod
+    def symbolic(g: Any, x: Any) -> Any:
+        return g.op(f"{GRADFLOW_DOMAIN}::StopGradient", x).setType(x.type())
+
+
+def stopped(x: torch.Tensor) -> torch.Tensor:
+    """`x` with no gradient, exported as gradflow's `StopGradient` (for what gradflow itself writes into an
+    export, such as an embedding's padding row)."""
+    return _Stop.apply(x)
+
+
+#: the opset of gradflow's domain a model exported through `exported_as_stops` imports
+OPSETS = {GRADFLOW_DOMAIN: 1}
+
+
+class _NoHook:
+    """The handle of a gradient hook that was noted, not registered."""
+
+    def remove(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def exported_as_stops() -> Iterator[list[str]]:
+    """While active, the detaches the model's own code makes (`Tensor.detach`, `torch.detach`; those of
+    torch's and gradflow's modules are left alone, as `recorded` leaves them) are `_Stop`, which the
+    TorchScript exporter writes as a `StopGradient` node (export with `custom_opsets=OPSETS`): the lowered
+    program then stops the gradient where torch does. The gradient hooks the model's code registers on its
+    tensors (`register_hook at file:line`, which the export runs with gradients, so also those under an
+    `if h.requires_grad:`) are listed, not registered: no program calls them."""
+    method, function = torch.Tensor.detach, torch.detach
+    register_hook = torch.Tensor.register_hook
+    hooks: list[str] = []
+
+    def detach_method(self, *args, **kwargs):
+        if _users(sys._getframe(1)):
+            return _Stop.apply(self)
+        return method(self, *args, **kwargs)
+
+    def detach_function(x, *args, **kwargs):
+        if _users(sys._getframe(1)):
+            return _Stop.apply(x)
+        return function(x, *args, **kwargs)
+
+    def hook_listed(self, hook):
+        frame = sys._getframe(1)
+        if not _users(frame):
+            return register_hook(self, hook)
+        hooks.append(f"register_hook at {frame.f_code.co_filename}:{frame.f_lineno}"
+                     if not frame.f_code.co_filename.startswith("<") else "register_hook")
+        return _NoHook()
+
+    def hook_op_listed(self, tensor, *args, **kwargs):
+        hooks.append("register_hook")
+        return tensor
+
+    hook_op = _hook_operator()
+    hook_op_call = hook_op.__call__ if hook_op is not None else None
+    if hook_op is not None:
+        hook_op.__call__ = hook_op_listed  # type: ignore[method-assign]
+    torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
+    torch.Tensor.register_hook = hook_listed  # type: ignore[method-assign]
+    try:
+        yield hooks
+    finally:
+        torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
+        torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
+        if hook_op is not None:
+            hook_op.__call__ = hook_op_call  # type: ignore[method-assign]
+
+
+def refuse(found: Sequence[str], module: Any, training: bool, stops_exported: bool = True) -> None:
     """Raise for the first of `found` (what `recorded` noted) that changes this call's result: a `.data` read
-    always, a detach or an `autograd.Function` when the call trains. The error names `module` as the user
-    knows it (a Dynamo graph's `owner`)."""
+    always; when the call trains, an in-place `detach_()`, an `autograd.Function`, and a detach unless the
+    export wrote the detaches as stops (`stops_exported`: gradflow's own export; a model given as ONNX has none).
+    The error names `module` as the user knows it (a Dynamo graph's `owner`)."""
     owner = getattr(module, "owner", type(module).__name__)
     for what in found:
         kind, _, where = what.partition(" at ")
@@ -121,19 +247,51 @@ def refuse(found: Sequence[str], module: Any, training: bool) -> None:
                 f"{owner} reads a tensor's .data in its forward{at}: the export gradflow.torch.compile traces "
                 "records its value at the example as a constant, so the compiled module would compute with the "
                 "example's values at every later call",
-                "use .detach() for a value without gradient (its training is refused for the same reason, but "
-                "forward-only calls run), or compute it outside the module and pass it in")
-        if not training:
+                "use .detach() for a value without gradient, or compute it outside the module and pass it in")
+        if not training or (kind == "detach" and stops_exported):
             continue
         if kind == "detach":
             raise DroppedOptionError(
-                f"{owner} detaches a tensor in its forward{at}: torch stops the gradient there, but ONNX has no "
-                "such stop and the export gradflow.torch.compile traces writes the value straight through, so "
-                "training through gradflow would give another gradient",
-                "compute the detached value outside the compiled module and pass it in as an input that does not "
-                "require grad; a call under torch.no_grad() runs as it is")
+                f"{owner} detaches a tensor in its forward{at}: torch stops the gradient there, but the ONNX model "
+                "given to gradflow.torch.compile has no such stop (ONNX has none), so training through gradflow "
+                "would give another gradient",
+                "compile without onnx_model=: gradflow's own export writes each detach as a stop")
+        if kind == "register_hook":
+            raise DroppedOptionError(
+                f"{owner} registers a gradient hook on a tensor in its forward{at}: the compiled module's "
+                "backward is gradflow's program, which does not call it, so training through gradflow would "
+                "give another gradient (or skip what the hook does)",
+                "register the hook on the compiled module's output or inputs, outside forward, or train the "
+                "module with eager torch; a call under torch.no_grad() runs as it is")
+        if kind == "detach_":
+            raise DroppedOptionError(
+                f"{owner} detaches a tensor in place in its forward{at} (detach_()): the export gradflow.torch."
+                "compile traces does not see where the gradient stops, so training through gradflow would give "
+                "another gradient",
+                "write h = h.detach() instead, which gradflow exports as a stop of the gradient")
         raise DroppedOptionError(
             f"{owner} applies {what} with its own backward: the export gradflow.torch.compile traces keeps its "
             "forward only, so training through gradflow would differentiate that forward instead",
             "write the function with torch operations whose own gradient is the one wanted, or call it outside "
             "the compiled module; a call under torch.no_grad() runs as it is")
+
+
+def refuse_backward_hooks(module: torch.nn.Module) -> None:
+    """Raise when `module` or one of its submodules (or every module: torch's global hooks) has a backward
+    hook (`register_full_backward_hook`, `register_backward_hook`, `register_full_backward_pre_hook`): the
+    compiled module's backward is gradflow's program, which calls none of them."""
+    import torch.nn.modules.module as modules
+
+    named = [name for name, m in module.named_modules() if _hooked(m)]
+    if not named and not (modules._global_backward_hooks or modules._global_backward_pre_hooks):
+        return
+    where = "torch has global" if not named else "it has" if not named[0] else f"its submodule '{named[0]}' has"
+    raise DroppedOptionError(
+        f"{type(module).__name__} is trained through gradflow, but {where} backward hooks "
+        "(register_full_backward_hook or its kin): the compiled module's backward is gradflow's program, which "
+        "calls none of them, so the gradients would differ from torch's (or what the hooks do be skipped)",
+        "remove the hooks before compiling (hooks on the compiled module itself run), or train with eager torch")
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, "_backward_hooks", None) or getattr(module, "_backward_pre_hooks", None))

@@ -416,6 +416,20 @@ def slice_spec(x: Tensor, starts, ends, axes, steps) -> list[tuple[Dim, Dim, int
     return spec
 
 
+def _whole_or_int(ends, dims) -> list[int]:
+    """Slice ends as integers; a symbolic end equal to its dimension's symbolic extent (the exporter's
+    `Slice(x, 0, Shape(index))` in a batch program) is the end of the dimension."""
+    out = []
+    for e, d in zip(np.asarray(ends).reshape(-1), dims):
+        if isinstance(e, sympy.Basic) and not e.is_Integer:
+            if not isinstance(d, int) and norm_dim(sympy.sympify(e) - d) == 0:
+                out.append(BIG)
+                continue
+            raise RuleUnsupported(f"a slice end {e} that is symbolic and not its dimension's extent {d}")
+        out.append(int(e))
+    return out
+
+
 @onnx_rule("Slice")
 def slice_(lw: Lowering, node: Node) -> None:
     x = lw.get(node.inputs[0])
@@ -424,9 +438,12 @@ def slice_(lw: Lowering, node: Node) -> None:
         axes = node.attr("axes") if node.attr("axes") is not None else list(range(len(starts)))
         steps = [1] * len(starts)
     else:
-        starts, ends = as_int_list(lw.value(node.inputs[1])), as_int_list(lw.value(node.inputs[2]))
+        # every value is asked for before any is checked: `OnnxProgram` finds the inputs that decide shapes
+        # one NeedsValue at a time, with placeholder values that need not be valid
+        starts, raw_ends = as_int_list(lw.value(node.inputs[1])), lw.value(node.inputs[2])
         axes = as_int_list(lw.value(node.input(3))) if node.input(3) else list(range(len(starts)))
         steps = as_int_list(lw.value(node.input(4))) if node.input(4) else [1] * len(starts)
+        ends = _whole_or_int(raw_ends, [x.shape[a] for a in norm_axes(axes, x.rank)])
     spec = slice_spec(x, starts, ends, axes, steps)
     out = lw.output(node.outputs[0], [length for _, length, _ in spec], x.dtype)
     p = params("p", out.rank)

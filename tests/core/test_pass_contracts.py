@@ -101,6 +101,21 @@ def _time_step_before_in_place() -> Graph:
     return optimized(Graph.of(euler), OPTIMIZE.without("write_in_place"))
 
 
+def _reduction_before_fusion() -> Graph:
+    """The kmeans cost of `tests/optimize/test_reduce_fusion.py` optimized by every pass but `reduce_in_maps`:
+    maps write temporaries that only `Reduce` nodes read (the row sums, the minimum over the distances)."""
+    from gradflow.optimize import OPTIMIZE, optimized
+    from tests.optimize.test_reduce_fusion import nearest
+
+    return optimized(Graph.of(nearest), OPTIMIZE.without("reduce_in_maps"))
+
+
+def _fusable_reductions(g: Graph) -> int:
+    from gradflow.optimize.reduce_fusion import ReduceInMaps
+
+    return sum(len(list(ReduceInMaps().matches(sdfg))) for sdfg in g.sdfg.all_sdfgs_recursive())
+
+
 def _temporaries_copied_back(g: Graph) -> int:
     from gradflow.optimize.in_place import WriteInPlace
 
@@ -444,6 +459,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "fuse_maps": (lambda: Graph.of(loops.lp_jacobi_1d.to_sdfg()), None, _maps, (6, 2)),
     "write_in_place": (_time_step_before_in_place, None, _temporaries_copied_back, ("> 0", 0)),
     "move_loops_into_maps": (_column_loop_before_interchange, None, _interchangeable_loops, (1, 0)),
+    "reduce_in_maps": (_reduction_before_fusion, None, _fusable_reductions, ("> 0", 0)),
     "join_copy_states": (_gradient_before_join, None, _joinable_pairs, ("> 0", 0)),
     "to_gpu": (lambda: Reverse(("X",), ("S",))(_normalized(loops.lp_if_else)).unwrap(), None, _gpu_kernels,
                (0, "> 0")),

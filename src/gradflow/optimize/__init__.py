@@ -21,6 +21,7 @@ from gradflow.optimize.loop_interchange import MoveLoopsIntoMaps
 from gradflow.optimize.nest_reductions import NestReductions
 from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
 from gradflow.optimize.persistent_tapes import PersistentTapes
+from gradflow.optimize.reduce_fusion import ReduceInMaps
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scalar_sums import RegisterScalarSums
 from gradflow.optimize.scatter import OwnScatterWrites
@@ -45,9 +46,9 @@ from gradflow.transforms.views import RemoveViews
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), FuseMaps(), JoinCopyStates(), WriteInPlace(),
-                     MoveLoopsIntoMaps(), OwnScatterWrites(), SplitSumMaps(), NestReductions(), LocalReductions(),
-                     ChooseSchedules(), VersionBySize(), RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(),
-                     SinkFills(), ShareDeadBuffers()))
+                     MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(), SplitSumMaps(), NestReductions(),
+                     LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
+                     SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -58,5 +59,5 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "JoinCopyStates", "LocalReductions", "MergeElementSums", "MoveLoopsIntoMaps",
            "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions",
-           "RegisterScalarSums", "ShareDeadBuffers", "SimdRegisterSums", "SinkFills", "TransientLayouts",
-           "VersionBySize", "WriteInPlace", "optimized"]
+           "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers", "SimdRegisterSums", "SinkFills",
+           "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

@@ -5,8 +5,10 @@ write-conflict sum that DaCe emits as one atomic update per iteration (a compare
 floating types, also on one thread) because the map is parallel over k too. Contractions lowered from
 ONNX (convolutions, Einsum) have this form in the forward, and reverse mode creates it everywhere: the
 adjoint of a read that ignores a parameter (`w[m, c]` read for every n) is a sum over that parameter
-(`gw[m, c] += ...` over n). Max and min reductions (a MaxPool window) get the same nesting, without
-registers: for them DaCe's atomic update on floating types is an OpenMP critical section.
+(`gw[m, c] += ...` over n). Max and min reductions (a MaxPool window; a minimum `reduce_in_maps` moved
+into the map computing its terms) get the same nesting, registers included, starting from the identity
+(minus or plus infinity for floats): for them DaCe's atomic update on floating types is an OpenMP
+critical section.
 
 The parameters that *own* the outputs are those that index some dimension of every conflicting output
 alone, as `a * p + b` with `a >= 1` and no other parameter in that dimension: two iterations with
@@ -32,7 +34,7 @@ by the one thread that owns the tile (3.4 us).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import attrs
 import dace
@@ -47,9 +49,9 @@ from gradflow.analysis import indices
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
 
-#: write-conflict reductions this pass reorders; only sums go through registers. A max or min DaCe makes
-#: an OpenMP critical section per update on floating types (a MaxPool's window: 22% of LeNet's time at two
-#: threads in GOMP_critical_start/end)
+#: write-conflict reductions this pass reorders, also through registers. A max or min DaCe makes an OpenMP
+#: critical section per update on floating types (a MaxPool's window: 22% of LeNet's time at two threads in
+#: GOMP_critical_start/end)
 _REORDERED = (dace.dtypes.ReductionType.Sum, dace.dtypes.ReductionType.Max, dace.dtypes.ReductionType.Min)
 
 
@@ -144,8 +146,8 @@ def _fixed_by(state: dace.SDFGState, entry: nd.MapEntry, owned: list[str]) -> bo
     hold it."""
     params = set(entry.map.params)
     sums = [e for e in state.in_edges(state.exit_node(entry)) if e.data.wcr is not None and not e.data.is_empty()]
-    if any(detect_reduction_type(e.data.wcr) != dace.dtypes.ReductionType.Sum for e in sums):
-        return False  # the register code zeroes and adds
+    if any(detect_reduction_type(e.data.wcr) not in _REORDERED for e in sums):
+        return False  # the register code starts from the identity of a sum, a max or a min
     return any(fixed_by(e.data.subset, owned, params) for e in sums)
 
 
@@ -383,13 +385,27 @@ def _accumulate_in_registers(sdfg: dace.SDFG, state: dace.SDFGState, owner: nd.M
         accumulate_in_register(sdfg, state, e, loop, lanes, opener=owner)
 
 
+def _identity_and_combine(kind, dtype) -> tuple[str, Callable[[str, str], str]]:
+    """C++ for the start of an accumulator of a sum, a max or a min of `dtype` elements (the identity: for a
+    max of floats minus infinity, so that a max of infinities is one), and for combining two values."""
+    ctype = dtype.ctype
+    floating = dtype in (dace.float16, dace.float32, dace.float64)
+    if kind == dace.dtypes.ReductionType.Max:
+        low = f"-std::numeric_limits<{ctype}>::infinity()" if floating else f"std::numeric_limits<{ctype}>::lowest()"
+        return low, lambda a, b: f"({b} > {a} ? {b} : {a})"
+    if kind == dace.dtypes.ReductionType.Min:
+        high = f"std::numeric_limits<{ctype}>::infinity()" if floating else f"std::numeric_limits<{ctype}>::max()"
+        return high, lambda a, b: f"({b} < {a} ? {b} : {a})"
+    return f"{ctype}(0)", lambda a, b: f"{a} + {b}"
+
+
 def accumulate_in_register(sdfg: dace.SDFG, state: dace.SDFGState, edge, loop: nd.MapEntry,
                            lanes: tuple[str, int, object] | None = None, opener: nd.Node | None = None) -> None:
-    """The sum `edge` carries out of `loop`'s exit into one element goes through a local `Register`
-    transient (registers: the C++ compiler cannot keep an element of a heap array in one, as it may alias
-    the other arrays the loop touches): zeroed before `loop` (after `opener`, when given), summed into by
-    the loop's iterations (`lanes`: iteration q of that loop parameter into lane q, `_lanes`), and added to
-    the element once after it."""
+    """The sum (or max, or min) `edge` carries out of `loop`'s exit into one element goes through a local
+    `Register` transient (registers: the C++ compiler cannot keep an element of a heap array in one, as it
+    may alias the other arrays the loop touches): set to the identity before `loop` (after `opener`, when
+    given), combined into by the loop's iterations (`lanes`: iteration q of that loop parameter into lane
+    q, `_lanes`), and combined into the element once after it."""
     loop_exit = state.exit_node(loop)
     # in the element's type: float64 accumulators for float32 elements were tried and made a float32
     # ResNet block's gradients 100x further from float64 torch's (1.2e-2 vs 9e-5), not closer
@@ -417,10 +433,11 @@ def accumulate_in_register(sdfg: dace.SDFG, state: dace.SDFGState, edge, loop: n
         t.data = dace.Memlet(data=acc, subset=lane if leaf or lanes is None else whole, wcr=t.data.wcr,
                              dynamic=t.data.dynamic)
     ctype = dtype.ctype
+    start_value, combine = _identity_and_combine(detect_reduction_type(edge.data.wcr), dtype)
     # a one-element memlet reaches a tasklet as a value, a longer one as a pointer; connector names no
     # program array can have (DaCe rejects a connector named like an array: nb_go_fast has an `a`)
-    clear = (f"for (int l = 0; l < {width}; ++l) __gf_o[l] = {ctype}(0);" if width > 1
-             else f"__gf_o = {ctype}(0);")
+    clear = (f"for (int l = 0; l < {width}; ++l) __gf_o[l] = {start_value};" if width > 1
+             else f"__gf_o = {start_value};")
     zero = state.add_tasklet(f"zero_{acc}", {}, {"__gf_o": None}, clear, language=dace.dtypes.Language.CPP)
     start = state.add_access(acc)
     if opener is not None:
@@ -428,7 +445,7 @@ def accumulate_in_register(sdfg: dace.SDFG, state: dace.SDFGState, edge, loop: n
     state.add_edge(zero, "__gf_o", start, None, dace.Memlet(data=acc, subset=whole))
     state.add_nedge(start, loop, dace.Memlet())
     summed = (f"{ctype} gradflow_lanes = __gf_a[0];\n"
-              f"for (int l = 1; l < {width}; ++l) gradflow_lanes += __gf_a[l];\n"
+              f"for (int l = 1; l < {width}; ++l) gradflow_lanes = {combine('gradflow_lanes', '__gf_a[l]')};\n"
               "__gf_o = gradflow_lanes;") if width > 1 else "__gf_o = __gf_a;"
     fold = state.add_tasklet(f"fold_{acc}", {"__gf_a": None}, {"__gf_o": None}, summed,
                              language=dace.dtypes.Language.CPP)

@@ -278,3 +278,22 @@ def test_a_gradient_hook_in_a_trained_graph_is_refused():
     w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
     with pytest.raises(DroppedOptionError, match="captured registers a gradient hook on a tensor in its forward"):
         run(w, torch.randn(3, 4, dtype=torch.float64))
+
+
+def test_values_computed_under_no_grad_in_a_captured_graph_carry_no_gradient():
+    def partly(w, v, x):
+        with torch.no_grad():
+            t = torch.tanh(x @ v)
+        return (x @ w) * t
+
+    graphs: list = []
+    run = torch.compile(partly, backend=_counting(graphs))
+    torch.manual_seed(0)
+    w, v = (torch.randn(4, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    x = torch.randn(3, 4, dtype=torch.float64)
+    run(w, v, x).square().sum().backward()
+    gw = w.grad.clone()
+    w.grad = None
+    partly(w, v, x).square().sum().backward()
+    torch.testing.assert_close(gw, w.grad, **F64)
+    assert (v.grad is None or not v.grad.any()) and graphs  # torch: None; gradflow: zeros

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import os
 import sys
 import warnings
 from typing import Any, Iterator, Sequence
@@ -101,10 +102,15 @@ def structure(model: onnx.ModelProto, module_tensors: Sequence[str]) -> tuple:
 _CONVERSIONS = ("__index__", "__int__", "__float__", "__bool__")
 
 
+#: files whose frames stand between a conversion and the code that asks for it: this module, torch's tensor
+#: class, and the torch function mode of `stops` the export runs under
+_BETWEEN = (__file__, torch._tensor.__file__, os.path.join(os.path.dirname(__file__), "stops.py"))
+
+
 def _where() -> tuple[str, int]:
-    """The file and line of the code (outside this module and torch's tensor class) that converts."""
+    """The file and line of the code (outside this module, torch's tensor class and `stops`) that converts."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename in (__file__, torch._tensor.__file__):
+    while frame is not None and frame.f_code.co_filename in _BETWEEN:
         frame = frame.f_back
     return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
 

@@ -37,6 +37,7 @@ from gradflow.torch import batch as batching
 from gradflow.torch import stops
 from gradflow.torch.dropout import DropoutCall, dropping_calls, record_calls
 from gradflow.torch.embedding import recorded, refuse
+from gradflow.torch.errors import DroppedOptionError
 from gradflow.torch.export import Exported, ExportError, adopt_model, export_module, named_tensors
 
 
@@ -92,15 +93,21 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 def _untouched(module: torch.nn.Module, training: bool):
     """Run torch's tracing of `module`, its root in mode `training` (the compiled module's), without it
     showing: buffers (BatchNorm statistics, counters), the train/eval flag of the root and the random number
-    generator are restored afterwards."""
-    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    generator are restored afterwards. Yields a list that then names the buffers the run changed other than
+    a BatchNorm's (whose updates the compiled module makes itself)."""
+    saved = [(name, b, b.detach().clone()) for name, b in module.named_buffers()]
+    norms = {name for name, m in module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
     rng = torch.random.get_rng_state()
     training, module.training = module.training, training
+    changed: list[str] = []
     try:
-        yield
+        yield changed
     finally:
         with torch.no_grad():
-            for b, value in saved:
+            for name, b, value in saved:
+                if name.rpartition(".")[0] not in norms and not torch.equal(b, value) and not (
+                        b.is_floating_point() and torch.isnan(value).any()):
+                    changed.append(name)
                 b.copy_(value)
         module.training = training
         torch.random.set_rng_state(rng)
@@ -338,10 +345,17 @@ class CompiledModule(torch.nn.Module):
             module = self._gf_source
             calls: list[DropoutCall] = []
             counts: list[tuple[str, int]] = []
-            with _untouched(module, self.training), torch.no_grad(), record_calls(module, calls), \
+            with _untouched(module, self.training) as updated, torch.no_grad(), record_calls(module, calls), \
                     _record_counts(module, counts), recorded(named_tensors(module)) as dropped, \
                     stops.recorded() as detaches:
                 out = module(*[x.detach() for x in args])
+            if updated:
+                raise DroppedOptionError(
+                    f"{type(module).__name__} updates its buffer '{updated[0]}' in place in its forward: the ONNX "
+                    "export gradflow.torch.compile traces drops in-place updates of buffers (BatchNorm's statistics "
+                    "aside), so the compiled module would neither update it nor compute with the updated value",
+                    "update the buffer outside forward (after each step, under torch.no_grad()), or pass its "
+                    "value in as an input")
             refuse(dropped, module)  # before anything is built: an option that changes the forward
             stops.refuse(detaches, module, training=False)  # a .data read: the forward itself differs
             leaves, spec = pytree.tree_flatten(out)

@@ -22,6 +22,12 @@ and refused when the call trains.
 example's values at every later call (an output off by 2.2 for other inputs). Reading it in forward is
 refused whatever the call (`data at file:line`).
 
+Gradients turned off inside forward (`with torch.no_grad():`, `set_grad_enabled(False)`, `inference_mode`;
+a submodule's forward under `@torch.no_grad()`) leave values without gradient in torch; the trace recorded
+them as any other (a gradient off by 2.1, silently, found 2026-12-05). While gradflow exports, gradients
+are on (whatever the calling code had) and `_StoppedWithoutGrad` stops every floating result of a torch
+function computed where the model turned them off.
+
 Gradient hooks are torch's alone: one the forward registers on a tensor (`h.register_hook(fn)`; Dynamo's
 `register_hook` operator in a captured graph) and a module's backward hooks (`register_full_backward_hook`
 on the model or a submodule) are never called by gradflow's backward (found 2026-12-05: a hook scaling the
@@ -38,6 +44,8 @@ import sys
 from typing import Any, Iterator, Sequence
 
 import torch
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 
 from gradflow.frontend.onnx.table import GRADFLOW_DOMAIN
 from gradflow.torch.errors import DroppedOptionError
@@ -173,6 +181,20 @@ def stopped(x: torch.Tensor) -> torch.Tensor:
     return _Stop.apply(x)
 
 
+class _StoppedWithoutGrad(TorchFunctionMode):
+    """While gradients are off inside the exported forward (the model's `with torch.no_grad():`, a
+    `set_grad_enabled(False)` or `inference_mode` region; the export itself runs with them on), every
+    floating-point tensor a torch function returns is `_Stop`ped: in torch such a value carries no gradient,
+    and the trace would otherwise record it as any other."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if torch.is_grad_enabled():
+            return out
+        return pytree.tree_map(lambda t: _Stop.apply(t) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                               else t, out)
+
+
 #: the opset of gradflow's domain a model exported through `exported_as_stops` imports
 OPSETS = {GRADFLOW_DOMAIN: 1}
 
@@ -225,7 +247,8 @@ def exported_as_stops() -> Iterator[list[str]]:
     torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
     torch.Tensor.register_hook = hook_listed  # type: ignore[method-assign]
     try:
-        yield hooks
+        with torch.enable_grad(), _StoppedWithoutGrad():  # gradients off inside are the model's own doing
+            yield hooks
     finally:
         torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
         torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]

@@ -1094,3 +1094,37 @@ def test_a_buffer_updated_in_place_in_forward_is_refused_and_left_as_it_was():
     with pytest.raises(DroppedOptionError, match="_RunningAverage updates its buffer 'avg' in place in its forward"):
         gt.compile(net, (torch.randn(3, 4, dtype=torch.float64),))
     assert not net.avg.any()
+
+
+class _ClippedInForward(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.l.weight.clamp_(-0.1, 0.1)
+        return self.l(x)
+
+
+def test_a_parameter_updated_in_place_in_forward_is_refused_and_left_as_it_was():
+    torch.manual_seed(0)
+    net = _ClippedInForward().double()
+    weight = net.l.weight.detach().clone()
+    with pytest.raises(DroppedOptionError, match="_ClippedInForward updates its parameter 'l.weight' in place"):
+        gt.compile(net, (torch.randn(3, 4, dtype=torch.float64),))
+    assert torch.equal(net.l.weight, weight)  # the trace's clamp was undone
+
+
+def test_a_lazy_module_is_initialised_by_the_first_trace_and_trains_as_torch_does():
+    # the trace's snapshot of the module's tensors must leave uninitialised ones to the first forward
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.LazyLinear(3), torch.nn.Tanh()).double()
+    x = torch.randn(2, 5, dtype=torch.float64)
+    model = gt.compile(net, (x,))
+    ref = copy.deepcopy(net)  # initialised now, by the trace
+    y, want = model(x), ref(x)
+    torch.testing.assert_close(y, want, **F64)
+    y.sum().backward()
+    want.sum().backward()
+    assert_same_grads(model, ref, F64)

@@ -92,10 +92,11 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 @contextlib.contextmanager
 def _untouched(module: torch.nn.Module, training: bool):
     """Run torch's tracing of `module`, its root in mode `training` (the compiled module's), without it
-    showing: buffers (BatchNorm statistics, counters), the train/eval flag of the root and the random number
-    generator are restored afterwards. Yields a list that then names the buffers the run changed other than
-    a BatchNorm's (whose updates the compiled module makes itself)."""
-    saved = [(name, b, b.detach().clone()) for name, b in module.named_buffers()]
+    showing: buffers (BatchNorm statistics, counters), parameters, the train/eval flag of the root and the
+    random number generator are restored afterwards. Yields a list that then names the buffers and
+    parameters the run changed in place, BatchNorm's buffers aside (the compiled module updates those)."""
+    saved = [(name, b, b.detach().clone()) for name, b in (*module.named_buffers(), *module.named_parameters())
+             if not torch.nn.parameter.is_lazy(b)]  # a lazy module's first forward makes its tensors
     norms = {name for name, m in module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
     rng = torch.random.get_rng_state()
     training, module.training = module.training, training
@@ -350,11 +351,13 @@ class CompiledModule(torch.nn.Module):
                     stops.recorded() as detaches:
                 out = module(*[x.detach() for x in args])
             if updated:
+                what = "parameter" if updated[0] in dict(module.named_parameters()) else "buffer"
                 raise DroppedOptionError(
-                    f"{type(module).__name__} updates its buffer '{updated[0]}' in place in its forward: the ONNX "
-                    "export gradflow.torch.compile traces drops in-place updates of buffers (BatchNorm's statistics "
-                    "aside), so the compiled module would neither update it nor compute with the updated value",
-                    "update the buffer outside forward (after each step, under torch.no_grad()), or pass its "
+                    f"{type(module).__name__} updates its {what} '{updated[0]}' in place in its forward: the ONNX "
+                    "export gradflow.torch.compile traces drops in-place updates of module tensors (BatchNorm's "
+                    "statistics aside), so the compiled module would neither update it nor compute with the "
+                    "updated value",
+                    f"update the {what} outside forward (after each step, under torch.no_grad()), or pass its "
                     "value in as an input")
             refuse(dropped, module)  # before anything is built: an option that changes the forward
             stops.refuse(detaches, module, training=False)  # a .data read: the forward itself differs

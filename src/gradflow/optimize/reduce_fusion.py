@@ -144,7 +144,8 @@ def match_at(sdfg: dace.SDFG, state: dace.SDFGState, temp: nd.AccessNode):
 
 def _initialise(sdfg: dace.SDFG, state: dace.SDFGState, out_edge, identity) -> None:
     """A state before `state` setting the reduction's output subset to `identity`."""
-    init = state.parent_graph.add_state_before(state, f"init_{out_edge.dst.data}")
+    region = state.parent_graph
+    init = region.add_state_before(state, f"init_{out_edge.dst.data}", is_start_block=region.start_block is state)
     subset = out_edge.data.get_dst_subset(out_edge, state) or out_edge.data.subset
     desc = sdfg.arrays[out_edge.dst.data]
     value = repr(desc.dtype.type(identity).item())

@@ -8,7 +8,7 @@ a copy), the caller's graph is never touched, and the rewrite sees matches found
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import dace
 from returns.result import Success
@@ -43,6 +43,16 @@ class RewritePass(Pass):
 
     def run(self, graph: Graph) -> PassResult:
         return drive(graph, self)
+
+
+def at_data_nodes(sdfg: dace.SDFG, match_at: Callable[[dace.SDFG, dace.SDFGState, Any], Any]) -> Iterator[Any]:
+    """`match_at(sdfg, state, node)` at every access node of every state of `sdfg`, where it is not None: the
+    `matches` of a rewrite anchored at one array node (lazy, for `ONE_AT_A_TIME`)."""
+    for state in sdfg.states():
+        for node in state.data_nodes():
+            match = match_at(sdfg, state, node)
+            if match is not None:
+                yield match
 
 
 def _sdfgs(sdfg: dace.SDFG, nested: bool) -> Iterable[dace.SDFG]:

@@ -39,7 +39,7 @@ from dace.sdfg import nodes as nd
 from gradflow.analysis.dependence import accessed_at_one_node
 from gradflow.analysis.indices import affine_row, injective, point_indices, same_value
 from gradflow.core.passes import register_pass
-from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass, at_data_nodes
 from gradflow.transforms.fusion import elementwise_scope
 
 
@@ -204,11 +204,7 @@ class WriteInPlace(RewritePass):
     strategy: ClassVar[str] = ONE_AT_A_TIME  # each rewrite changes the graph the next proof reads
 
     def matches(self, sdfg: dace.SDFG) -> Iterator:
-        for state in sdfg.states():
-            for temp in state.data_nodes():
-                match = match_at(sdfg, state, temp)
-                if match is not None:
-                    yield match
+        return at_data_nodes(sdfg, match_at)
 
     def rewrite(self, sdfg: dace.SDFG, match) -> None:
         state, temp, write, copy, dest, shift, inner_writes = match

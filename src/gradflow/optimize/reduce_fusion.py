@@ -43,7 +43,7 @@ from dace.sdfg import nodes as nd
 from gradflow.analysis.dependence import accessed_at_one_node
 from gradflow.analysis.indices import affine_row, same_value
 from gradflow.core.passes import register_pass
-from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
+from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass, at_data_nodes
 from gradflow.core.wcr import MAX, MIN, PRODUCT, SUM, reduction_type
 from gradflow.transforms.fusion import elementwise_scope
 
@@ -164,11 +164,7 @@ class ReduceInMaps(RewritePass):
     strategy: ClassVar[str] = ONE_AT_A_TIME  # each rewrite changes the graph the next proof reads
 
     def matches(self, sdfg: dace.SDFG) -> Iterator:
-        for state in sdfg.states():
-            for temp in state.data_nodes():
-                match = match_at(sdfg, state, temp)
-                if match is not None:
-                    yield match
+        return at_data_nodes(sdfg, match_at)
 
     def rewrite(self, sdfg: dace.SDFG, match) -> None:
         state, temp, write, inner, reduce_node, out_edge, index, operator = match

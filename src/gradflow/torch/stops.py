@@ -61,6 +61,27 @@ def _hook_operator() -> type | None:
     return RegisterHookOp
 
 
+@contextlib.contextmanager
+def _hook_operator_noting(found: list[str]) -> Iterator[None]:
+    """While active, Dynamo's `register_hook` operator (where this torch has one) appends "register_hook" to
+    `found` and registers nothing: gradflow's backward would never call the hook."""
+    op = _hook_operator()
+    if op is None:
+        yield
+        return
+    call = op.__call__
+
+    def noted(self, tensor, *args, **kwargs):
+        found.append("register_hook")
+        return tensor
+
+    op.__call__ = noted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        op.__call__ = call  # type: ignore[method-assign]
+
+
 def _models(module: str) -> bool:
     """Whether code of the module named `module` is the model's: not torch's, not gradflow's (an FX graph
     Dynamo captured from the model counts as the model's)."""
@@ -133,27 +154,18 @@ def recorded() -> Iterator[list[str]]:
         return function(x, *args, **kwargs)
 
     torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
-    def hook_op_noted(self, tensor, *args, **kwargs):
-        found.append("register_hook")
-        return tensor
-
-    hook_op = _hook_operator()
-    hook_op_call = hook_op.__call__ if hook_op is not None else None
-    if hook_op is not None:
-        hook_op.__call__ = hook_op_noted  # type: ignore[method-assign]
     torch.Tensor.detach_ = detach_in_place  # type: ignore[method-assign]
     torch.Tensor.register_hook = hook_noted  # type: ignore[method-assign]
     torch.Tensor.data = property(data_read, data_write)  # type: ignore[assignment, method-assign]
     torch.autograd.Function.apply = classmethod(apply_noted)  # type: ignore[method-assign, assignment]
     hop.__call__ = hop_noted  # type: ignore[method-assign]
     try:
-        yield found
+        with _hook_operator_noting(found):
+            yield found
     finally:
         torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
         torch.Tensor.detach_ = detach_  # type: ignore[method-assign]
         torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
-        if hook_op is not None:
-            hook_op.__call__ = hook_op_call  # type: ignore[method-assign]
         del torch.Tensor.data  # TensorBase's own descriptor again
         torch.autograd.Function.apply = apply  # type: ignore[method-assign]
         hop.__call__ = hop_call  # type: ignore[method-assign]
@@ -236,24 +248,15 @@ def exported_as_stops() -> Iterator[list[str]]:
                      if not frame.f_code.co_filename.startswith("<") else "register_hook")
         return _NoHook()
 
-    def hook_op_listed(self, tensor, *args, **kwargs):
-        hooks.append("register_hook")
-        return tensor
-
-    hook_op = _hook_operator()
-    hook_op_call = hook_op.__call__ if hook_op is not None else None
-    if hook_op is not None:
-        hook_op.__call__ = hook_op_listed  # type: ignore[method-assign]
     torch.Tensor.detach, torch.detach = detach_method, detach_function  # type: ignore[method-assign]
     torch.Tensor.register_hook = hook_listed  # type: ignore[method-assign]
     try:
-        with torch.enable_grad(), _StoppedWithoutGrad():  # gradients off inside are the model's own doing
+        # gradients off inside are the model's own doing
+        with torch.enable_grad(), _StoppedWithoutGrad(), _hook_operator_noting(hooks):
             yield hooks
     finally:
         torch.Tensor.detach, torch.detach = method, function  # type: ignore[method-assign]
         torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
-        if hook_op is not None:
-            hook_op.__call__ = hook_op_call  # type: ignore[method-assign]
 
 
 def refuse(found: Sequence[str], module: Any, training: bool, stops_exported: bool = True) -> None:

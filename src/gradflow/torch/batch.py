@@ -103,8 +103,9 @@ _CONVERSIONS = ("__index__", "__int__", "__float__", "__bool__")
 
 
 #: files whose frames stand between a conversion and the code that asks for it: this module, torch's tensor
-#: class, and the torch function mode of `stops` the export runs under
-_BETWEEN = (__file__, torch._tensor.__file__, os.path.join(os.path.dirname(__file__), "stops.py"))
+#: class, and the torch function modes of `stops` and `draws` the export runs under
+_BETWEEN = (__file__, torch._tensor.__file__, os.path.join(os.path.dirname(__file__), "stops.py"),
+            os.path.join(os.path.dirname(__file__), "draws.py"))
 
 
 def _where() -> tuple[str, int]:

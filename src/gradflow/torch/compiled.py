@@ -35,7 +35,7 @@ from gradflow.core.checks import ERROR_FLAG, FLAG_SIZE, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
 from gradflow.torch import batch as batching
 from gradflow.torch import stops
-from gradflow.torch.dropout import DropoutCall, dropping_calls, record_calls
+from gradflow.torch.dropout import RandomSite, dropping_calls, record_calls
 from gradflow.torch.embedding import recorded, refuse
 from gradflow.torch.errors import DroppedOptionError
 from gradflow.torch.export import Exported, ExportError, adopt_model, export_module, named_tensors
@@ -166,7 +166,7 @@ class _Lowered:
         return tuple(int(d) if isinstance(d, (int, np.integer)) else int(dace.symbolic.evaluate(d, bind))
                      for d in port.shape)
 
-    def serves(self, traced: _Traced, sites: Sequence[DropoutCall], size: int | None) -> bool:
+    def serves(self, traced: _Traced, sites: Sequence[RandomSite], size: int | None) -> bool:
         """Whether this program computes what the eager forward `traced` did (at batch `size`): the same
         output shapes and the same dropout sites, each mask of the program's size."""
         outputs = {p.onnx_name: p for p in self.signature.outputs}
@@ -213,7 +213,7 @@ class _Program:
             graph = optimized(lowered.graph) if options.optimize else lowered.graph
             self.runner = Runner(graph)
 
-    def __call__(self, args: Sequence[torch.Tensor], traced: _Traced, sites: Sequence[DropoutCall],
+    def __call__(self, args: Sequence[torch.Tensor], traced: _Traced, sites: Sequence[RandomSite],
                  size: int | None) -> list[torch.Tensor]:
         """Run on `args`, whose eager forward is `traced` (at batch `size`) and meets the dropout `sites`."""
         lowered = self.lowered
@@ -344,7 +344,7 @@ class CompiledModule(torch.nn.Module):
         found = self._gf_traced.get(key)
         if found is None:
             module = self._gf_source
-            calls: list[DropoutCall] = []
+            calls: list[RandomSite] = []
             counts: list[tuple[str, int]] = []
             with _untouched(module, self.training) as updated, torch.no_grad(), record_calls(module, calls), \
                     _record_counts(module, counts), recorded(named_tensors(module)) as dropped, \
@@ -370,7 +370,7 @@ class CompiledModule(torch.nn.Module):
                                                    tuple(counts), tuple(detaches))
         return found
 
-    def _sites(self, traced: _Traced) -> tuple[DropoutCall, ...]:
+    def _sites(self, traced: _Traced) -> tuple[RandomSite, ...]:
         """The dropout sites of the eager forward `traced` that drop in the compiled module's modes."""
         with _mode(self._gf_source, self.training):
             return tuple(call for call, _ in dropping_calls(self._gf_source, traced.dropouts))
@@ -402,7 +402,7 @@ class CompiledModule(torch.nn.Module):
         return found
 
     def _batch_export(self, modes: tuple[bool, ...], dtypes: tuple, args: Sequence[torch.Tensor], traced: _Traced,
-                      sites: Sequence[DropoutCall], size: int) -> _Lowered | None:
+                      sites: Sequence[RandomSite], size: int) -> _Lowered | None:
         """The export with a symbolic batch for these modes and dtypes (traced at `args`, of batch `size`),
         or None (with a `BatchSpecializationWarning` saying why) when `gradflow.torch.batch` does not find
         that it serves every batch size."""
@@ -418,7 +418,7 @@ class CompiledModule(torch.nn.Module):
                               stacklevel=5)
         return found
 
-    def _export_batch(self, args: Sequence[torch.Tensor], traced: _Traced, sites: Sequence[DropoutCall],
+    def _export_batch(self, args: Sequence[torch.Tensor], traced: _Traced, sites: Sequence[RandomSite],
                       size: int) -> _Lowered:
         import gradflow.onnx
 
@@ -532,7 +532,7 @@ class _Traced:
 
     spec: Any
     shapes: tuple[tuple[int, ...], ...]
-    dropouts: tuple[DropoutCall, ...]
+    dropouts: tuple[RandomSite, ...]
     counts: tuple[tuple[str, int], ...] = ()
     #: what the model's code did that stops or replaces torch's gradient (`gradflow.torch.stops.recorded`)
     detaches: tuple[str, ...] = ()
@@ -554,7 +554,7 @@ class _Call:
 
     lowered: _Lowered
     traced: _Traced
-    sites: tuple[DropoutCall, ...]
+    sites: tuple[RandomSite, ...]
     size: int | None
 
 

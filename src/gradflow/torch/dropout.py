@@ -16,6 +16,9 @@ eager torch when the forward draws no other random numbers, and the backward is 
 A module called more than once per forward, a feature dropout (`Dropout1d/2d/3d`, `AlphaDropout`),
 attention dropout outside `nn.MultiheadAttention`, and the dropout between the layers of a multi-layer
 `nn.LSTM`/`GRU`/`RNN` are refused in training mode (`ExportError` naming the module).
+
+The random numbers the model's own code draws (`torch.randn_like`...) are inputs of the same kind, drawn
+in the same order (`gradflow.torch.draws`): a `RandomSite` is a dropout site or such a draw.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import attrs
 import torch
 
+from gradflow.torch import draws
 from gradflow.torch.errors import ExportError
 
 
@@ -47,9 +51,10 @@ _ATTENTION = (torch.nn.MultiheadAttention, AttentionCall)
 
 
 @attrs.frozen
-class DropoutCall:
-    """One dropout site met by the example forward: the module's qualified name, the mask's shape, and
-    whether it is the attention weights of an `nn.MultiheadAttention` (else an input of a Dropout)."""
+class RandomSite:
+    """One random input met by the example forward: a dropout site (`module` the module's qualified name;
+    `attention`: the attention weights of an `nn.MultiheadAttention`, else an input of a Dropout) or a draw
+    of the model's code (`fill` set; `module` names the draw: function, number, place), with the shape."""
 
     module: str
     shape: tuple[int, ...]
@@ -57,23 +62,34 @@ class DropoutCall:
     #: the strides torch's `empty_like` gives the mask (those of a dense input, e.g. a transposed one):
     #: torch fills the mask in memory order, so the same draws land elsewhere in another layout
     strides: tuple[int, ...] | None = None
+    #: a draw's fill ('normal' or 'uniform', '' for a dropout site), its two scalars and its dtype
+    fill: str = ""
+    scalars: tuple[float, float] = (0.0, 1.0)
+    dtype: torch.dtype | None = None
 
 
 @attrs.frozen
 class Mask:
-    """A mask input of an exported program: the dropout site's module, the p it drops with, the dtype, and
-    the mask's layout as an input: `cols` None for a flat vector, else `(batch, cols)` rows (a mask whose
-    size is the batch times `cols`, for a program that serves every batch size)."""
+    """A random input of an exported program (a dropout mask, or a draw when `fill` is set): the site's
+    module (or draw), the p it drops with, the dtype, and the input's layout: `cols` None for a flat
+    vector, else `(batch, cols)` rows (an input whose size is the batch times `cols`, for a program that
+    serves every batch size)."""
 
     module: str
     p: float
     dtype: torch.dtype
     attention: bool = False
     cols: int | None = None
+    fill: str = ""
+    scalars: tuple[float, float] = (0.0, 1.0)
 
-    def draw(self, call: DropoutCall) -> torch.Tensor:
-        """The mask eager torch's CPU dropout multiplies by at the site `call` (its shape and memory order
-        at this call), from the same generator draws, laid out as the program reads it."""
+    def draw(self, call: RandomSite) -> torch.Tensor:
+        """What eager torch draws at the site `call` (its shape and memory order at this call): the mask
+        its CPU dropout multiplies by, or the draw itself, from the same generator draws, laid out as the
+        program reads it."""
+        if self.fill:
+            drawn = draws.redraw(call.shape, call.strides, self.dtype, self.fill, self.scalars)
+            return drawn.reshape(-1) if self.cols is None else drawn.reshape(-1, self.cols)
         if self.p == 1.0:  # torch multiplies by zero without drawing
             mask = torch.zeros(call.shape, dtype=self.dtype)
         else:
@@ -112,12 +128,13 @@ def _attention_wrapped(wrap: Callable[[Callable[..., Any]], Callable[..., Any]])
 
 
 @contextlib.contextmanager
-def record_calls(module: torch.nn.Module, calls: list[DropoutCall]) -> Iterator[None]:
-    """While the block runs `module`'s forward, append every dropout site it meets (in order) to `calls`:
-    each Dropout module's call, and each attention computed inside an `nn.MultiheadAttention`."""
+def record_calls(module: torch.nn.Module, calls: list[RandomSite]) -> Iterator[None]:
+    """While the block runs `module`'s forward, append every random site it meets (in order) to `calls`:
+    each Dropout module's call, each attention computed inside an `nn.MultiheadAttention`, and each draw
+    of the model's code (`draws.Recording`)."""
     names = {m: n for n, m in module.named_modules()}
     hooks = [m.register_forward_pre_hook(
-        lambda mod, args: calls.append(DropoutCall(names[mod], tuple(args[0].shape),
+        lambda mod, args: calls.append(RandomSite(names[mod], tuple(args[0].shape),
                                                    strides=tuple(torch.empty_like(args[0]).stride()))))
         for m in names if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
 
@@ -125,19 +142,19 @@ def record_calls(module: torch.nn.Module, calls: list[DropoutCall]) -> Iterator[
         def call(query, key, *args, **kwargs):
             if stack:
                 shape = (*query.shape[:-1], key.shape[-2])  # the attention weights: (..., queries, keys)
-                calls.append(DropoutCall(names[stack[-1]], tuple(shape), attention=True))
+                calls.append(RandomSite(names[stack[-1]], tuple(shape), attention=True))
             return attention(query, key, *args, **kwargs)
         return call
 
     try:
-        with _innermost_attention(module) as stack, _attention_wrapped(recording):
+        with _innermost_attention(module) as stack, _attention_wrapped(recording), draws.Recording(calls, RandomSite):
             yield
     finally:
         for h in hooks:
             h.remove()
 
 
-def dropping_calls(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> list[tuple[DropoutCall, float]]:
+def dropping_calls(module: torch.nn.Module, calls: Sequence[RandomSite]) -> list[tuple[RandomSite, float]]:
     """The dropout sites among `calls` that drop in the modules' current modes, in call order, with their
     p, checked (module doc)."""
     for name, m in module.named_modules():
@@ -147,6 +164,9 @@ def dropping_calls(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> lis
                               "stack single-layer modules with an nn.Dropout between them, or set its dropout to 0")
     found, seen = [], set()
     for call in calls:
+        if call.fill:  # a draw: random in every mode
+            found.append((call, 0.0))
+            continue
         m = module.get_submodule(call.module)
         p = m.dropout if call.attention else m.p
         if not m.training or p == 0:
@@ -162,27 +182,32 @@ def dropping_calls(module: torch.nn.Module, calls: Sequence[DropoutCall]) -> lis
     return found
 
 
-def mask_example(call: DropoutCall, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """A stand-in for the mask input of `call` while exporting (its values do not matter)."""
+def mask_example(call: RandomSite, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """A stand-in for the random input of `call` while exporting (its values do not matter)."""
     numel = int(torch.Size(call.shape).numel())
-    return torch.ones((numel,) if cols is None else (numel // cols, cols), dtype=dtype)
+    return torch.ones((numel,) if cols is None else (numel // cols, cols), dtype=call.dtype or dtype)
 
 
 @contextlib.contextmanager
-def masks_as_inputs(module: torch.nn.Module, calls: Sequence[DropoutCall], dtype: torch.dtype, n_inputs: int,
+def masks_as_inputs(module: torch.nn.Module, calls: Sequence[RandomSite], dtype: torch.dtype, n_inputs: int,
                     cols: Sequence[int | None] | None = None) -> Iterator[tuple[list[Mask], list[torch.Tensor]]]:
-    """While exporting: `module`'s forward takes, after its `n_inputs` inputs, one mask per dropout site
-    that drops (`dropping_calls`), laid out as `cols` says (default: flat vectors); each training-mode
-    Dropout multiplies by its mask and each training-mode `nn.MultiheadAttention` hands its mask to
-    `attention_mask`. Yields the masks and example mask tensors (call order). The module is as before
+    """While exporting: `module`'s forward takes, after its `n_inputs` inputs, one input per random site
+    (`dropping_calls`: dropout sites that drop, and draws), laid out as `cols` says (default: flat
+    vectors); each training-mode Dropout multiplies by its mask, each training-mode `nn.MultiheadAttention`
+    hands its mask to `attention_mask`, and each draw of the model's code returns its input
+    (`draws.AsInputs`). Yields the masks and example tensors (call order). The module is as before
     afterwards."""
     sites = dropping_calls(module, calls)
     cols = list(cols) if cols is not None else [None] * len(sites)
-    masks = [Mask(call.module, p, dtype, call.attention, c) for (call, p), c in zip(sites, cols)]
+    masks = [Mask(call.module, p, call.dtype or dtype, call.attention, c, call.fill, call.scalars)
+             for (call, p), c in zip(sites, cols)]
     current: list[torch.Tensor] = []
     patched, owners = [], {}
+    drawing = draws.AsInputs(current, [k for k, (call, _) in enumerate(sites) if call.fill])
     try:
         for k, (call, _) in enumerate(sites):
+            if call.fill:
+                continue
             m = module.get_submodule(call.module)
             if call.attention:
                 owners[m] = k
@@ -194,10 +219,11 @@ def masks_as_inputs(module: torch.nn.Module, calls: Sequence[DropoutCall], dtype
 
             def forward(*args: Any) -> Any:
                 current[:] = args[n_inputs:]
+                drawing.restart()
                 return inner(*args[:n_inputs])
             module.forward = forward
             patched.append(module)
-        with _innermost_attention(module) as stack:
+        with _innermost_attention(module) as stack, drawing if drawing.slots else contextlib.nullcontext():
             _ACTIVE.append((stack, owners, current))
             try:
                 yield masks, [mask_example(call, c, dtype) for (call, _), c in zip(sites, cols)]

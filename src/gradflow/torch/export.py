@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 
 from gradflow.torch import stops
 from gradflow.torch.batch import BATCH, Conversions, traced_conversions
-from gradflow.torch.dropout import DropoutCall, Mask, attention_drops, attention_mask, masks_as_inputs
+from gradflow.torch.dropout import RandomSite, Mask, attention_drops, attention_mask, masks_as_inputs
 from gradflow.torch.embedding import recorded, refuse
 from gradflow.torch.errors import ExportError, LostParameterError
 from gradflow.torch.precision import float32_scales, undo_scalar_downcasts
@@ -91,7 +91,7 @@ def _quiet_export(module: torch.nn.Module, args: tuple, input_names: list[str], 
         torch.onnx.export(
             module, args, buf, dynamo=False, export_params=True, do_constant_folding=False,
             keep_initializers_as_inputs=True,  # also turns off de-duplication of equal initializers
-            training=torch.onnx.TrainingMode.PRESERVE, opset_version=OPSET, custom_opsets=stops.OPSETS,
+            training=torch.onnx.TrainingMode.PRESERVE, opset_version=OPSET,
             input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes or None)
     return buf.getvalue()
 
@@ -160,7 +160,7 @@ def _check_outputs(model: onnx.ModelProto, shapes: Sequence[tuple[int, ...]], ow
 
 
 def export_module(module: torch.nn.Module, args: Sequence[torch.Tensor], shapes: Sequence[tuple[int, ...]],
-                  dropouts: Sequence[DropoutCall] = (), *, batch: Sequence[bool] | None = None,
+                  dropouts: Sequence[RandomSite] = (), *, batch: Sequence[bool] | None = None,
                   mask_cols: Sequence[int | None] | None = None) -> Exported:
     """Export `module(*args)` (in the train/eval modes its submodules have now) and check its initializers
     and that its outputs have the `shapes` of the forward's output tensors. `dropouts`: the Dropout calls

@@ -207,10 +207,6 @@ class _StoppedWithoutGrad(TorchFunctionMode):
                                else t, out)
 
 
-#: the opset of gradflow's domain a model exported through `exported_as_stops` imports
-OPSETS = {GRADFLOW_DOMAIN: 1}
-
-
 class _NoHook:
     """The handle of a gradient hook that was noted, not registered."""
 
@@ -222,7 +218,8 @@ class _NoHook:
 def exported_as_stops() -> Iterator[list[str]]:
     """While active, the detaches the model's own code makes (`Tensor.detach`, `torch.detach`; those of
     torch's and gradflow's modules are left alone, as `recorded` leaves them) are `_Stop`, which the
-    TorchScript exporter writes as a `StopGradient` node (export with `custom_opsets=OPSETS`): the lowered
+    TorchScript exporter writes as a `StopGradient` node (the exporter imports its domain at version 1; naming
+    it in `custom_opsets` would warn on every model without a detach): the lowered
     program then stops the gradient where torch does. The gradient hooks the model's code registers on its
     tensors (`register_hook at file:line`, which the export runs with gradients, so also those under an
     `if h.requires_grad:`) are listed, not registered: no program calls them."""

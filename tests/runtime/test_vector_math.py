@@ -68,3 +68,31 @@ def test_loops_of_transcendentals_use_simd_variants(program, dtype, rtol) -> Non
         suffix = "f" if dtype == np.float32 else ""
         symbols = _exported(graph)
         assert f"v_tanh{suffix}" in symbols and f"v_exp{suffix}" in symbols and "_ZGV" in symbols
+
+
+def test_avx512_machines_build_with_512_bit_vectors_unless_told(monkeypatch) -> None:
+    """On a CPU with AVX-512 GCC is asked for 512-bit vectors (its default under -march=native is 256);
+    GRADFLOW_VECTOR_WIDTH=256 keeps its choice, and the choice is part of the compile-cache key."""
+    if not vector_math.enabled():
+        assert "-mprefer-vector-width" not in vector_math.compiler_args()
+        return
+    monkeypatch.setattr(vector_math, "_avx512", lambda: True)
+    monkeypatch.delenv("GRADFLOW_VECTOR_WIDTH", raising=False)
+    wide_args, wide_tag = vector_math.compiler_args(), vector_math.tag()
+    assert wide_args.endswith("-mprefer-vector-width=512")
+    monkeypatch.setenv("GRADFLOW_VECTOR_WIDTH", "256")
+    assert "-mprefer-vector-width" not in vector_math.compiler_args() and vector_math.tag() != wide_tag
+    monkeypatch.delenv("GRADFLOW_VECTOR_WIDTH")
+    monkeypatch.setattr(vector_math, "_avx512", lambda: False)
+    assert "-mprefer-vector-width" not in vector_math.compiler_args() and vector_math.tag() != wide_tag
+
+
+def test_512_bit_builds_call_the_8_wide_exp_on_avx512() -> None:
+    if not (vector_math.wide_vectors() and vector_math._avx512()):
+        pytest.skip("not an AVX-512 machine with GCC and glibc's libmvec")
+    graph = Graph.of(squash64.to_sdfg())
+    x = np.random.default_rng(2).uniform(-4, 4, N)
+    y = np.zeros(N)
+    compile_sdfg(graph)(x=x, y=y)
+    np.testing.assert_allclose(y, _reference(x), rtol=1e-14, atol=1e-14)
+    assert "_ZGVeN8v_exp" in _exported(graph)

@@ -11,8 +11,13 @@ simd` redeclarations of the functions this glibc vectorizes, and `compiler_args(
 on the run-time alias checks of one loop: DaCe's parallel loops reach their arrays through OpenMP's
 outlined functions, which drop `__restrict__`, and a reverse-mode loop that reads eight arrays and
 accumulates into five needs more checks than the default 10 before GCC versions it for SIMD.
-Elsewhere (another libc, another architecture, not GCC) both change nothing; `tag()` names the choice
-in the compile-cache key.
+On a CPU with AVX-512, `compiler_args()` also asks GCC for 512-bit vectors (`-mprefer-vector-width=512`):
+under `-march=native` GCC keeps to 256 bits unless told (a tuning for older Intel cores, whose clock
+dropped under 512-bit instructions), so a loop of `exp` called libmvec's 4-wide `_ZGVdN4v_exp` where the
+8-wide `_ZGVeN8v_exp` exists (GradBench's lse at n = 1.28 million: 1.2x the JAX tool's primal, measured
+2026-12-05). `GRADFLOW_VECTOR_WIDTH=256` keeps GCC's choice.
+Elsewhere (another libc, another architecture, not GCC) all this changes nothing; `tag()` names the
+choice in the compile-cache key.
 """
 
 from __future__ import annotations
@@ -93,15 +98,36 @@ def enabled() -> bool:
     return bool(functions()[0])
 
 
+@functools.cache
+def _avx512() -> bool:
+    """This CPU has AVX-512 (the `avx512f` flag of /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+def wide_vectors() -> bool:
+    """Whether builds ask GCC for 512-bit vectors (module doc)."""
+    return enabled() and _avx512() and os.environ.get("GRADFLOW_VECTOR_WIDTH", "512") != "256"
+
+
 def tag() -> str:
     """Part of the compile-cache key: builds with and without the declarations differ."""
-    return f"mvec{_ALIAS_CHECKS}:" + ",".join(functions()[0] + functions()[1]) if enabled() else "scalar"
+    if not enabled():
+        return "scalar"
+    return f"mvec{_ALIAS_CHECKS}{'w512' if wide_vectors() else ''}:" + ",".join(functions()[0] + functions()[1])
 
 
 def compiler_args() -> str:
-    """DaCe's C++ flags for a build, with the larger alias-check budget where the declarations apply."""
+    """DaCe's C++ flags for a build, with the larger alias-check budget where the declarations apply (and
+    512-bit vectors where `wide_vectors`)."""
     args = dace.Config.get("compiler", "cpu", "args")
-    return f"{args} --param vect-max-version-for-alias-checks={_ALIAS_CHECKS}" if enabled() else args
+    if not enabled():
+        return args
+    wide = " -mprefer-vector-width=512" if wide_vectors() else ""
+    return f"{args} --param vect-max-version-for-alias-checks={_ALIAS_CHECKS}{wide}"
 
 
 @contextlib.contextmanager

@@ -255,3 +255,52 @@ def test_second_order_is_checked_against_differences_of_the_checked_gradient() -
 
     assert _hvp_problem(module.program, wrt, data, spec["symbols"], rerun) is None
     assert "hvp" in (_hvp_problem(module.program, wrt, data, spec["symbols"], bent) or "")
+
+
+def _stopped_program(scale: float) -> Program:
+    """An accumulation through stopped values in a loop and a stopped slice product:
+    x0[i1] += sin(x0[i1]) * stop(x0[N-1] * x0[i1]) for every i1, then x0[1:] = x0[:N-1] * stop(tanh(x0[1:]) * scale)."""
+    from gradflow.verify.fuzz.program import Call, Stop
+
+    body = (For("i1", At(None, 0), At("N", 0), 1,
+                (Assign(Read("x0", (At("i1", 0),)), "+=",
+                        Op("*", Call("np.sin", Read("x0", (At("i1", 0),))),
+                           Stop(Op("*", Read("x0", (At("N", -1),)), Read("x0", (At("i1", 0),)))))),)),
+            Assign(Read("x0", (Span(1, 0, 1, "N"),)), "=",
+                   Op("*", Read("x0", (Span(0, 1, 1, "N"),)),
+                      Stop(Op("*", Call("np.tanh", Read("x0", (Span(1, 0, 1, "N"),))), Num(scale))))))
+    args = (Argument("x0", ("N",), "input"), Argument("w0", ("N",), "weight"), Argument("S", (1,), "output"))
+    return Program((("N", 6), ("M", 5)), args, body, (("x0", "w0"),))
+
+
+def test_stopped_values_are_held_by_the_twins_differences() -> None:
+    """The twin's central differences hold each stopped value where the unperturbed run had it, so they
+    are the gradient a stop means: the program with stops is ok under both policies and forward mode (not
+    second order: `fuzz.frozen`), and its differences differ from those through the stops."""
+    from gradflow.verify.fuzz import frozen
+    from gradflow.verify.fuzz.check import central_differences
+
+    program = _stopped_program(0.5)
+    spec = spec_of(program, (DEFAULT, ("vjp", "recompute_all", False)), seed=4)
+    assert "from gradflow import stop_gradient" in spec["dace"] and spec["hvp"] is False
+    verdict = check_program(spec)
+    assert verdict.kind == "ok", f"{verdict.config}: {verdict.error} {verdict.detail}"
+    namespace: dict = {}
+    exec(compile(spec["twin"], "<twin>", "exec"), namespace)
+    data = make_data(spec, spec["seed"])
+    through = central_differences(namespace["program"], data, ["x0"])[0]["x0"]
+    with frozen.replaying(lambda: run_twin(namespace["program"], data)):
+        held = central_differences(namespace["program"], data, ["x0"])[0]["x0"]
+    assert np.max(np.abs(held - through)) > 1e-2
+
+
+def test_a_stop_differentiated_through_is_wrong(monkeypatch) -> None:
+    """Were the stop's derivative 1 (the value passed straight through, as ONNX exports a detach), the
+    checker says WRONG."""
+    import sympy
+
+    from gradflow.core.stop_gradient import StopGradient
+
+    monkeypatch.setattr(StopGradient, "fdiff", lambda self, argindex=1: sympy.Integer(1))
+    verdict = check_program(spec_of(_stopped_program(0.75), (DEFAULT,), seed=4))
+    assert verdict.kind == "WRONG" and "central differences" in verdict.detail

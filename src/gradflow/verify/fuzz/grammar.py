@@ -9,7 +9,7 @@ and sign, triangular nests, trip counts from an argument and from data; data-dep
 conditionals on data and on the loop variable; conversions to integers (`astype`, assignment into an
 integer array); gathers and scatters through index arrays with repeated indices; nested programs; maps
 (`dace.map`) of scalar code writing some elements of each row of a zeroed temporary; positions as weights
-(`np.arange(N) * 0.25`).
+(`np.arange(N) * 0.25`); stops of the gradient (`stop_gradient(e)`, outside maps' scalar code).
 
 Shapes are tracked as keys (`Span.key`): two operands of an element-wise operation always have equal keys,
 so a program is well formed whatever sizes it runs at; every index stays inside its array (each loop
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from gradflow.verify.fuzz.program import (
     Arange, Argument, Assign, At, Break, Call, CallHelper, Cond, Define, For, Helper, If, Map, MatMul, Num, Op,
-    Program, Read, Reduce, Span, Transpose, Via, While,
+    Program, Read, Reduce, Span, Stop, Transpose, Via, While,
 )
 
 Shape = tuple  # of keys: () for a scalar, (key,) or (key, key) for arrays (see `Span.key`)
@@ -216,9 +216,14 @@ def expr(draw, scope: Scope, shape: Shape, depth: int):
     if depth <= 0:
         return _leaf(draw, scope, shape)
     kinds = ["leaf", "call", "op", "op", "minmax"] + ([] if scope.scalar else ["reduce", "product", "transpose"])
+    if "stop" in scope.features and not scope.scalar:
+        kinds.append("stop")
     kind = draw(st.sampled_from(kinds))
     if kind == "leaf":
         return _leaf(draw, scope, shape)
+    if kind == "stop":
+        inner = draw(expr(scope, shape, depth - 1))
+        return None if inner is None else Stop(inner)
     if kind == "call":
         spelling, center, radius = draw(st.sampled_from(_functions()))
         inner = draw(expr(scope, shape, depth - 1))
@@ -540,7 +545,7 @@ def block(draw, scope: Scope, most: int) -> list:
 
 
 FEATURES = ("accumulate", "branch", "break", "cast", "gather", "scatter", "trips", "triangular", "while", "helper",
-            "view", "map", "arange")
+            "view", "map", "arange", "stop")
 
 
 @st.composite

@@ -156,6 +156,17 @@ class Reduce:
 
 
 @attrs.frozen
+class Stop:
+    """`stop_gradient(arg)`: gradflow's stop of the gradient in the DaCe program; in the twin, a value that
+    central differences hold at its unperturbed value (`fuzz.frozen`), so they differentiate as a stop does."""
+
+    arg: "Expr"
+
+    def render(self) -> str:
+        return f"stop_gradient({self.arg.render()})"
+
+
+@attrs.frozen
 class MatMul:
     left: "Expr"
     right: "Expr"
@@ -360,6 +371,11 @@ class Program:
         values.update({a.name: a.values[0] for a in self.arguments if a.role == "trips"})
         return values
 
+    def stops(self) -> bool:
+        """Whether the program stops a gradient anywhere (then second order is not checked: `fuzz.frozen`)."""
+        lines = [line for helper in self.helpers for stmt in helper.body for line in stmt.lines()]
+        return any("stop_gradient(" in line for line in lines + self.body_lines())
+
     def body_lines(self) -> list[str]:
         lines = [line for stmt in self.body for line in stmt.lines()]
         terms = " + ".join(f"np.sum({a} * {w})" for a, w in self.loss)
@@ -370,6 +386,9 @@ class Program:
     def render(self, dace_module: bool) -> str:
         """The source of a module defining `program` (and its helpers): a DaCe program, or its numpy twin."""
         out = ["import numpy as np"]
+        if self.stops():
+            out.append("from gradflow import stop_gradient" if dace_module
+                       else "from gradflow.verify.fuzz.frozen import stop_gradient")
         if dace_module:
             out += ["import dace", ""]
             out += [f"{name} = dace.symbol({name!r})" for name, _ in self.sizes]

@@ -14,10 +14,10 @@ from typing import Callable, Iterator
 import attrs
 
 from gradflow.verify.fuzz.program import (
-    Arange, Assign, Call, Define, For, If, Map, MatMul, Num, Op, Program, Read, Reduce, Transpose, While,
+    Arange, Assign, Call, Define, For, If, Map, MatMul, Num, Op, Program, Read, Reduce, Stop, Transpose, While,
 )
 
-_EXPRESSIONS = (Num, Arange, Read, Call, Op, Reduce, MatMul, Transpose)
+_EXPRESSIONS = (Num, Arange, Read, Call, Op, Reduce, MatMul, Transpose, Stop)
 
 
 def _operands(expr) -> list:
@@ -25,7 +25,7 @@ def _operands(expr) -> list:
         return [expr.arg]
     if isinstance(expr, (Op, MatMul)):
         return [expr.left, expr.right]
-    if isinstance(expr, (Reduce, Transpose)):
+    if isinstance(expr, (Reduce, Transpose, Stop)):
         return [expr.arg]
     return []
 

@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 
 from gradflow.torch import stops
 from gradflow.torch.batch import BATCH, Conversions, traced_conversions
-from gradflow.torch.dropout import RandomSite, Mask, attention_drops, attention_mask, masks_as_inputs
+from gradflow.torch.dropout import Mask, RandomSite, attention_drops, attention_mask, masks_as_inputs
 from gradflow.torch.embedding import recorded, refuse
 from gradflow.torch.errors import ExportError, LostParameterError
 from gradflow.torch.precision import float32_scales, undo_scalar_downcasts

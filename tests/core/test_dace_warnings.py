@@ -1,5 +1,6 @@
-"""Differentiating a loop prints no DaCe warning: the uninitialized-transient warning of a tape push (whose
-first slot is never read, see `gradflow/core/dace_warnings.py`) is filtered, and only for those states."""
+"""Differentiating prints no DaCe warning: the uninitialized-transient warning of a tape push (whose first
+slot is never read, see `gradflow/core/dace_warnings.py`) is filtered, and only for those states; the
+reverse of a minimum builds its tasklets with ordered connectors."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ def test_other_uninitialized_reads_still_warn():
     state = sdfg.add_state("compute")
     state.add_nedge(state.add_read("t"), state.add_write("out"), dace.Memlet("t[0:3]"))
     assert _validation_warnings(sdfg, filtered=True)
+
+
+@dace.program
+def nearest(points: dace.float64[N, 3], centroids: dace.float64[4, 3], S: dace.float64[1]):
+    distances = np.sum(points * points, axis=1)[:, None] - 2.0 * (points @ np.transpose(centroids))
+    S[0] = np.sum(np.min(distances, axis=1))
+
+
+def test_the_reverse_of_a_minimum_warns_of_nothing():
+    """The reverse rule of a max/min reduction built its tie-counting tasklets with sets of connectors,
+    which DaCe warns of ("Using sets for connectors is discouraged") at every differentiation."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gradflow.grad(nearest.to_sdfg(), wrt=["centroids"], of="S", optimize=False)
+    assert not [str(w.message) for w in caught if "connectors" in str(w.message)]

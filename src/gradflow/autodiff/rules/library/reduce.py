@@ -193,9 +193,10 @@ def _count_and_spread_by_output(state: dace.SDFGState, label: str, kept: dict[st
     tally, tally_exit = state.add_map(f"count_{label}", reduced, schedule=dace.ScheduleType.Sequential)
     spread, spread_exit = state.add_map(f"spread_{label}", reduced, schedule=dace.ScheduleType.Sequential)
     zero = state.add_tasklet(f"zero_count_{label}", {}, {"__o"}, "__o = 0")
-    counted = state.add_tasklet(f"count_{label}", {"__x", "__r"}, {"__c"}, f"__c = {tie('__x')}")
-    divide = state.add_tasklet(f"share_{label}", {"__g", "__c"}, {"__s"}, "__s = __g / __c")
-    spreads = state.add_tasklet(f"rev_{label}", {"__x", "__r", "__s"}, {"__o"}, f"__o = {tie('__x')} * __s")
+    counted = state.add_tasklet(f"count_{label}", dict.fromkeys(("__x", "__r")), {"__c"}, f"__c = {tie('__x')}")
+    divide = state.add_tasklet(f"share_{label}", dict.fromkeys(("__g", "__c")), {"__s"}, "__s = __g / __c")
+    spreads = state.add_tasklet(f"rev_{label}", dict.fromkeys(("__x", "__r", "__s")), {"__o"},
+                                f"__o = {tie('__x')} * __s")
     state.add_nedge(outer, zero, dace.Memlet())
     start, total, each = state.add_access(count), state.add_access(count), state.add_access(share)
     state.add_edge(zero, "__o", start, None, dace.Memlet(f"{count}[0]"))

@@ -29,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from gradflow.torch.errors import ExportError
+from gradflow.torch.stops import _users
 
 _NORMAL = ("normal", (0.0, 1.0))
 _UNIFORM = ("uniform", (0.0, 1.0))
@@ -77,8 +78,6 @@ def _name(func: Callable) -> str:
 def _model_frame() -> Any | None:
     """The frame of the model's code that called the torch function being handled (None: torch's or
     gradflow's own code called it)."""
-    from gradflow.torch.stops import _users
-
     frame = sys._getframe(2)  # _model_frame <- __torch_function__ <- the caller (the served are C functions)
     while frame is not None and frame.f_code.co_name == "__torch_function__":
         frame = frame.f_back  # another mode's handler (gradflow.torch.stops) passing the call on

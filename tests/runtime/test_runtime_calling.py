@@ -161,3 +161,21 @@ def test_a_symbol_only_a_library_node_uses_is_passed_to_the_build_and_to_the_run
     Runner(sdfg)(A=torch.from_numpy(A), sums=torch.from_numpy(runner_sums), peaks=torch.from_numpy(runner_peaks))
     np.testing.assert_array_equal(runner_sums, sums)
     np.testing.assert_array_equal(runner_peaks, peaks)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(12.0),
+    lambda: np.arange(12.0)[3:],  # a view starting inside its base
+    lambda: np.arange(12.0).reshape(3, 4)[:, 1:],  # not contiguous
+    lambda: np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+    lambda: np.frombuffer(np.arange(12.0).tobytes()),  # read-only
+    lambda: np.zeros(0),
+    lambda: np.arange(12, dtype=np.float32)[::-1],  # negative stride
+    lambda: torch.arange(12.0)[2:],
+])
+def test_the_data_pointer_is_the_first_elements_address(make) -> None:
+    from gradflow.runtime.validate import data_pointer
+
+    array = make()
+    want = array.data_ptr() if isinstance(array, torch.Tensor) else array.__array_interface__["data"][0]
+    assert data_pointer(array) == want

@@ -135,7 +135,7 @@ def record_calls(module: torch.nn.Module, calls: list[RandomSite]) -> Iterator[N
     names = {m: n for n, m in module.named_modules()}
     hooks = [m.register_forward_pre_hook(
         lambda mod, args: calls.append(RandomSite(names[mod], tuple(args[0].shape),
-                                                   strides=tuple(torch.empty_like(args[0]).stride()))))
+                                                  strides=tuple(torch.empty_like(args[0]).stride()))))
         for m in names if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
 
     def recording(attention):
@@ -155,8 +155,8 @@ def record_calls(module: torch.nn.Module, calls: list[RandomSite]) -> Iterator[N
 
 
 def dropping_calls(module: torch.nn.Module, calls: Sequence[RandomSite]) -> list[tuple[RandomSite, float]]:
-    """The dropout sites among `calls` that drop in the modules' current modes, in call order, with their
-    p, checked (module doc)."""
+    """The random sites among `calls` that draw in the modules' current modes, in call order, with their p
+    (0 for a draw of the model's code, random in every mode), checked (module doc)."""
     for name, m in module.named_modules():
         if isinstance(m, torch.nn.RNNBase) and m.training and m.dropout > 0 and m.num_layers > 1:
             raise ExportError(f"{type(m).__name__} '{name}' drops values between its layers in training mode "

@@ -16,6 +16,7 @@ import torch._dynamo
 
 import gradflow.torch as gt
 from gradflow.torch.errors import ExportError
+from tests.torch.agreement import assert_seeded_alike_through_the_backend
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 
@@ -86,19 +87,8 @@ def test_the_dynamo_backend_draws_as_eager_torch_does():
     torch._dynamo.reset()
     try:
         model, ref = _pair()
-        run = torch.compile(model, backend="gradflow")
-        for seed, rows in enumerate((5, 5, 3)):
-            x = torch.randn(rows, 4, dtype=torch.float64)
-            torch.manual_seed(seed)
-            y = run(x)
-            torch.manual_seed(seed)
-            want = ref(x)
-            torch.testing.assert_close(y, want, **F64)
-            y.square().sum().backward()
-            want.square().sum().backward()
-            for p, q in zip(model.parameters(), ref.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, **F64)
-                p.grad = q.grad = None
+        inputs = [torch.randn(rows, 4, dtype=torch.float64) for rows in (5, 5, 3)]
+        assert_seeded_alike_through_the_backend(model, ref, inputs, F64)
     finally:
         torch._dynamo.reset()
 

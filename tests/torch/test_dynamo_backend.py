@@ -15,6 +15,7 @@ import torch._dynamo
 import gradflow.torch as gt
 from gradflow.torch.dynamo import BackendError
 from gradflow.torch.errors import DroppedOptionError
+from tests.torch.agreement import assert_seeded_alike_through_the_backend
 from tests.torch.zoo import NAMES, StraightThroughRelu, fresh, inputs
 
 F64 = dict(rtol=1e-9, atol=1e-9)
@@ -124,20 +125,9 @@ def test_graph_breaks_and_a_smaller_last_batch():
 
 
 def _seeded_alike(model, ref, x, seeds: int) -> None:
-    """`model` through the backend and `ref` in eager torch, seeded alike before each call (so both draw the
-    same dropout masks): outputs and gradients equal."""
-    run = torch.compile(model, backend="gradflow")
-    for seed in range(seeds):
-        torch.manual_seed(seed)
-        y = run(x)
-        torch.manual_seed(seed)
-        want = ref(x)
-        torch.testing.assert_close(y, want, **F64)
-        y.square().sum().backward()
-        want.square().sum().backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, **F64)
-            p.grad = q.grad = None
+    """`model` through the backend and `ref` in eager torch, seeded alike before each of `seeds` calls (so both
+    draw the same dropout masks): outputs and gradients equal."""
+    assert_seeded_alike_through_the_backend(model, ref, [x] * seeds, F64)
 
 
 def test_dropout_draws_eager_torchs_masks():

@@ -172,3 +172,40 @@ def test_a_row_each_iteration_writes_before_reading_it_is_not_pushed() -> None:
     graph = grad_graph(loops.lp_softmax.to_sdfg(), ["X"], "S")
     row_tapes = [name for name in graph.sdfg.arrays if name.startswith("gradflow_tape_P")]
     assert len(row_tapes) == 1, row_tapes
+
+
+@dace.program
+def set_then_add(x: dace.float64[N], S: dace.float64[1]):
+    """`gradflow fuzz --seed 31236`, programs 27-28, shrunk: a one-state loop body writes S[0], reads it
+    back and writes it again. The first nest carries S (it stays a loop); the second sums into it."""
+    for i in range(0, N - 2):
+        for j in range(1, N - 1):
+            S[0] = 2.0
+            S[0] = S[0] + 2.0
+    for k in range(2, N - 1, 2):
+        for m in range(0, N - 2):
+            S[0] += 1.0
+    S[0] += np.sum(x)
+
+
+def _set_then_add(x: np.ndarray) -> float:
+    n, S = len(x), 0.0
+    for _ in range(0, n - 2):
+        for _ in range(1, n - 1):
+            S = 2.0
+            S = S + 2.0
+    S += len(range(2, n - 1, 2)) * (n - 2)
+    return S + float(np.sum(x))
+
+
+def test_a_write_read_back_and_written_again_keeps_its_order() -> None:
+    """Routing the first write through the one-element temporary that read it back made the copy into S
+    and the second write two unordered writes of S[0]: S came out 2 short (the copy ran last). The rewrite
+    is skipped when a later node of the same array follows the read."""
+    graph = LoopsToMaps()(Graph.of(set_then_add.to_sdfg())).unwrap()
+    program = compile_sdfg(graph)
+    rng = np.random.default_rng(5)
+    for n in (3, 4, 7):
+        x, S = rng.standard_normal(n), np.zeros(1)
+        program(x=x, S=S, N=n)
+        np.testing.assert_allclose(S, [_set_then_add(x)], rtol=1e-14)

@@ -38,6 +38,7 @@ from typing import ClassVar, Iterable
 
 import attrs
 import dace
+import networkx as nx
 from dace.sdfg import nodes as nd
 from dace.sdfg.propagation import propagate_memlets_sdfg
 from dace.sdfg.state import LoopRegion
@@ -172,7 +173,13 @@ def _forward_written_elements(state: dace.SDFGState) -> None:
     one-element transient (`P[i, j] = e; s += P[i, j]`), the tasklet writes the transient and the array is
     copied from it: the array then has no reader in the state. DaCe cannot inline the body of a
     `LoopToMap` map back into the map otherwise (an output of a nested SDFG in a map must not be read
-    there)."""
+    there).
+
+    The copy into the array then ends a path of its own: whatever came after the array's node through
+    its read is no longer ordered after that write. Not done when a later access node of the same array
+    is among those (`S[0] = 2.0; S[0] = S[0] + 2.0`: the second write would race the copy of the first;
+    `gradflow fuzz --seed 31236`, programs 27-28, where S lost the addition), nor when the transient has
+    another writer."""
     for node in list(state.data_nodes()):
         writes = state.in_edges(node)
         if len(writes) != 1 or not isinstance(writes[0].src, nd.Tasklet):
@@ -188,6 +195,9 @@ def _forward_written_elements(state: dace.SDFGState) -> None:
         if len(reads) != 1 or state.out_degree(node) != 1:
             continue
         holder = reads[0].dst
+        if state.in_degree(holder) != 1 or any(isinstance(later, nd.AccessNode) and later.data == node.data
+                                               for later in nx.descendants(state.nx, holder)):
+            continue
         one = dace.subsets.Range.from_array(holder.desc(state.sdfg))
         state.remove_edge(write)
         state.remove_edge(reads[0])

@@ -280,6 +280,12 @@ def _scope_tapes(g: Graph) -> int:
     return len(_candidates(g.sdfg))
 
 
+def _scope_temporaries(g: Graph) -> int:
+    from gradflow.optimize.persistent_transients import candidates
+
+    return len(candidates(g.sdfg))
+
+
 def _optimized_with_tapes() -> Graph:
     """lp_softmax's gradient through `OPTIMIZE` (which leaves tapes alone): its loop pushes rows and scalars."""
     from gradflow.api import grad_graph
@@ -479,6 +485,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "register_scalar_sums": (_optimized_but_scalar_sums, None, _scalar_sums, ("> 0", 0)),
     "simd_register_sums": (_optimized_but_simd_sums, None, _unmarked_simd_sums, ("> 0", 0)),
     "persistent_tapes": (_optimized_with_tapes, None, _scope_tapes, ("> 0", 0)),
+    "persistent_transients": (_optimized_with_tapes, None, _scope_temporaries, ("> 0", 0)),
     "transient_layouts": (_gram_schmidt_gradient, None, _row_walked_columns, ("> 0", 0)),
     "share_dead_buffers": (lambda: _states_sequence_gradient("share_dead_buffers"), None, _shareable_ranges,
                            ("> 0", 0)),

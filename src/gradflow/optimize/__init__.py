@@ -21,6 +21,7 @@ from gradflow.optimize.loop_interchange import MoveLoopsIntoMaps
 from gradflow.optimize.nest_reductions import NestReductions
 from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
 from gradflow.optimize.persistent_tapes import PersistentTapes
+from gradflow.optimize.persistent_transients import PersistentTransients
 from gradflow.optimize.reduce_fusion import ReduceInMaps
 from gradflow.optimize.reductions import LocalReductions
 from gradflow.optimize.scalar_sums import RegisterScalarSums
@@ -58,6 +59,6 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "JoinCopyStates", "LocalReductions", "MergeElementSums", "MoveLoopsIntoMaps",
-           "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes", "RaiseLoopReductions",
-           "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers", "SimdRegisterSums", "SinkFills",
-           "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]
+           "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
+           "PersistentTransients", "RaiseLoopReductions", "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers",
+           "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

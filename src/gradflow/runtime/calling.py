@@ -8,7 +8,10 @@ values) and costs about as much as `CompiledSDFG.fast_call`.
 DaCe's state (persistent transients, symbol-sized allocations made at init) belongs to an init handle that
 was created for particular symbol values, so a `Kernel` keeps one handle per tuple of init-symbol values and
 finalizes all of them when it is collected. Calls on one kernel are serialised by a lock when the SDFG
-keeps memory in its state (persistent/global transients), which concurrent calls must not share.
+keeps memory in its state (persistent/global transients), which concurrent calls must not share. A
+`Runner` compiles its program with persistent temporaries (`optimize.persistent_transients`) and keeps the
+handles of the last `MAX_HANDLES` sets of sizes it was called at (`Kernel.call_at`), so that a program
+called at ever new sizes does not hold a set of temporaries for each.
 
 `Runner` is the validated, general entry point for arrays by name (numpy or torch, zero-copy): it checks
 every argument (`gradflow.runtime.validate`), infers the symbols, and caches per signature (shapes and
@@ -40,6 +43,10 @@ from gradflow.runtime.validate import (
     symbol_value,
 )
 
+
+#: state handles a `Runner` keeps per program (one per set of sizes; a stateful program's persistent
+#: temporaries are allocated per handle)
+MAX_HANDLES = 8
 
 _STATEFUL = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.AllocationLifetime.Global,
              dace.dtypes.AllocationLifetime.External)
@@ -102,6 +109,25 @@ class Kernel:
             self._handles[init_values] = handle
         return handle
 
+    def call_at(self, init_values: tuple, *args: Any) -> None:
+        """Call the program on the handle for `init_values`, keeping at most `MAX_HANDLES` handles of a
+        stateful program: the least recently used one is finalized (its persistent memory freed) when a new
+        one is made. Only for a kernel whose handles no one else holds (`Runner`'s own); the lookup and
+        the call are under the lock, so no call runs on a handle being finalized."""
+        if not self.stateful:
+            self.program(self.handle(init_values), *args)
+            return
+        with self.lock:
+            handles = self._handles
+            handle = handles.pop(init_values, None)
+            if handle is None:
+                if len(handles) >= MAX_HANDLES:
+                    self._exit(handles.pop(next(iter(handles))))
+                handle = self.handle(init_values)
+            else:
+                handles[init_values] = handle  # most recently used last
+            self.program(handle, *args)
+
     def handle_for(self, symbols: Mapping[str, int]) -> int:
         return self.handle(tuple(int(symbols[n]) for n in self.plan.init_args))
 
@@ -128,16 +154,16 @@ def _layout_key(value: Any) -> tuple:
     return (type(value),)
 
 
-def _with_persistent_tapes(program: dace.SDFG | Graph) -> dace.SDFG | Graph:
-    """The program with its tape stacks allocated once per state handle (`optimize.persistent_tapes`): a
-    `Runner` calls through a `Kernel`, which keeps one handle per set of sizes, so the stacks always fit.
-    They stay allocated while the program is loaded; a call no longer maps, page-faults and frees them
-    (nb_durbin's row stack is 36 MB)."""
-    from gradflow.optimize.persistent_tapes import PersistentTapes, has_stacks
+def _with_persistent_transients(program: dace.SDFG | Graph) -> dace.SDFG | Graph:
+    """The program with its tape stacks and the temporaries whose value on entry no call reads allocated
+    once per state handle (`optimize.persistent_transients`): a `Runner` calls through a `Kernel`, which
+    keeps one handle per set of sizes, so they always fit. A call no longer maps, page-faults and frees
+    them (nb_durbin's row stack is 36 MB, k-means' product of points and centroids 80 MB)."""
+    from gradflow.optimize.persistent_transients import PersistentTransients, candidates
 
-    if not has_stacks(program.sdfg if isinstance(program, Graph) else program):
+    if not candidates(program.sdfg if isinstance(program, Graph) else program):
         return program
-    return PersistentTapes()(Graph.of(program)).unwrap()
+    return PersistentTransients()(Graph.of(program)).unwrap()
 
 
 class Runner:
@@ -145,7 +171,7 @@ class Runner:
 
     `runner(X=x, W=w, Y=y)`: arrays are passed by pointer (the SDFG reads and writes their memory), numbers
     for scalars, symbols inferred from the shapes (or given by name). A program given as an SDFG or graph
-    is compiled with its tape stacks persistent (`_with_persistent_tapes`). Every array is checked first; the
+    is compiled with its tape stacks and temporaries persistent (`_with_persistent_transients`). Every array is checked first; the
     outcome of the checks is cached by the layout of the arguments (dtype, shape, strides, device, ...), so
     a repeated call with arrays of the same layout costs a dictionary lookup.
     """
@@ -154,14 +180,14 @@ class Runner:
         if isinstance(program, CompiledSDFG):
             compiled = program
         else:
-            compiled = compile_sdfg(_with_persistent_tapes(
+            compiled = compile_sdfg(_with_persistent_transients(
                 program if isinstance(program, (dace.SDFG, Graph)) else Graph.of(program)))
         self.kernel = Kernel(compiled)
         self.plan = self.kernel.plan
         self._arrays = self.plan.arrays
         self._names = frozenset(self.plan.names)
-        #: layout key of the arguments -> (symbols, state handle, the argument vector as (kind, name) pairs)
-        self._signatures: dict[tuple, tuple[dict, int]] = {}
+        #: layout key of the arguments -> (symbols, the init-symbol values that select the state handle)
+        self._signatures: dict[tuple, tuple[dict, tuple]] = {}
 
     def __call__(self, **kwargs: Any) -> None:
         plan = self.plan
@@ -180,7 +206,7 @@ class Runner:
             if len(self._signatures) >= 256:
                 self._signatures.clear()
             self._signatures[key] = entry
-        symbols, handle = entry
+        symbols, init_values = entry
         args = []
         for a in plan.args:
             if a.kind == ARRAY:
@@ -189,10 +215,10 @@ class Runner:
                 args.append(scalar_value(a, kwargs[a.name]))
             else:
                 args.append(symbols[a.name])
-        self.kernel(handle, *args)
+        self.kernel.call_at(init_values, *args)
 
-    def _signature(self, kwargs: dict) -> tuple[dict, int]:
-        """Check the arguments (first call with this layout): symbols and the state handle."""
+    def _signature(self, kwargs: dict) -> tuple[dict, tuple]:
+        """Check the arguments (first call with this layout): symbols and the init-symbol values."""
         plan = self.plan
         for a in self._arrays:
             value = kwargs.get(a.name)
@@ -210,7 +236,7 @@ class Runner:
         writes = set(plan.writes)
         for a in self._arrays:
             check_array(a, kwargs[a.name], symbols, written=a.name in writes)
-        return symbols, self.kernel.handle_for(symbols)
+        return symbols, tuple(int(symbols[n]) for n in plan.init_args)
 
     def symbols_for(self, arrays: Mapping[str, Any], fixed: Mapping[str, int] | None = None) -> dict[str, int]:
         """The symbol values the given arrays (a subset of the arguments, by name) imply; every symbol of

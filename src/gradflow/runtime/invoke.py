@@ -53,6 +53,8 @@ class Invoker:
         self.graph = graph
         self._runner: Runner | None = None
         self._allocatable: frozenset[str] | None = None
+        #: (the names positional arguments bind to, the one-element arrays' (name, shape)), once per program
+        self._binding: tuple[list[str], list[tuple[str, tuple]]] | None = None
         #: (arrays left out, shapes given, symbols given) -> the left-out arrays' (name, shape, dtype), checked
         self._allocations: dict[tuple, tuple] = {}
 
@@ -70,10 +72,18 @@ class Invoker:
             self._runner = Runner(self.graph)
         return self._runner
 
+    def _bindings(self) -> tuple[list[str], list[tuple[str, tuple]]]:
+        if self._binding is None:
+            plan = self.runner.plan
+            self._binding = (positional_names(self.graph.sdfg, plan),
+                             [(spec.name, tuple(1 for _ in spec.shape)) for spec in plan.arrays
+                              if all(d.const == 1 for d in spec.shape)])
+        return self._binding
+
     def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, int], bool]:
         """(arrays and scalars by name, symbols given by name, whether torch tensors were given)."""
         plan = self.runner.plan
-        order = positional_names(self.graph.sdfg, plan)
+        order, one_element = self._bindings()
         if len(args) > len(order):
             raise ArgumentError(f"{len(args)} positional arguments given; the program takes {order} by position",
                                 "pass the others by name")
@@ -92,9 +102,9 @@ class Invoker:
                                     "pass an array (or leave out an array the program only writes)")
         symbols = {s: symbol_value(s, given.pop(s)) for s in plan.symbols if s in given}
         as_torch = any(isinstance(v, torch.Tensor) for v in given.values())
-        for spec in plan.arrays:
-            if spec.name in given and all(d.const == 1 for d in spec.shape):
-                given[spec.name] = _one_element(given[spec.name], tuple(1 for _ in spec.shape))
+        for name, shape in one_element:
+            if name in given:
+                given[name] = _one_element(given[name], shape)
         return given, symbols, as_torch
 
     def symbol_values(self, given: dict[str, Any], symbols: dict[str, int]) -> dict[str, int]:

@@ -4,9 +4,9 @@ call.
 
 A temporary above glibc's mmap threshold (32 MiB at most, `runtime.heap`) is mapped afresh on every call
 and each page it writes is faulted in and zeroed by the kernel: GradBench's k-means cost at k = 1000,
-n = 10000 builds the 80 MB product of points and centroids, and with it persistent a call went from 82.6 to
-35.5 ms (one thread, the machine shared with a fuzzer). Smaller temporaries cost a `malloc` and a `free`
-per call each (seventeen in the ode gradient's program).
+n = 10000 builds the 80 MB product of points and centroids; with the pass a call went from 82.6 to 18.9 ms
+(one thread, the machine shared with a fuzzer), through GradBench's relay 45.7 to 8.9 ms
+(`benchmarks/results/gradbench.md`). A smaller one still costs a `malloc` and a `free` per call.
 
 Chosen: the top-level SDFG's transient arrays (not views, not in nested SDFGs), on the heap and not local
 to a map, whose sizes depend only on the program's arguments (DaCe sizes persistent data at init), and

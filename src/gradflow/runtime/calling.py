@@ -171,9 +171,10 @@ class Runner:
 
     `runner(X=x, W=w, Y=y)`: arrays are passed by pointer (the SDFG reads and writes their memory), numbers
     for scalars, symbols inferred from the shapes (or given by name). A program given as an SDFG or graph
-    is compiled with its tape stacks and temporaries persistent (`_with_persistent_transients`). Every array is checked first; the
-    outcome of the checks is cached by the layout of the arguments (dtype, shape, strides, device, ...), so
-    a repeated call with arrays of the same layout costs a dictionary lookup.
+    is compiled with its tape stacks and temporaries persistent (`_with_persistent_transients`). Every
+    array is checked first; the outcome of the checks is cached by the layout of the arguments (dtype,
+    shape, strides, device, ...), so a repeated call with arrays of the same layout costs a dictionary
+    lookup.
     """
 
     def __init__(self, program: Any) -> None:

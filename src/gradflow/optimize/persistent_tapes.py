@@ -30,7 +30,7 @@ alone (a growable stack's one-item staging array is made persistent like the oth
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Iterator
 
 import attrs
 import dace
@@ -41,16 +41,20 @@ from gradflow.core.rewrite import RewritePass
 PREFIX = "gradflow_tape_"
 
 
-def _candidates(sdfg: dace.SDFG) -> list[str]:
+def per_call_arrays(sdfg: dace.SDFG) -> Iterator[tuple[str, dace.data.Array]]:
+    """The top-level SDFG's transient arrays on the heap, allocated per call, whose sizes depend only on the
+    program's arguments: those DaCe could allocate once, at init, for the sizes it is initialised with."""
     given = set(map(str, sdfg.free_symbols))
-    found = []
     for name, desc in sdfg.arrays.items():
-        if (name.startswith(PREFIX) and type(desc) is dace.data.Array and desc.transient
+        if (type(desc) is dace.data.Array and desc.transient
                 and desc.lifetime == dace.AllocationLifetime.Scope
                 and desc.storage in (dace.StorageType.Default, dace.StorageType.CPU_Heap)
                 and {str(s) for s in desc.free_symbols} <= given):
-            found.append(name)
-    return found
+            yield name, desc
+
+
+def _candidates(sdfg: dace.SDFG) -> list[str]:
+    return [name for name, _ in per_call_arrays(sdfg) if name.startswith(PREFIX)]
 
 
 def has_stacks(sdfg: dace.SDFG) -> bool:
@@ -58,17 +62,21 @@ def has_stacks(sdfg: dace.SDFG) -> bool:
     return bool(_candidates(sdfg))
 
 
+class MakePersistent(RewritePass):
+    """Base of the passes that give top-level arrays `Persistent` lifetime: each match is an array's name."""
+
+    nested: ClassVar[bool] = False  # the top-level SDFG's arrays
+
+    def rewrite(self, sdfg: dace.SDFG, match: str) -> None:
+        sdfg.arrays[match].lifetime = dace.AllocationLifetime.Persistent
+
+
 @register_pass
 @attrs.frozen
-class PersistentTapes(RewritePass):
+class PersistentTapes(MakePersistent):
     """Fixed-capacity tape stacks of the top-level SDFG get `Persistent` lifetime (module doc)."""
 
     name: ClassVar[str] = "persistent_tapes"
 
-    nested: ClassVar[bool] = False  # the top-level SDFG's tapes
-
     def matches(self, sdfg: dace.SDFG) -> list[str]:
         return _candidates(sdfg)
-
-    def rewrite(self, sdfg: dace.SDFG, match: str) -> None:
-        sdfg.arrays[match].lifetime = dace.AllocationLifetime.Persistent

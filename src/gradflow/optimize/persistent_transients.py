@@ -36,10 +36,8 @@ import dace
 
 from gradflow.analysis.writes import exposed_read
 from gradflow.core.passes import register_pass
-from gradflow.core.rewrite import RewritePass
 from gradflow.optimize.persistent_tapes import PREFIX as TAPE_PREFIX
-
-_HEAP = (dace.StorageType.Default, dace.StorageType.CPU_Heap)
+from gradflow.optimize.persistent_tapes import MakePersistent, per_call_arrays
 
 
 def _outside_maps(sdfg: dace.SDFG) -> set[str]:
@@ -54,30 +52,17 @@ def _outside_maps(sdfg: dace.SDFG) -> set[str]:
 
 def candidates(sdfg: dace.SDFG) -> list[str]:
     """The transients the pass makes persistent (read only)."""
-    given = set(map(str, sdfg.free_symbols))
     outside = _outside_maps(sdfg)
-    found = []
-    for name, desc in sdfg.arrays.items():
-        if not (type(desc) is dace.data.Array and desc.transient and name in outside
-                and desc.lifetime == dace.AllocationLifetime.Scope and desc.storage in _HEAP
-                and {str(s) for s in desc.free_symbols} <= given):
-            continue
-        if name.startswith(TAPE_PREFIX) or (desc.free_symbols and not exposed_read(sdfg, name)):
-            found.append(name)
-    return found
+    return [name for name, desc in per_call_arrays(sdfg) if name in outside and (
+        name.startswith(TAPE_PREFIX) or (desc.free_symbols and not exposed_read(sdfg, name)))]
 
 
 @register_pass
 @attrs.frozen
-class PersistentTransients(RewritePass):
+class PersistentTransients(MakePersistent):
     """Top-level temporaries whose value on entry no run reads get `Persistent` lifetime (module doc)."""
 
     name: ClassVar[str] = "persistent_transients"
 
-    nested: ClassVar[bool] = False  # the top-level SDFG's arrays
-
     def matches(self, sdfg: dace.SDFG) -> list[str]:
         return candidates(sdfg)
-
-    def rewrite(self, sdfg: dace.SDFG, match: str) -> None:
-        sdfg.arrays[match].lifetime = dace.AllocationLifetime.Persistent

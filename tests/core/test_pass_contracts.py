@@ -142,6 +142,19 @@ def _gradient_before_join() -> Graph:
     return before_join()
 
 
+def _gradient_before_elementwise_join() -> Graph:
+    """A gradient whose reverse sweep has an element-wise map reading a same-range map of the state before."""
+    from tests.optimize.test_element_states import before_join
+
+    return before_join()
+
+
+def _elementwise_pairs(g: Graph) -> int:
+    from tests.optimize.test_element_states import joinable_pairs
+
+    return joinable_pairs(g)
+
+
 def _gpu_kernels(g: Graph) -> int:
     from gradflow.gpu.offload import gpu_maps
 
@@ -467,6 +480,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "move_loops_into_maps": (_column_loop_before_interchange, None, _interchangeable_loops, (1, 0)),
     "reduce_in_maps": (_reduction_before_fusion, None, _fusable_reductions, ("> 0", 0)),
     "join_copy_states": (_gradient_before_join, None, _joinable_pairs, ("> 0", 0)),
+    "join_elementwise_states": (_gradient_before_elementwise_join, None, _elementwise_pairs, ("> 0", 0)),
     "to_gpu": (lambda: Reverse(("X",), ("S",))(_normalized(loops.lp_if_else)).unwrap(), None, _gpu_kernels,
                (0, "> 0")),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,

@@ -112,10 +112,11 @@ def test_sums_into_the_same_element_of_each_iteration_are_added_in_the_body() ->
     np.testing.assert_allclose(results[0], results[1], rtol=1e-14)
 
 
-def _stencil_through_a_local() -> dace.SDFG:
+def _stencil_through_a_local(write_out: bool = False) -> dace.SDFG:
     """A stencil adjoint's shape with a scope-local scalar between two tasklets: g[i] += y, g[i + 1] += 3 y
-    with y = 2 a[i] held in `t`."""
-    sdfg = dace.SDFG("stencil_through_a_local")
+    with y = 2 a[i] held in `t`; `write_out`: `t` also leaves the map into w[i] (as a fused map writes out a
+    temporary that a later state reads)."""
+    sdfg = dace.SDFG(f"stencil_through_a_local_{int(write_out)}")
     sdfg.add_array("a", [N], dace.float64)
     sdfg.add_array("g", [N + 1], dace.float64)
     sdfg.add_scalar("t", dace.float64, transient=True)
@@ -133,6 +134,12 @@ def _stencil_through_a_local() -> dace.SDFG:
         exit_.add_out_connector(f"OUT_g{k}")
         state.add_edge(second, conn, exit_, f"IN_g{k}", dace.Memlet(f"g[{index}]", wcr="lambda p, q: p + q"))
         state.add_edge(exit_, f"OUT_g{k}", g, None, dace.Memlet(f"g[{k}:{N + k}]", wcr="lambda p, q: p + q"))
+    if write_out:
+        sdfg.add_array("w", [N], dace.float64)
+        exit_.add_in_connector("IN_w")
+        exit_.add_out_connector("OUT_w")
+        state.add_edge(local, None, exit_, "IN_w", dace.Memlet(data="w", subset="i", other_subset="0"))
+        state.add_edge(exit_, "OUT_w", state.add_write("w"), None, dace.Memlet(f"w[0:{N}]"))
     return sdfg
 
 
@@ -154,3 +161,20 @@ def test_a_split_copy_has_its_own_scope_local_data() -> None:
         g = np.full(N + 1, 0.25)
         compile_sdfg(graph)(a=a, g=g)
         np.testing.assert_allclose(g, want, rtol=1e-14)
+
+
+def test_a_local_the_map_also_writes_out_is_written_by_the_original_only() -> None:
+    """The copy keeps its sums and drops the write-out (routed into a sink scalar, the copy's temporary was
+    declared where its code could not see it: a build error)."""
+    plain = Graph.of(_stencil_through_a_local(write_out=True))
+    split = OwnScatterWrites()(plain).unwrap()
+    assert len(_maps(split)) == 2
+    a = np.random.default_rng(5).standard_normal(N)
+    want = np.full(N + 1, 0.25)
+    want[:N] += 2 * a
+    want[1:] += 6 * a
+    for graph in (plain, split):
+        g, w = np.full(N + 1, 0.25), np.zeros(N)
+        compile_sdfg(graph)(a=a, g=g, w=w)
+        np.testing.assert_allclose(g, want, rtol=1e-14)
+        np.testing.assert_allclose(w, 2 * a, rtol=1e-15)

@@ -15,6 +15,7 @@ from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.optimize.copy_states import JoinCopyStates
 from gradflow.optimize.dead_stores import DropDeadStores
+from gradflow.optimize.element_states import JoinElementwiseStates
 from gradflow.optimize.in_place import WriteInPlace
 from gradflow.optimize.layouts import TransientLayouts
 from gradflow.optimize.loop_interchange import MoveLoopsIntoMaps
@@ -46,10 +47,10 @@ from gradflow.transforms.views import RemoveViews
 #: convolution nodes, products and maps as its gradient.
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
-                     ForwardBroadcasts(), MergeElementSums(), FuseMaps(), JoinCopyStates(), WriteInPlace(),
-                     MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(), SplitSumMaps(), NestReductions(),
-                     LocalReductions(), ChooseSchedules(), VersionBySize(), RegisterScalarSums(),
-                     SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
+                     ForwardBroadcasts(), MergeElementSums(), JoinElementwiseStates(), FuseMaps(),
+                     JoinCopyStates(), WriteInPlace(), MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(),
+                     SplitSumMaps(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize(),
+                     RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
 
 def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
@@ -58,7 +59,7 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 
 
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
-           "HoistRowProducts", "JoinCopyStates", "LocalReductions", "MergeElementSums", "MoveLoopsIntoMaps",
-           "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
+           "HoistRowProducts", "JoinCopyStates", "JoinElementwiseStates", "LocalReductions", "MergeElementSums",
+           "MoveLoopsIntoMaps", "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
            "PersistentTransients", "RaiseLoopReductions", "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers",
            "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

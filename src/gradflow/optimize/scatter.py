@@ -216,6 +216,11 @@ def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep:
                 state.add_edge(twin[n], e.src_conn, twin[e.dst], e.dst_conn, moved(e.data))
             elif any(e is k for k in keep):
                 state.add_edge(twin[n], e.src_conn, twin[exit_], e.dst_conn, copy.deepcopy(e.data))
+            elif isinstance(n, nd.AccessNode):
+                # scope-local data the original also writes out (a fused map's temporary that a later
+                # state reads): the original writes it, the copy need not (a copy into a sink scalar
+                # here declared the temporary where the copy's code could not see it)
+                continue
             else:
                 desc = sdfg.arrays[e.data.data]
                 sink = _sink(sdfg, state, desc.dtype)

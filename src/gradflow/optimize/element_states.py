@@ -32,6 +32,7 @@ from gradflow.transforms.fusion import elementwise_scope
 
 
 def _written(state: dace.SDFGState) -> set[str]:
+    """The arrays some access node of `state` (at any scope) is written through."""
     return {n.data for n in state.data_nodes() if state.in_degree(n) > 0}
 
 
@@ -69,6 +70,7 @@ def _feeds_a_map_of_the_same_range(first: dace.SDFGState, second: dace.SDFGState
 
 
 def _joinable(first: dace.SDFGState, second: dace.SDFGState) -> bool:
+    """The module doc's conditions on the two states' contents, and a pair for `fuse_maps` among them."""
     if not _only_elementwise_maps(second):
         return False
     in_first = {n.data for n in first.data_nodes()}

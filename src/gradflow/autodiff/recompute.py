@@ -96,6 +96,8 @@ class RecomputePlan:
     buffers: dict = attrs.field(factory=dict)  # array -> backward-local buffer
     #: arrays `RECOMPUTE_ALL` could rerun but stores: the rerun would keep larger overwritten arrays alive
     declined: frozenset[str] = frozenset()
+    #: site index -> the rerun arrays that operation's own reverse reads (the others are a rerun's inputs)
+    direct: dict = attrs.field(factory=dict)
 
     def allocate(self, ctx: ReverseContext) -> None:
         rerun = {array for plan in self.before.values() for array, _ in plan}
@@ -122,6 +124,11 @@ class RecomputePlan:
                 if isinstance(node, dace.nodes.NestedSDFG):
                     node.sdfg.parent, node.sdfg.parent_sdfg, node.sdfg.parent_nsdfg_node = state, ctx.sdfg, node
             ctx.values[array] = self.buffers[array]
+        # A rerun's input rebuilt only as far as that rerun reads it (`x0[0]` for `t = x0[0]`) is not the
+        # operation's own view of the array (its reverse may read `x0[1]`, which the tape restores).
+        own = self.direct.get(site.index, frozenset())
+        for array in [a for a in previous if a not in own]:
+            self.restore(ctx, {array: previous.pop(array)})
         return previous
 
     @staticmethod
@@ -392,6 +399,10 @@ def plan_recomputation(sdfg: dace.SDFG, sites: list[OpSite], needs: list[frozens
             break
         assert not strict, conflicts
         wanted = wanted - conflicts
-    for index, reruns in final.items():
-        needs[index] = (needs[index] - {array for array, _ in reruns}) | extras[index]
-    return RecomputePlan(frozenset(chosen), final, declined=frozenset(declined))
+    direct = {index: frozenset(a for a, _ in reruns if a in chosen and (a in needs[index] or a in results[index]))
+              for index, reruns in final.items()}
+    for index in final:
+        # only what the operation itself gets recomputed leaves its needs: a rerun's input it also reads (an
+        # element overwritten each iteration that an in-place product reads) is restored by the tape
+        needs[index] = (needs[index] - direct[index]) | extras[index]
+    return RecomputePlan(frozenset(chosen), final, declined=frozenset(declined), direct=direct)

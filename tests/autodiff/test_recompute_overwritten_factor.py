@@ -1,13 +1,14 @@
-"""A gradient RECOMPUTE_ALL gets wrong (found by `gradflow fuzz`, seed 5797, program 54, at 0659819; present at
-4c56270 too): an element overwritten in every iteration and read by a product accumulating in place. Open
-(issue 29); the test is marked xfail, strict, so the fix turns it into a failure that asks for the mark to go.
-STORE_ALL's gradient of the same program is right (checked here too)."""
+"""A gradient RECOMPUTE_ALL got wrong (found by `gradflow fuzz`, seed 5797, program 54, at 0659819; present at
+4c56270 too): an element overwritten in every iteration (`x0[0] = x0[i2]`) and read by a product
+accumulating in place (`x0[1] *= x0[0]`). The rerun of `t = x0[0]` rebuilt x0's element 0 as its input and
+the product's reverse then read all of x0 through that rerun's buffer (its element 1 never written) and
+not from the tape. Fails before the fix in `recompute.py` (`RecomputePlan.direct`); STORE_ALL's gradient is
+checked too."""
 
 from __future__ import annotations
 
 import dace
 import numpy as np
-import pytest
 
 import gradflow
 
@@ -46,7 +47,6 @@ def test_store_all_is_right() -> None:
     np.testing.assert_allclose(grad, differences, rtol=1e-6, atol=1e-8)
 
 
-@pytest.mark.xfail(strict=True, reason="RECOMPUTE_ALL's gradient of an overwritten factor is wrong (issue 29)")
 def test_recompute_all_is_right() -> None:
     grad, differences = _gradient(gradflow.RECOMPUTE_ALL)
     np.testing.assert_allclose(grad, differences, rtol=1e-6, atol=1e-8)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 import gradflow
+from gradflow.analysis.access import successive_states
 from gradflow.api import grad_graph
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline
@@ -47,16 +48,10 @@ def _two_states(kind: str) -> dace.SDFG:
     return sdfg
 
 
-def _pairs(region) -> int:
-    return sum(1 for e in region.edges() if isinstance(e.src, dace.SDFGState) and isinstance(e.dst, dace.SDFGState)
-               and region.out_degree(e.src) == 1 and region.in_degree(e.dst) == 1 and e.data.is_unconditional()
-               and not e.data.assignments and _joinable(e.src, e.dst))
-
-
 def joinable_pairs(graph: Graph) -> int:
-    """Pairs of states the pass would join, over every region of every SDFG of `graph`."""
-    return sum(_pairs(region) for sdfg in graph.sdfg.all_sdfgs_recursive()
-               for region in sdfg.all_control_flow_regions())
+    """Pairs of states the pass would join (leaving out empty states), over every SDFG of `graph`."""
+    return sum(1 for sdfg in graph.sdfg.all_sdfgs_recursive() for _, first, second in successive_states(sdfg)
+               if _joinable(first, second))
 
 
 def _maps(graph: Graph) -> int:

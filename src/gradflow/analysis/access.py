@@ -7,7 +7,9 @@ Facts the optimization and canonicalization passes share, read off the graph wit
 - `ElementWrite` / `element_write`: a top-level map whose one tasklet writes every element of an array
   exactly once (plain or as a sum);
 - `chain_of`, `chained_states`: the blocks of a region that form one chain, where a pass may reason about
-  "the blocks after this state".
+  "the blocks after this state";
+- `runs_right_after`, `successive_states`: two states the second of which always runs right after the
+  first, which a pass may join into one.
 """
 
 from __future__ import annotations
@@ -175,3 +177,25 @@ def chained_states(sdfg: dace.SDFG) -> Iterator[tuple[ControlFlowRegion, list, i
         for k, block in enumerate(order):
             if isinstance(block, dace.SDFGState):
                 yield region, order, k, block
+
+
+def runs_right_after(region: ControlFlowRegion, first: dace.SDFGState, second: dace.SDFGState) -> bool:
+    """`second` runs right after `first`, every time, and nothing else: the one edge between them is
+    unconditional and assigns nothing, `first` has no other successor, `second` no other predecessor and
+    is not where `region` starts."""
+    if region.out_degree(first) != 1 or region.in_degree(second) != 1 or region.start_block is second:
+        return False
+    edge = region.out_edges(first)[0]
+    return edge.dst is second and edge.data.is_unconditional() and not edge.data.assignments
+
+
+def successive_states(sdfg: dace.SDFG) -> Iterator[tuple[ControlFlowRegion, dace.SDFGState, dace.SDFGState]]:
+    """(region, A, B) for every two states of `sdfg`'s regions where B runs right after A
+    (`runs_right_after`): the pairs a pass may join into one state (lazy, for `ONE_AT_A_TIME`)."""
+    for region in sdfg.all_control_flow_regions():
+        for second in region.nodes():
+            if not isinstance(second, dace.SDFGState) or region.in_degree(second) != 1:
+                continue
+            first = region.in_edges(second)[0].src
+            if isinstance(first, dace.SDFGState) and runs_right_after(region, first, second):
+                yield region, first, second

@@ -25,7 +25,7 @@ import dace
 import networkx as nx
 from dace.sdfg import nodes as nd
 
-from gradflow.analysis.access import accesses
+from gradflow.analysis.access import accesses, successive_states
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 
@@ -76,16 +76,8 @@ class JoinCopyStates(RewritePass):
     resets_cfg: ClassVar[bool] = True
 
     def matches(self, sdfg: dace.SDFG) -> Iterator:
-        for region in sdfg.all_control_flow_regions():
-            for second in region.nodes():
-                if not isinstance(second, dace.SDFGState) or region.in_degree(second) != 1:
-                    continue
-                edge = region.in_edges(second)[0]
-                first = edge.src
-                if (isinstance(first, dace.SDFGState) and region.out_degree(first) == 1
-                        and edge.data.is_unconditional() and not edge.data.assignments
-                        and region.start_block is not second and _joinable(first, second)):
-                    yield region, first, second
+        return ((region, first, second) for region, first, second in successive_states(sdfg)
+                if _joinable(first, second))
 
     def rewrite(self, sdfg: dace.SDFG, match) -> None:
         region, first, second = match

@@ -25,7 +25,7 @@ import attrs
 import dace
 from dace.sdfg import nodes as nd
 
-from gradflow.analysis.access import accesses
+from gradflow.analysis.access import accesses, runs_right_after, successive_states
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.transforms.fusion import elementwise_scope
@@ -83,21 +83,13 @@ def _joinable(first: dace.SDFGState, second: dace.SDFGState) -> bool:
     return bool(shared) and _feeds_a_map_of_the_same_range(first, second, shared)
 
 
-def _follows(region, first: dace.SDFGState, second: dace.SDFGState) -> bool:
-    """`second` runs right after `first`, always, and nothing else runs between or enters `second`."""
-    if region.out_degree(first) != 1 or region.in_degree(second) != 1 or region.start_block is second:
-        return False
-    edge = region.out_edges(first)[0]
-    return edge.dst is second and edge.data.is_unconditional() and not edge.data.assignments
-
-
 def _empty_before_a_join(region, first: dace.SDFGState, second: dace.SDFGState) -> bool:
     """`second` is empty (the ONNX lowering leaves one where a transpose folded into a weight) and the state
     after it would join `first`: joining the empty state first makes them neighbours."""
     if second.nodes() or region.out_degree(second) != 1:
         return False
     third = region.out_edges(second)[0].dst
-    return isinstance(third, dace.SDFGState) and _follows(region, second, third) and _joinable(first, third)
+    return isinstance(third, dace.SDFGState) and runs_right_after(region, second, third) and _joinable(first, third)
 
 
 @register_pass
@@ -111,15 +103,8 @@ class JoinElementwiseStates(RewritePass):
     resets_cfg: ClassVar[bool] = True
 
     def matches(self, sdfg: dace.SDFG) -> Iterator:
-        for region in sdfg.all_control_flow_regions():
-            for second in region.nodes():
-                if not isinstance(second, dace.SDFGState) or region.in_degree(second) != 1:
-                    continue
-                edge = region.in_edges(second)[0]  # (`_follows` checks it)
-                first = edge.src
-                if (isinstance(first, dace.SDFGState) and _follows(region, first, second)
-                        and (_joinable(first, second) or _empty_before_a_join(region, first, second))):
-                    yield region, first, second
+        return ((region, first, second) for region, first, second in successive_states(sdfg)
+                if _joinable(first, second) or _empty_before_a_join(region, first, second))
 
     def rewrite(self, sdfg: dace.SDFG, match) -> None:
         region, first, second = match

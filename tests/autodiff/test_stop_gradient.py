@@ -191,3 +191,45 @@ def test_gradflow_stop_gradient_in_a_dace_program_is_torchs_detach(program, refe
     np.testing.assert_allclose(value, want.item(), rtol=1e-12)
     np.testing.assert_allclose(gx, t.grad.numpy(), rtol=1e-12, atol=1e-14)
     assert gradflow.stop_gradient(x) is x  # outside a DaCe program: the argument itself
+
+
+def test_an_array_read_only_through_a_stop_carries_no_gradient(program):
+    """z = stop(y) reads y only through the stop: activity gives z no gradient buffer and reverses nothing
+    for it (the softmax's max is such a read)."""
+    grad_sdfg = gradflow.grad(program, wrt="x", of="S", optimize=False)
+    gradients = [name for name in grad_sdfg.arrays if name.startswith(("grad_", "gradflow_g_"))]
+    assert any(name.endswith("_y") for name in gradients), gradients  # y carries one: S reads it directly
+    assert not any(name.endswith("_z") for name in gradients), gradients
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_a_softmax_reverses_no_max_and_equals_torch_at_ties(log):
+    """Softmax reads its max through a stop (the result does not depend on it): the gradient program has no
+    gradient of the max, and the gradient equals torch's in float64, also where a row's maximum is tied."""
+    from onnx import TensorProto, helper
+
+    import gradflow.onnx
+
+    op = "LogSoftmax" if log else "Softmax"
+    nodes = [helper.make_node(op, ["x"], ["y"], axis=-1), helper.make_node("Mul", ["y", "w"], ["z"]),
+             helper.make_node("ReduceSum", ["z"], ["loss"], keepdims=0)]
+    d = TensorProto.DOUBLE
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", d, [3, 5]),
+                                           helper.make_tensor_value_info("w", d, [3, 5])],
+                              [helper.make_tensor_value_info("loss", d, [])])
+    prog = gradflow.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    xa, wa = (p.array for p in prog.signature.inputs)
+    of = prog.signature.outputs[0].array
+    grad_sdfg = gradflow.grad(prog.graph, wrt=xa, of=of, optimize=False)
+    assert not [n for n in grad_sdfg.arrays if "max" in n and n.startswith(("grad_", "gradflow_g_"))]
+    rng = np.random.default_rng(4)
+    x, w = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
+    x[0, 1] = x[0, 3] = x[0].max() + 0.5  # a tie for the maximum
+    x[2] = 0.25  # a row of equal elements
+    value, grads = gradflow.value_and_grad(prog.graph, wrt=[xa], of=of)(**{xa: x.copy(), wa: w})
+    xt = torch.tensor(x, requires_grad=True)
+    f = torch.log_softmax if log else torch.softmax
+    want = (f(xt, dim=-1) * torch.tensor(w)).sum()
+    want.backward()
+    np.testing.assert_allclose(np.asarray(value).reshape(-1)[0], want.item(), rtol=1e-12)
+    np.testing.assert_allclose(grads[xa], xt.grad.numpy(), rtol=1e-12, atol=1e-15)

@@ -155,6 +155,19 @@ def _elementwise_pairs(g: Graph) -> int:
     return joinable_pairs(g)
 
 
+def _divided_program() -> Graph:
+    """A map reading `x[(12*i + 4*j + k) // 4, (12*i + 4*j + k) % 4]`: divisions its ranges decide."""
+    from tests.optimize.test_index_arithmetic import regroup
+
+    return Graph.of(regroup.to_sdfg())
+
+
+def _divided_indices(g: Graph) -> int:
+    from tests.optimize.test_index_arithmetic import divided_indices
+
+    return divided_indices(g)
+
+
 def _gpu_kernels(g: Graph) -> int:
     from gradflow.gpu.offload import gpu_maps
 
@@ -481,6 +494,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "reduce_in_maps": (_reduction_before_fusion, None, _fusable_reductions, ("> 0", 0)),
     "join_copy_states": (_gradient_before_join, None, _joinable_pairs, ("> 0", 0)),
     "join_elementwise_states": (_gradient_before_elementwise_join, None, _elementwise_pairs, ("> 0", 0)),
+    "simplify_index_arithmetic": (_divided_program, None, _divided_indices, ("> 0", 0)),
     "to_gpu": (lambda: Reverse(("X",), ("S",))(_normalized(loops.lp_if_else)).unwrap(), None, _gpu_kernels,
                (0, "> 0")),
     "own_scatter_writes": (lambda: Reverse(("A", "B"), ("S",))(_normalized(loops.lp_jacobi_1d)).unwrap(), None,

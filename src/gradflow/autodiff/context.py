@@ -22,6 +22,7 @@ from gradflow.analysis.activity import Activity
 from gradflow.analysis.loops import in_loop
 from gradflow.analysis.ops import Op
 from gradflow.autodiff.spec import ADSpec, ADTables, Differentiate
+from gradflow.core.stop_gradient import only_stopped
 
 
 @attrs.define
@@ -134,6 +135,19 @@ class OpSite:
 
     def written_arrays(self) -> frozenset[str]:
         return frozenset(self.state.node(i).data for i in self.op.writes)
+
+    def differentiable_reads(self) -> frozenset[str]:
+        """The arrays read here through which a derivative can flow: those with a use other than a tasklet
+        connector read only through a stop (a softmax's max, `exp(x - stop(m))`, carries no gradient)."""
+        state = self.state
+        found = set()
+        for i in self.op.reads:
+            node = state.node(i)
+            leaves = [leaf for e in state.out_edges(node) for leaf in state.memlet_tree(e).leaves()]
+            if not leaves or not all(isinstance(leaf.dst, nd.Tasklet) and leaf.dst_conn
+                                     and only_stopped(leaf.dst, leaf.dst_conn) for leaf in leaves):
+                found.add(node.data)
+        return frozenset(found)
 
     def _box(self, array: str, reads: bool) -> subsets.Range | None:
         """The bounding box of the subsets of `array` the operation reads (or writes); None when some

@@ -570,7 +570,9 @@ def survey(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate: Diffe
     loops = {id(loop): item for item in regions for loop in item.encloses}
     rules = [_rule_for(tables, site) for site in sites]
     accesses = [OpAccess(site.read_arrays(), site.written_arrays()) for site in sites]
-    act = activity(sdfg.arrays, accesses, spec.wrt, spec.of)
+    # a read only through a stop passes no derivative: it neither varies an array nor makes one useful
+    flows = [OpAccess(site.differentiable_reads(), site.written_arrays()) for site in sites]
+    act = activity(sdfg.arrays, flows, spec.wrt, spec.of)
     active = {s.index for s in sites if accesses[s.index].writes & act.carrying}
     restores = {id(loop): _control(tables, item).restores(item)
                 for item in regions for loop in item.encloses}

@@ -16,6 +16,7 @@ The C++ function is the identity. `DEFINITION` is put before the generated code 
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Iterator
 
 import dace
@@ -54,6 +55,16 @@ class StopGradient(sympy.Function):
 
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
+
+
+def only_stopped(tasklet: dace.nodes.Tasklet, connector: str) -> bool:
+    """Whether `tasklet` reads `connector` only as the argument of a stop (`gradflow_stop_gradient(m)`): no
+    derivative flows through that read, so activity analysis need not count it."""
+    code = tasklet.code.as_string
+    if not re.search(rf"\b{re.escape(connector)}\b", code):
+        return False  # not read in the code at all: an index or a read some other way; count it
+    rest = re.sub(rf"\b{SPELLING}\(\s*{re.escape(connector)}\s*\)", "", code)
+    return not re.search(rf"\b{re.escape(connector)}\b", rest)
 
 
 def used(sdfg: dace.SDFG) -> bool:

@@ -17,6 +17,7 @@ from gradflow.optimize.copy_states import JoinCopyStates
 from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.element_states import JoinElementwiseStates
 from gradflow.optimize.in_place import WriteInPlace
+from gradflow.optimize.index_arithmetic import SimplifyIndexArithmetic
 from gradflow.optimize.layouts import TransientLayouts
 from gradflow.optimize.loop_interchange import MoveLoopsIntoMaps
 from gradflow.optimize.nest_reductions import NestReductions
@@ -48,7 +49,7 @@ from gradflow.transforms.views import RemoveViews
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), JoinElementwiseStates(), FuseMaps(),
-                     JoinCopyStates(), WriteInPlace(), MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(),
+                     SimplifyIndexArithmetic(), JoinCopyStates(), WriteInPlace(), MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(),
                      SplitSumMaps(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize(),
                      RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
@@ -62,4 +63,4 @@ __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales",
            "HoistRowProducts", "JoinCopyStates", "JoinElementwiseStates", "LocalReductions", "MergeElementSums",
            "MoveLoopsIntoMaps", "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
            "PersistentTransients", "RaiseLoopReductions", "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers",
-           "SimdRegisterSums", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]
+           "SimdRegisterSums", "SimplifyIndexArithmetic", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

@@ -303,6 +303,63 @@ def test_a_reshape_that_merges_or_splits_dimensions_has_affine_indices() -> None
     assert refined_copy((4, 6), (6, 4)) is None  # no common refinement: `reindex` with divisions
 
 
+def _positions(shape, index, ranges) -> list[int]:
+    """Row-major position in `shape` of the element `index` (strings over the ranges' names) names, at
+    every point of `ranges`, in the map's order."""
+    import itertools
+
+    names = [n for n, _ in ranges]
+    out = []
+    for point in itertools.product(*(range(extent) for _, extent in ranges)):
+        values = [eval(i, {}, dict(zip(names, point))) for i in index]  # noqa: S307 - our own index strings
+        out.append(int(np.ravel_multi_index(values, shape)) if shape else 0)
+    return out
+
+
+@pytest.mark.parametrize("out_shape,in_shape", [((64, 64, 32), (64, 16, 128)), ((2, 12, 5), (2, 3, 20)),
+                                                ((1, 6, 1, 8), (3, 16)), ((3, 4, 10), (12, 2, 5)), ((7,), (1, 7, 1))])
+def test_a_reshape_regrouping_both_sides_runs_over_their_common_refinement(out_shape, in_shape) -> None:
+    """`(T, B, H*D) -> (T, B*H, D)`, which `refined_copy` leaves to `reindex`'s divisions: the map runs over the
+    common refinement, both indices affine, and pairs each element with the one at its own row-major
+    position, every element once."""
+    from gradflow.frontend.onnx.rules.tensor import common_refinement, refined_copy
+
+    ranges, out_index, in_index = common_refinement(out_shape, in_shape)
+    for index in (*out_index, *in_index):
+        assert "//" not in index and "%" not in index
+    size = int(np.prod(out_shape))
+    outs, ins = _positions(out_shape, out_index, ranges), _positions(in_shape, in_index, ranges)
+    assert outs == ins and sorted(outs) == list(range(size))
+    if out_shape == (64, 64, 32):
+        assert refined_copy(out_shape, in_shape) is None  # the case this exists for
+    assert common_refinement((4, 6), (6, 4)) is None  # 4 does not divide 6: `reindex`
+
+
+def test_a_regrouping_reshape_differentiates_as_torch() -> None:
+    """Reshape (4, 6, 8) -> (4, 12, 4) then a weighted sum: value and gradient equal torch's, float64."""
+    import gradflow
+
+    d = TensorProto.DOUBLE
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"]), helper.make_node("Mul", ["y", "w"], ["z"]),
+             helper.make_node("ReduceSum", ["z"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", d, [4, 6, 8]),
+                                           helper.make_tensor_value_info("w", d, [4, 12, 4])],
+                              [helper.make_tensor_value_info("loss", d, [])],
+                              initializer=[helper.make_tensor("shape", TensorProto.INT64, [3], [4, 12, 4])])
+    prog = load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    rng = np.random.default_rng(7)
+    x, w = rng.normal(size=(4, 6, 8)), rng.normal(size=(4, 12, 4))
+    xa, wa = (p.array for p in prog.signature.inputs)
+    value, grads = gradflow.value_and_grad(prog.graph, wrt=[xa, wa], of=prog.signature.outputs[0].array)(
+        **{xa: x, wa: w})
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    loss = (xt.reshape(4, 12, 4) * wt).sum()
+    loss.backward()
+    np.testing.assert_allclose(np.asarray(value).reshape(-1)[0], loss.item(), rtol=1e-12)
+    np.testing.assert_allclose(grads[xa], xt.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grads[wa], wt.grad.numpy(), rtol=1e-12)
+
+
 @pytest.mark.parametrize("largest", [1, 0])
 def test_topk_with_nans_orders_them_as_torch_does(largest: int) -> None:
     """A NaN counts as the largest value (torch's order), so every one of the K positions gets an index

@@ -13,7 +13,7 @@ import sympy
 
 from gradflow.core.elementwise import ElementwiseEntry, elementwise_table
 from gradflow.core.stop_gradient import SPELLING as STOP_SPELLING
-from gradflow.core.stop_gradient import with_definition
+from gradflow.core.stop_gradient import StopGradient, with_definition
 from gradflow.core.symbolic import print_code, print_code_single
 from gradflow.frontend.onnx.builder import (
     Lowering, RuleUnsupported, Tensor, bcast_index, broadcast_shapes, params, storage_dtype,
@@ -50,7 +50,7 @@ def typed(code: str, dtype) -> str:
     return f"{target}{sep} {printer(dtype)(value)}" if sep else printer(dtype)(value)
 
 
-_FUNCTIONS = {"exp": sympy.exp, "log": sympy.log, "sqrt": sympy.sqrt, "abs": sympy.Abs}
+_FUNCTIONS = {"exp": sympy.exp, "log": sympy.log, "sqrt": sympy.sqrt, "abs": sympy.Abs, STOP_SPELLING: StopGradient}
 
 
 def _fold(lw: Lowering, node: Node, entry: ElementwiseEntry) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from gradflow.core.stop_gradient import SPELLING as STOP_SPELLING
+from gradflow.core.stop_gradient import with_definition
 from gradflow.core.wcr import MAX, MIN, PRODUCT, SUM
 from gradflow.frontend.onnx.builder import (
     Dim, InvalidNode, Lowering, Tensor, dstr, norm_axes, norm_axis, norm_dim, params, prod,
@@ -169,6 +171,12 @@ def arg_extremum(lw: Lowering, node: Node) -> None:
 
 
 def softmax_like(lw: Lowering, node: Node, log: bool) -> None:
+    """Softmax as max, e = exp(x - m) kept, s = sum(e), e / s (LogSoftmax: x - m - log(s)).
+
+    The max `m` only keeps exp from overflowing: the result does not depend on it, so its derivative through
+    `m` is exactly zero and `m` is read through a stop (`core.stop_gradient`); the backward then neither
+    sums gradients into `m` nor reverses the max. `e` is an array of its own so that exp runs once per
+    element, and the reverse of `e / s` and of `exp` read `e` instead of calling exp again."""
     x = lw.get(node.inputs[0])
     if node.opset < 13:
         axis = norm_axis(node.attr("axis", 1), x.rank)
@@ -178,14 +186,23 @@ def softmax_like(lw: Lowering, node: Node, log: bool) -> None:
     keep = kept_shape(x, axes)
     m = lw.temp(keep, x.dtype, "max")
     reduce_into(lw, node.label, x, axes, True, "max", m)
+    lw.sdfg.global_code = {**lw.sdfg.global_code, "frame": with_definition(lw.sdfg.global_code.get("frame"))}
     kidx = lambda idx: ["0" if k in axes else q for k, q in enumerate(idx)]  # noqa: E731
-    s = lw.temp(keep, x.dtype, "sum")
-    reduce_into(lw, node.label, x, axes, True, "sum", s, "exp(a - m)", {"m": (m, kidx)})
-    out = lw.output(node.outputs[0], x.shape, x.dtype)
     p = params("p", x.rank)
-    code = "o = a - m - log(s)" if log else "o = exp(a - m) / s"
-    lw.map(node.label, list(zip(p, x.shape)), {"a": (x, p), "m": (m, kidx(p)), "s": (s, kidx(p))},
-           typed(code, x.dtype), {"o": (out, p, None)})
+    ranges = list(zip(p, x.shape))
+    shifted = f"a - {STOP_SPELLING}(m)"
+    s = lw.temp(keep, x.dtype, "sum")
+    out = lw.output(node.outputs[0], x.shape, x.dtype)
+    if log:
+        reduce_into(lw, node.label, x, axes, True, "sum", s, f"exp({shifted})", {"m": (m, kidx)})
+        lw.map(node.label, ranges, {"a": (x, p), "m": (m, kidx(p)), "s": (s, kidx(p))},
+               typed(f"o = {shifted} - log(s)", x.dtype), {"o": (out, p, None)})
+        return
+    e = lw.temp(x.shape, x.dtype, "exp")
+    lw.map(node.label, ranges, {"a": (x, p), "m": (m, kidx(p))}, typed(f"o = exp({shifted})", x.dtype),
+           {"o": (e, p, None)})
+    reduce_into(lw, node.label, e, axes, True, "sum", s)
+    lw.map(node.label, ranges, {"e": (e, p), "s": (s, kidx(p))}, typed("o = e / s", x.dtype), {"o": (out, p, None)})
 
 
 @onnx_rule("Softmax")

@@ -163,7 +163,7 @@ def reshape_to(lw: Lowering, node: Node, shape: tuple[Dim, ...]) -> None:
     if norm_dim(prod(shape) - prod(x.shape)) != 0:
         raise RuleUnsupported(f"cannot reshape {x.shape} to {shape}")
     out = lw.output(node.outputs[0], shape, x.dtype)
-    refined = refined_copy(out.shape, x.shape)
+    refined = refined_copy(out.shape, x.shape) or common_refinement(out.shape, x.shape)
     if refined is not None:
         ranges, out_index, in_index = refined
         lw.map(node.label, ranges, {"a": (x, in_index)}, "o = a", {"o": (out, out_index, None)})
@@ -218,6 +218,43 @@ def refined_copy(out_shape, in_shape) -> tuple[list, list[str], list[str]] | Non
             stride = stride * d
         coarse_index[coarse[0]] = " + ".join(reversed(position))
     return (ranges or [("p0", 1)]), out_index, in_index
+
+
+def common_refinement(out_shape, in_shape) -> tuple[list, list[str], list[str]] | None:
+    """A reshape of known sizes that regroups dimensions on both sides (an attention layer's
+    `(T, B, H*D) -> (T, B*H, D)`, which `refined_copy` leaves) as a map over the common refinement of the two
+    shapes, or None: walking both shapes from their last dimension, each step takes the smaller of the two
+    sizes left, which must divide the larger; it becomes a map parameter whose place value in each side's
+    current dimension is the product of the steps before it there. Both indices stay affine, as in
+    `refined_copy`, where `reindex` divides."""
+    if not all(isinstance(d, (int, np.integer)) and d > 0 for d in (*out_shape, *in_shape)):
+        return None
+    sides = [[k for k, d in enumerate(shape) if d != 1] for shape in (out_shape, in_shape)]
+    shapes = (out_shape, in_shape)
+    indices: list[list[str]] = [["0"] * len(out_shape), ["0"] * len(in_shape)]
+    terms: list[dict[int, list[str]]] = [{}, {}]
+    left = [shapes[s][sides[s][-1]] if sides[s] else 1 for s in (0, 1)]
+    place = [1, 1]
+    ranges: list = []
+    while sides[0] and sides[1]:
+        step = min(left)
+        if left[0] % step or left[1] % step:
+            return None
+        name = f"r{len(ranges)}"
+        ranges.insert(0, (name, step))
+        for s in (0, 1):
+            terms[s].setdefault(sides[s][-1], []).append(f"{name}*{place[s]}" if place[s] != 1 else name)
+            left[s] //= step
+            place[s] *= step
+            if left[s] == 1:
+                sides[s].pop()
+                left[s], place[s] = (shapes[s][sides[s][-1]], 1) if sides[s] else (1, 1)
+    if sides[0] or sides[1]:
+        return None
+    for s in (0, 1):
+        for k, parts in terms[s].items():
+            indices[s][k] = " + ".join(reversed(parts))
+    return (ranges or [("r0", 1)]), indices[0], indices[1]
 
 
 def _known_less(a, b) -> bool | None:

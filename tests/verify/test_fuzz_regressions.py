@@ -560,3 +560,25 @@ def test_second_order_where_rounding_hides_the_differences_is_not_called_wrong()
                             (DEFAULT,), seed=11)
     verdict = check_program(spec)
     assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"
+
+
+#: `gradflow fuzz --n 3000 --seed 14592` at 9a8389c, programs 137 and 139 (wrong at ef3c8fd too, so older than
+#: that commit): a stopped element of the array the same statement overwrites, `x0[2:] += np.minimum(x0[2:],
+#: stop_gradient(x0[i1 + 1]))`, in a loop. The gradient is wrong under STORE_ALL and RECOMPUTE_ALL, optimized
+#: or not (d S / d x0[3] = -90.45, central differences -267.83 at N = 7); without the stop it is right.
+STOPPED_ELEMENT_OF_AN_OVERWRITTEN_ARRAY = """@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
+    for i1 in range(2, N - 1):
+        x0[2:] += np.minimum(x0[2:], stop_gradient(x0[i1 + 1]))
+        x0[2:] += x0[i1 + 1]
+    S[0] += np.sum(x0 * w0)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="open: a stopped element of the array its statement overwrites (seed 14592)")
+def test_a_stopped_element_of_the_array_its_statement_overwrites() -> None:
+    header = HEADER.replace("import dace\n", "from gradflow import stop_gradient\nimport dace\n", 1)
+    spec = spec_from_source(header + STOPPED_ELEMENT_OF_AN_OVERWRITTEN_ARRAY, {"N": 7, "M": 6}, ("x0",), {},
+                            (DEFAULT,), seed=1459243913)
+    verdict = check_program(spec)
+    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"

@@ -562,11 +562,12 @@ def test_second_order_where_rounding_hides_the_differences_is_not_called_wrong()
     assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"
 
 
-#: `gradflow fuzz --n 3000 --seed 14592` at 9a8389c, programs 137 and 139 (wrong at ef3c8fd too, so older than
-#: that commit): a stopped element of the array the same statement overwrites, `x0[2:] += np.minimum(x0[2:],
-#: stop_gradient(x0[i1 + 1]))`, in a loop. The gradient is wrong under STORE_ALL and RECOMPUTE_ALL, optimized
-#: or not (d S / d x0[3] = -90.45, central differences -267.83 at N = 7); without the stop it is right.
-STOPPED_ELEMENT_OF_AN_OVERWRITTEN_ARRAY = """@dace.program
+#: `gradflow fuzz --n 3000 --seed 14592` at 9a8389c, programs 137 and 139 (reported WRONG, the same at ef3c8fd),
+#: shrunk: `np.minimum(x0[2:], stop_gradient(x0[i1 + 1]))` compares element i1 + 1 with a stopped copy of
+#: itself, a tie at every iteration: a point where the function has no derivative. gradflow's gradient is
+#: torch's (`torch.minimum` with the copy detached) to all digits (d S / d x0[3] = -90.45 in both); central
+#: differences, which break each tie one way on each side, read -267.83.
+STOPPED_COPY_TIE = """@dace.program
 def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
     for i1 in range(2, N - 1):
         x0[2:] += np.minimum(x0[2:], stop_gradient(x0[i1 + 1]))
@@ -575,10 +576,31 @@ def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="open: a stopped element of the array its statement overwrites (seed 14592)")
-def test_a_stopped_element_of_the_array_its_statement_overwrites() -> None:
+def _stopped_copy_tie_in_torch(x0, w0):
+    import torch
+
+    x = x0
+    for i1 in range(2, x0.shape[0] - 1):
+        stopped = x[i1 + 1].detach()
+        x = torch.cat([x[:2], x[2:] + torch.minimum(x[2:], stopped)])
+        x = torch.cat([x[:2], x[2:] + x[i1 + 1]])
+    return torch.sum(x * w0)
+
+
+def test_a_tie_with_a_stopped_copy_of_itself_is_torchs_gradient_too(tmp_path) -> None:
+    import numpy as np
+    import torch
+
+    from gradflow.verify.fuzz.check import _load, make_data
+    from gradflow.verify.routes import gradient
+
     header = HEADER.replace("import dace\n", "from gradflow import stop_gradient\nimport dace\n", 1)
-    spec = spec_from_source(header + STOPPED_ELEMENT_OF_AN_OVERWRITTEN_ARRAY, {"N": 7, "M": 6}, ("x0",), {},
-                            (DEFAULT,), seed=1459243913)
-    verdict = check_program(spec)
-    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"
+    spec = spec_from_source(header + STOPPED_COPY_TIE, {"N": 7, "M": 6}, ("x0",), {}, (DEFAULT,), seed=1459243913)
+    assert check_program(spec).kind == "WRONG"  # what the fuzzer reports: differences across the ties
+    data = make_data(spec, spec["seed"])
+    x = torch.tensor(data["x0"], requires_grad=True)
+    want = torch.autograd.grad(_stopped_copy_tie_in_torch(x, torch.tensor(data["w0"])), x)[0].numpy()
+    program = _load(header + STOPPED_COPY_TIE, tmp_path, "tie").program
+    for optimize in (True, False):
+        _, grads = gradient(program, ("x0",), "S", data, spec["symbols"], route="grad", optimize=optimize)
+        np.testing.assert_allclose(grads["x0"], want, rtol=1e-12, atol=1e-12)

@@ -32,6 +32,7 @@ from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from returns.result import Success
 
+from gradflow.analysis.indices import affine_row
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pass, PassResult, register_pass
 
@@ -42,21 +43,22 @@ def _has_division(expr) -> bool:
     return isinstance(expr, sympy.Basic) and any(expr.atoms(f) for f in _DIVISIONS)
 
 
+def divides(memlet: dace.Memlet) -> bool:
+    """Whether an index of `memlet` (either subset) divides or takes a remainder."""
+    return not memlet.is_empty() and any(_has_division(v) for s in (memlet.subset, memlet.other_subset)
+                                         if isinstance(s, subsets.Range) for r in s.ranges for v in r)
+
+
 def _affine(expr: sympy.Expr, params: dict) -> tuple[dict, sympy.Expr] | None:
     """(parameter -> coefficient, the rest) of `expr`, affine in the symbols `params` names with integer
-    coefficients; None otherwise."""
-    coeffs: dict = {}
-    rest = sympy.Integer(0)
-    for term in sympy.Add.make_args(sympy.expand(expr)):
-        found = [s for s in term.free_symbols if str(s) in params]
-        if not found:
-            rest += term
-            continue
-        c = sympy.simplify(term / found[0])
-        if len(found) > 1 or c.free_symbols or not c.is_Integer:
-            return None
-        coeffs[found[0]] = coeffs.get(found[0], 0) + c
-    return coeffs, rest
+    coefficients (`analysis.indices.affine_row`, the parameters looked up by name); None otherwise."""
+    expr = sympy.expand(expr)
+    symbols = [s for s in expr.free_symbols if str(s) in params]
+    row = affine_row(expr, symbols)
+    if row is None or not all(c.is_Integer for c in row):
+        return None
+    coeffs = dict(zip(symbols, row))
+    return coeffs, sympy.expand(expr - sum((c * p for p, c in coeffs.items()), sympy.Integer(0)))
 
 
 def _bounds(coeffs: dict, rest: sympy.Expr, params: dict) -> tuple[sympy.Expr, sympy.Expr]:
@@ -112,7 +114,7 @@ def simplify(expr, params: dict):
     return expr
 
 
-def _scope_params(state: dace.SDFGState, scope: nd.EntryNode | None, scopes: dict) -> dict:
+def _scope_params(scope: nd.EntryNode | None, scopes: dict) -> dict:
     """Parameter symbol -> (least, greatest) of the maps from `scope` outwards."""
     params: dict = {}
     while scope is not None:
@@ -148,11 +150,10 @@ def simplify_indices(sdfg: dace.SDFG) -> int:
         scopes = None
         for edge in state.edges():
             memlet = edge.data
-            if memlet.is_empty() or not any(_has_division(v) for s in (memlet.subset, memlet.other_subset)
-                                             if isinstance(s, subsets.Range) for r in s.ranges for v in r):
+            if not divides(memlet):
                 continue
             scopes = scopes if scopes is not None else state.scope_dict()
-            params = _scope_params(state, _edge_scope(state, edge, scopes), scopes)
+            params = _scope_params(_edge_scope(state, edge, scopes), scopes)
             if not params:
                 continue
             for attr in ("subset", "other_subset"):
@@ -161,12 +162,6 @@ def simplify_indices(sdfg: dace.SDFG) -> int:
                     setattr(memlet, attr, new)
                     count += 1
     return count
-
-
-def _found(sdfg: dace.SDFG) -> bool:
-    return any(_has_division(v) for state in sdfg.states() for e in state.edges() if not e.data.is_empty()
-               for s in (e.data.subset, e.data.other_subset) if isinstance(s, subsets.Range)
-               for r in s.ranges for v in r)
 
 
 @register_pass
@@ -178,7 +173,7 @@ class SimplifyIndexArithmetic(Pass):
     name: ClassVar[str] = "simplify_index_arithmetic"
 
     def run(self, graph: Graph) -> PassResult:
-        if not _found(graph.sdfg):
+        if not any(divides(e.data) for state in graph.sdfg.states() for e in state.edges()):
             return Success(graph)
         sdfg = graph.editable()
         if not simplify_indices(sdfg):

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
 from gradflow.verify.fuzz import campaign, programs
@@ -62,9 +61,20 @@ def test_twin_source_strips_only_what_dace_adds() -> None:
         __import__("ast").unparse(__import__("ast").parse(_program().render(False))).replace("\n", "")
 
 
-def test_a_checked_program_agrees_with_its_twin() -> None:
+def test_a_checked_program_agrees_with_its_twin(monkeypatch) -> None:
+    """... and is parsed once and differentiated once per configuration: the higher modes' checks run the
+    first configuration's program again on stepped data without differentiating it again."""
+    from dace.frontend.python.parser import DaceProgram
+
+    from gradflow.verify import routes
+
+    parses, built = [], []
+    parse, build = DaceProgram.to_sdfg, routes.gradient_function
+    monkeypatch.setattr(DaceProgram, "to_sdfg", lambda self, *a, **k: parses.append(1) or parse(self, *a, **k))
+    monkeypatch.setattr(routes, "gradient_function", lambda *a, **k: built.append(k["route"]) or build(*a, **k))
     verdict = check_program(spec_of(_program(), (DEFAULT, ("vjp", "store_all", False)), seed=1))
     assert verdict.kind == "ok", verdict.detail
+    assert len(parses) == 1 and built == ["grad", "vjp"], (parses, built)
 
 
 def test_shrinking_keeps_what_fails_and_drops_the_rest() -> None:

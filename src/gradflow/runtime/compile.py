@@ -284,7 +284,7 @@ def _build_and_publish(sdfg: dace.SDFG, root: Path, key: str) -> CompiledSDFG:
     private = copy.deepcopy(sdfg)
     private.build_folder = str(staging)
     start = time.perf_counter()
-    _build(private, staging)
+    _build(private, staging, key)
     library, stub = _libraries(staging)
     arguments = _entry_parameters(staging, private)
     calling = _calling(copy.copy(sdfg), arguments)  # as `_load` will see it: `private` is expanded now
@@ -393,11 +393,30 @@ def prepared_for_code_generation(sdfg: dace.SDFG) -> Iterator[None]:
         yield
 
 
-def _build(sdfg: dace.SDFG, folder: Path) -> None:
+def _generate_and_compile(sdfg: dace.SDFG, key: str) -> None:
+    """What `SDFG.compile` does for a new build folder (`sdfg.build_folder`), done on `sdfg` itself, the
+    caller's private copy, and without what gradflow never reads: DaCe's own deep copy of the SDFG, and its
+    `program.sdfgz` (the SDFG serialized to JSON, hashed and gzipped: up to a second for a large gradient,
+    a fifth of a small program's build). The hash that file's writing defines for the generated code
+    (`include/hash.h`, which names instrumentation reports) is the build key instead."""
+    from dace.codegen import codegen
+
+    mode = dace.Config.get("compiler", "build_folder_mode")
+    for _ in sdfg.all_sdfgs_recursive(load_ext=True):  # external nested SDFGs loaded, as `compile` does
+        pass
+    sdfg.fill_scope_connectors()
+    objects = codegen.generate_code(sdfg, validate=True)
+    folder = dace_compiler.generate_program_folder(None, objects, sdfg.build_folder, folder_mode=mode)
+    (Path(folder) / "include").mkdir(exist_ok=True)
+    (Path(folder) / "include" / "hash.h").write_text(f'#define __HASH_{sdfg.name} "{key}"\n')
+    dace_compiler.configure_and_compile(folder, sdfg.name, folder_mode=mode)
+
+
+def _build(sdfg: dace.SDFG, folder: Path, key: str) -> None:
     """Build `sdfg` (the caller's private copy, changed in place) in `folder`."""
     try:
         with prepared_for_code_generation(sdfg), progress.step(f"compiling SDFG '{sdfg.name}'"):
-            sdfg.compile(return_program_handle=False)
+            _generate_and_compile(sdfg, key)
     except Exception as exc:  # DaCe raises several unrelated types for a failed build
         text = str(exc)
         tail = text[-2000:] if len(text) > 2000 else text

@@ -5,7 +5,7 @@ fuzzer's, the soundness tests') call these, so each route is exercised the way i
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import dace
 import numpy as np
@@ -30,18 +30,22 @@ def _used(symbols: Mapping[str, int], sdfg: dace.SDFG, given: Mapping) -> dict[s
 
 
 def run_grad(graph: Graph, arrays: Mapping[str, np.ndarray], symbols: Mapping[str, int],
-             grads: Mapping[str, str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Run a `grad` SDFG on copies of `arrays`: (every array afterwards, the gradients by `wrt` name)."""
+             grads: Mapping[str, str], invoker: Invoker | None = None
+             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Run a `grad` SDFG (through `invoker`, one of `graph` kept by the caller, if given) on copies of
+    `arrays`: (every array afterwards, the gradients by `wrt` name)."""
     given = _copies(arrays)
-    out, _ = Invoker(graph)(**given, **_used(symbols, graph.sdfg, given))
+    out, _ = (invoker or Invoker(graph))(**given, **_used(symbols, graph.sdfg, given))
     return out, {x: np.array(out[g]) for x, g in grads.items()}
 
 
 def run_vjp(result: VJPResult, arrays: Mapping[str, np.ndarray], symbols: Mapping[str, int],
-            cotangents: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            cotangents: Mapping[str, np.ndarray], invokers: tuple[Invoker, Invoker] | None = None
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run the forward SDFG of a `vjp` on copies of `arrays` (its saved values allocated), then the backward
-    on what it forwarded and `cotangents` (by output name): (every forward array, the gradients by name)."""
-    forward = Invoker(Graph.adopt(result.forward))
+    on what it forwarded and `cotangents` (by output name): (every forward array, the gradients by name).
+    `invokers`, the forward's and the backward's, are kept by a caller that runs the pair again."""
+    forward, backward = invokers or (Invoker(Graph.adopt(result.forward)), Invoker(Graph.adopt(result.backward)))
     taken = {k: v for k, v in _copies(arrays).items() if k in result.forward.arrays
              and not result.forward.arrays[k].transient}
     for name in result.saved:  # what the forward saves for the backward, allocated by the caller
@@ -50,7 +54,6 @@ def run_vjp(result: VJPResult, arrays: Mapping[str, np.ndarray], symbols: Mappin
                       for d in desc.shape)
         taken[name] = np.zeros(shape, dtype=desc.dtype.as_numpy_dtype())
     after, _ = forward(**taken, **_used(symbols, result.forward, taken))
-    backward = Invoker(Graph.adopt(result.backward))
     given = {name: after[name] if name in after else arrays[name] for name in result.forwarded}  # scalars as given
     given.update({result.cotangents[o]: np.array(c, copy=True) for o, c in cotangents.items()})
     out, _ = backward(**given, **_used(symbols, result.backward, given))
@@ -62,13 +65,28 @@ def gradient(program, wrt: tuple[str, ...], of: str, arrays: Mapping[str, np.nda
              optimize: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Differentiate `program` (d `of` / d `wrt`) by `route` and run it on `arrays`: (every array after the
     forward computation, the gradients by `wrt` name)."""
+    return gradient_function(program, wrt, of, symbols, route=route, forwarding=forwarding,
+                             optimize=optimize)(arrays)
+
+
+def gradient_function(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, int], *,
+                      route: str = "grad", forwarding: Forwarding = STORE_ALL, optimize: bool = True
+                      ) -> Callable[[Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """`gradient` differentiated and bound once: a function of the arrays (at the same `symbols`) that a
+    check calls again on other data (nudged, stepped along a direction) without running the pipeline and
+    looking its build up each time."""
     from gradflow.api import grad_graph, vjp
 
     if route == "grad":
         graph = grad_graph(program, list(wrt), of, "grad_", None, forwarding, optimize)
-        return run_grad(graph, arrays, symbols, graph.meta["ad"].grads)
+        invoker = Invoker(graph)
+        return lambda arrays: run_grad(graph, arrays, symbols, graph.meta["ad"].grads, invoker)
     if route == "vjp":
         result = vjp(program, list(wrt), of, forwarding=forwarding, optimize=optimize)
-        seed = np.ones_like(np.asarray(arrays[of], dtype=np.float64))
-        return run_vjp(result, arrays, symbols, {of: seed})
+        invokers = (Invoker(Graph.adopt(result.forward)), Invoker(Graph.adopt(result.backward)))
+
+        def run(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            seed = np.ones_like(np.asarray(arrays[of], dtype=np.float64))
+            return run_vjp(result, arrays, symbols, {of: seed}, invokers)
+        return run
     raise ValueError(f"unknown route {route!r}; routes: {ROUTES}")

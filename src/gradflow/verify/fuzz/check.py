@@ -45,8 +45,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
+import dace
 import numpy as np
 
+from gradflow.core.graph import as_sdfg
 from gradflow.verify.fuzz import frozen
 from gradflow.verify.fuzz.program import plain_maps
 
@@ -368,13 +370,10 @@ def _spread(run, data: Mapping[str, Any], names: Sequence[str], grads: Mapping) 
     return {k: np.maximum(*(np.abs(np.asarray(m[k]) - np.asarray(g)) for m in moved)) for k, g in grads.items()}
 
 
-def _rerun(program, wrt: tuple, symbols: Mapping, route: str, forwarding, optimize: bool):
-    """The gradients of one configuration on other data (its build is cached: no second compile)."""
-    from gradflow.verify.routes import gradient
-
-    def run(data: Mapping[str, Any]) -> Mapping:
-        return gradient(program, wrt, "S", data, symbols, route=route, forwarding=forwarding, optimize=optimize)[1]
-    return run
+def _rerun(run: Callable[[Mapping[str, Any]], tuple]) -> Callable[[Mapping[str, Any]], Mapping]:
+    """The gradients of one configuration on other data: its program as built for the first data
+    (`routes.gradient_function`), neither differentiated nor looked up again."""
+    return lambda data: run(data)[1]
 
 
 #: how many random splits of the direction measure forward mode's rounding (`_jvp_problem`)
@@ -500,10 +499,13 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
         return Verdict("invalid", detail=f"the program does not load: {type(exc).__name__}: {_first_line(exc)}",
                        seconds=time.perf_counter() - start)
     try:
-        module.program.to_sdfg(simplify=True)
+        # parsed once, as `gradflow.grad` parses a @dace.program (`as_sdfg`); every configuration and mode
+        # differentiates its own copy (`Graph.of` copies an SDFG), so none parses the source again
+        program = as_sdfg(module.program)
     except Exception as exc:
-        return Verdict("dace", error=type(exc).__name__, detail=f"DaCe cannot parse the program: {_first_line(exc)}",
-                       seconds=time.perf_counter() - start)
+        cause = exc.__cause__ or exc  # DaCe's own error, which `as_sdfg` chains
+        return Verdict("dace", error=type(cause).__name__, detail=f"DaCe cannot parse the program: "
+                       f"{_first_line(cause)}", seconds=time.perf_counter() - start)
     data = make_data(spec, spec["seed"])
     try:
         want = run_twin(twin.program, data)
@@ -518,10 +520,10 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
         return resolved_difference(twin.program, data, name, flat, tol, largest[0])
 
     with frozen.replaying(lambda: run_twin(twin.program, data)):  # the twin's stops held (`fuzz.frozen`)
-        return _check_configs(spec, module, twin, data, want, resolve, start)
+        return _check_configs(spec, program, twin, data, want, resolve, start)
 
 
-def _check_configs(spec: Mapping, module, twin, data: Mapping[str, Any], want: Mapping, resolve,
+def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any], want: Mapping, resolve,
                    start: float) -> Verdict:
     """`check_program` once the program loads and its twin runs: every configuration, then the higher modes."""
     floats = [name for name, _, role, _ in spec["arguments"] if role in ("input", "output", "weight")]
@@ -536,24 +538,26 @@ def _check_configs(spec: Mapping, module, twin, data: Mapping[str, Any], want: M
         route, policy, optimize = config
         wrt = list(spec["wrt"]) + (["S"] if spec.get("reads_S") and route == "grad" else [])
         from gradflow.autodiff.budget import BudgetError
-        from gradflow.verify.routes import gradient
+        from gradflow.verify.routes import gradient_function
 
         try:
             # trip counts passed as arguments are sizes to a budget (`count_arguments_to_symbols`), as at a call
             trips = {name: int(np.asarray(data[name]).reshape(-1)[0]) for name, _, role, _ in spec["arguments"]
                      if role == "trips" and name in data}
-            forwarding = _forwarding(policy, module.program, wrt, {**spec["symbols"], **trips})
+            forwarding = _forwarding(policy, program, wrt, {**spec["symbols"], **trips})
             try:
-                after, grads = gradient(module.program, tuple(wrt), "S", data, spec["symbols"], route=route,
+                run = gradient_function(program, tuple(wrt), "S", spec["symbols"], route=route,
                                         forwarding=forwarding, optimize=optimize)
+                after, grads = run(data)
             except BudgetError as exc:  # 60% of what STORE_ALL keeps is too little: the least that works
                 forwarding = attrs.evolve(forwarding, max_bytes=exc.minimum)
-                after, grads = gradient(module.program, tuple(wrt), "S", data, spec["symbols"], route=route,
+                run = gradient_function(program, tuple(wrt), "S", spec["symbols"], route=route,
                                         forwarding=forwarding, optimize=optimize)
+                after, grads = run(data)
         except Exception as exc:  # a refusal or a crash: reported by class, the traceback's tail kept
             kind = _classify(exc)
             # a program DaCe itself miscompiles (its SDFG already wrong) is DaCe's, whatever gradflow made of it
-            if kind in ("crash", "refused") and not _dace_forward_agrees(module.program, data, want, floats, symbols):
+            if kind in ("crash", "refused") and not _dace_forward_agrees(program, data, want, floats, symbols):
                 return Verdict("dace", config, type(exc).__name__, f"DaCe's own forward fails or differs; gradflow "
                                f"{'refused' if kind == 'refused' else 'failed'}: {_first_line(exc)}",
                                time.perf_counter() - start)
@@ -562,7 +566,7 @@ def _check_configs(spec: Mapping, module, twin, data: Mapping[str, Any], want: M
                            time.perf_counter() - start)
         problem = _values_agree(after, want, [n for n in floats if n in after])
         if problem is not None:
-            if not _dace_forward_agrees(module.program, data, want, floats, symbols):
+            if not _dace_forward_agrees(program, data, want, floats, symbols):
                 return Verdict("dace", config, detail=f"DaCe's own forward: {problem}",
                                seconds=time.perf_counter() - start)
             return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start)
@@ -584,11 +588,11 @@ def _check_configs(spec: Mapping, module, twin, data: Mapping[str, Any], want: M
             return Verdict("WRONG", config, detail=problem, seconds=time.perf_counter() - start, skipped=skipped)
         if reference is None:
             reference, reference_wrt = grads, wrt
-            rerun = _rerun(module.program, tuple(wrt), spec["symbols"], route, forwarding, optimize)
+            rerun = _rerun(run)
     if reference is None:
         return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)
     # forward mode and second order, each against the checked gradient
-    later = _higher_modes(spec, module.program, reference_wrt, data, reference, rerun)
+    later = _higher_modes(spec, program, reference_wrt, data, reference, rerun)
     if later is not None:
         return attrs.evolve(later, seconds=time.perf_counter() - start, skipped=skipped)
     return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)

@@ -7,6 +7,7 @@ from typing import ClassVar
 import attrs
 import dace
 import pytest
+from dace import subsets
 from returns.result import Failure, Success
 
 from gradflow.core.errors import GradflowError, InvalidArgumentError, PassError
@@ -32,6 +33,20 @@ class Explode(Pass):
 
     def run(self, graph: Graph):
         raise KeyError("deep inside")
+
+
+@attrs.frozen
+class UnionOfRows(Pass):
+    """Records DaCe's union of the rows {i} and {1}, as DaCe's propagation forms it inside a pass."""
+
+    found: list
+    name: ClassVar[str] = "test_union_of_rows"
+    checks_output: ClassVar[bool] = False
+
+    def run(self, graph: Graph):
+        i = dace.symbol("i")
+        self.found.append(subsets.union(subsets.Range([(i, i, 1)]), subsets.Range([(1, 1, 1)])))
+        return Success(graph)
 
 
 def empty() -> Graph:
@@ -147,3 +162,13 @@ def test_grad_copies_the_program_once(monkeypatch) -> None:
     gradflow.grad(sdfg, wrt=list(case.wrt), of=case.of)
     assert copies == []  # Graph.of's copy is the only one; every pass edits what the previous one built
     assert Graph.of(sdfg).fingerprint == before
+
+
+@pytest.mark.parametrize("value", [0, 1, 2, 7])
+def test_a_pass_reasons_about_subsets_without_taking_symbols_as_positive(value: int) -> None:
+    # By default DaCe's union of rows {i} and {1} is `1:i + 1`, which leaves out row 0 at i = 0
+    found: list = []
+    assert isinstance(UnionOfRows(found)(empty()), Success)
+    (begin, end, _), = found[0].ranges
+    low, high = (int(dace.symbolic.evaluate(x, {"i": value})) for x in (begin, end))
+    assert low <= min(value, 1) and high >= max(value, 1)

@@ -609,14 +609,11 @@ def test_a_tie_with_a_stopped_copy_of_itself_is_torchs_gradient_too(tmp_path) ->
 # `gradflow fuzz --n 600 --seed 10467` at 172b861, program 17 (WRONG; the same at ca93538, rechecked with
 # the campaign's data): d S / d x0[0, 1] = 0.6204 where central differences and torch.autograd give 0.6218,
 # optimized or not. Shrunk below: a product reads x0[:N - 2, 2:], then a loop nest adds t1 into x0[i2, M - 2]
-# (the same element for every i3) and into x0[1, 2]. Without `loops_to_maps` in the AD pipeline the gradient
-# is right (-1.62513 at these data, as central differences); with one loop and either update alone it is
-# right too. Cause found, not yet fixed: `loops_to_maps` ends with DaCe's `propagate_memlets_sdfg`, whose
-# union of the rows {i2} and {1} is `1:i2 + 1` (`dace.subsets.union` says so for any i2, unsound at i2 = 0),
-# so the outer maps write x0[1:3*int_floor(N - 1, 3) + 1, 2:M - 1] and leave out x0[0, 2], which the product
-# read: nothing keeps its old value for the product's reverse. The fix: a union gradflow proves (the
-# parameter's range against the constant, as `simplify_index_arithmetic` bounds indices) or the whole
-# dimension where it cannot.
+# (the same element for every i3) and into x0[1, 2]. `loops_to_maps` ended with DaCe's
+# `propagate_memlets_sdfg`, whose union of the rows {i2} and {1} was `1:i2 + 1` (DaCe takes every symbol as
+# positive unless told otherwise), so the outer maps wrote x0[1:..., 2:M - 1] and left out x0[0, 2], which
+# the product read: nothing kept its old value for the product's reverse (-2.67992 against -1.62513 from
+# central differences at these data). Passes now run with that assumption off (`Pass.__call__`).
 NEST_OF_SUMS_AFTER_A_PRODUCT = """@dace.program
 def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
     t1 = ((x0[:N - 2, 2:] @ x0[0, 1:M - 1]) @ x0[:N - 2, M - 3])
@@ -628,8 +625,6 @@ def program(x0: dace.float64[N, M], w0: dace.float64[N, M], S: dace.float64[1]):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="open: a nest of sums after a product, made maps by loops_to_maps "
-                                       "(fuzz seed 10467, program 17)")
 def test_a_nest_of_sums_after_a_product_reads_the_operands_it_read() -> None:
     spec = spec_from_source(HEADER + NEST_OF_SUMS_AFTER_A_PRODUCT, {"N": 5, "M": 4}, ("x0",), {}, (DEFAULT,),
                             seed=11)

@@ -24,13 +24,14 @@ import sympy
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.core.exact_subsets import covers
 from gradflow.core.wcr import reduction_type
 
 
 def covers_array(sdfg: dace.SDFG, memlet: dace.Memlet) -> bool:
     """The memlet's subset covers its whole array."""
     whole = dace.subsets.Range.from_array(sdfg.arrays[memlet.data])
-    return memlet.subset is not None and memlet.subset.covers(whole)
+    return memlet.subset is not None and covers(memlet.subset, whole)
 
 
 def accesses(state: dace.SDFGState, name: str) -> list[nd.AccessNode]:

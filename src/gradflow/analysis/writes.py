@@ -21,6 +21,7 @@ from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from gradflow.analysis.access import scope_ranges
 from gradflow.analysis.indices import same_value
 from gradflow.analysis.ops import constant_beta
+from gradflow.core.exact_subsets import covers
 
 
 def written(sdfg: dace.SDFG) -> frozenset[str]:
@@ -214,10 +215,7 @@ def _covers(state: dace.SDFGState, edge, name: str, full: subsets.Range) -> bool
     4 x 4 block names the whole array): there, the elements the writes inside set are counted instead
     (`map_writes_cover`)."""
     sub = edge.data.subset if edge.data.data == name else edge.data.other_subset
-    try:
-        if sub is None or not bool(sub.covers(full)):
-            return False
-    except TypeError:  # a symbolic comparison SymPy cannot decide: not covered
+    if sub is None or not covers(sub, full):
         return False
     return not isinstance(edge.src, nd.MapExit) or map_writes_cover(state, edge, full)
 
@@ -253,7 +251,7 @@ def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:
                 return False
             box.append(image)
         boxes.append(box)
-    return any(subsets.Range(b).covers(full) for b in _joined(boxes))
+    return any(covers(subsets.Range(b), full) for b in _joined(boxes))
 
 
 def _untiled(ranges: dict[str, tuple]) -> tuple[dict[str, tuple], set[str]]:

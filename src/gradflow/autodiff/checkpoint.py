@@ -56,6 +56,7 @@ from gradflow.autodiff.protocols import ControlContext, control_rule
 from gradflow.autodiff.structure import symbols_read
 from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
+from gradflow.core.exact_subsets import union
 
 STEP = "gradflow_step_"
 
@@ -406,7 +407,7 @@ def _written_box(sdfg: dace.SDFG, name: str):
                 sub = e.data.get_dst_subset(e, state) if not e.data.is_empty() else None
                 if sub is None:
                     return subsets.Range.from_array(sdfg.arrays[name])
-                box = sub if box is None else subsets.union(box, sub)
+                box = sub if box is None else union(box, sub)
     return box if isinstance(box, subsets.Range) else subsets.Range.from_array(sdfg.arrays[name])
 
 

@@ -22,6 +22,7 @@ from gradflow.analysis.activity import Activity
 from gradflow.analysis.loops import in_loop
 from gradflow.analysis.ops import Op
 from gradflow.autodiff.spec import ADSpec, ADTables, Differentiate
+from gradflow.core.exact_subsets import union
 from gradflow.core.stop_gradient import only_stopped
 
 
@@ -164,7 +165,7 @@ class OpSite:
                 sub = e.data.get_src_subset(e, state) if reads else e.data.get_dst_subset(e, state)
                 if sub is None:
                     return None
-                box = sub if box is None else subsets.union(box, sub)
+                box = sub if box is None else union(box, sub)
                 if not isinstance(box, subsets.Range):
                     return None
         return box

@@ -24,6 +24,7 @@ import dace
 from returns.result import Failure, Result, Success
 
 from gradflow.core.errors import GradflowError, InvalidArgumentError, PassError
+from gradflow.core.exact_subsets import exact_subsets
 from gradflow.core.graph import Graph
 from gradflow.core.validation import check_graph
 
@@ -67,8 +68,10 @@ class Pass:
         was_lent = bool(graph._lender)
         try:
             # DaCe's source-line info would inspect the Python stack at every node a pass adds (a third of
-            # some pipelines' time) to record gradflow's own files, which nobody reads
-            with dace.config.set_temporary("compiler", "lineinfo", value="none"):
+            # some pipelines' time) to record gradflow's own files, which nobody reads. DaCe's propagation
+            # and the transformations' checks inside a pass reason about subsets without taking symbols
+            # as positive (`exact_subsets`: a union DaCe makes unsound is a wrong gradient here).
+            with dace.config.set_temporary("compiler", "lineinfo", value="none"), exact_subsets():
                 result = self.run(graph)
         except GradflowError as err:
             return Failure(err)

@@ -209,3 +209,30 @@ def test_a_write_read_back_and_written_again_keeps_its_order() -> None:
         x, S = rng.standard_normal(n), np.zeros(1)
         program(x=x, S=S, N=n)
         np.testing.assert_allclose(S, [_set_then_add(x)], rtol=1e-14)
+
+
+M = dace.symbol("M")
+
+
+@dace.program
+def rows_and_a_fixed_element(x: dace.float64[N, M]):
+    """A nest adding into a row per outer iteration and into one fixed element (fuzz seed 10467, program 17)."""
+    for i in range(0, N, 3):
+        for j in range(0, N - 1, 2):
+            x[i, M - 2] += 1.0
+            x[1, 2] += 1.0
+
+
+def test_the_converted_nests_memlets_hold_every_element_its_iterations_write() -> None:
+    # DaCe's union of the rows {i} and {1} is `1:i + 1` unless told not to take symbols as positive: the
+    # map's memlet then left out row 0, and reverse mode did not keep what the nest overwrote there
+    mapped = LoopsToMaps()(Graph.of(rows_and_a_fixed_element.to_sdfg())).unwrap()
+    assert not _loops(mapped.sdfg)
+    outer = [e.data.subset for state in mapped.sdfg.states() for n in state.nodes()
+             if isinstance(n, nd.MapExit) and state.entry_node(n) in state.scope_children()[None]
+             for e in state.out_edges(n)]
+    assert len(outer) == 1
+    for sizes in ({"N": 5, "M": 4}, {"N": 7, "M": 6}, {"N": 3, "M": 5}, {"N": 10, "M": 3}):
+        written = {(i, sizes["M"] - 2) for i in range(0, sizes["N"], 3)} | {(1, 2)}
+        box = [(int(dace.symbolic.evaluate(b, sizes)), int(dace.symbolic.evaluate(e, sizes))) for b, e, _ in outer[0]]
+        assert all(lo <= k <= hi for element in written for k, (lo, hi) in zip(element, box)), (sizes, box)

@@ -630,3 +630,23 @@ def test_a_nest_of_sums_after_a_product_reads_the_operands_it_read() -> None:
                             seed=11)
     verdict = check_program(spec)
     assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"
+
+
+# `gradflow fuzz --n 600 --seed 14450` at ec21e45, program 36 (crash under `hvp`, the same program built at
+# 658704b), shrunk: the Hessian-vector program of a product of a difference and a fused element-wise
+# factor did not build (`__map_fusion_..._1` and `gradflow_unused_7` "not declared"). `own_scatter_writes`
+# split the adjoint map of the product into one copy per class of sums; a copy kept the tasklet of the
+# other operand's adjoint with every result going to sink scalars, so nothing led from it to the map's
+# exit and DaCe's code generator wrote it after the map's loop. Copies now leave out such tasklets.
+PRODUCT_OF_A_DIFFERENCE = """@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N], x2: dace.float64[M], w0: dace.float64[M], w1: dace.float64[N], w2: dace.float64[M], S: dace.float64[1]):
+    x1[1] = ((x2[2:] - x2[:M - 2]) @ ((1.6 + 1.3 * np.tanh(x0[:M - 2])) ** 0.5))
+    S[0] += np.sum(x1 * w1)
+"""
+
+
+def test_the_second_order_of_a_product_of_a_difference_builds_and_agrees() -> None:
+    spec = spec_from_source(HEADER + PRODUCT_OF_A_DIFFERENCE, {"N": 5, "M": 6}, ("x0", "x1", "x2"), {}, (DEFAULT,),
+                            seed=11)
+    verdict = check_program(spec)
+    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"

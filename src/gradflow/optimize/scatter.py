@@ -9,7 +9,8 @@ went there.
 
 This pass splits such a map into one map per class of writes whose ranges over the whole map are pairwise
 disjoint (for a stencil, one per offset): the copies compute the same body and keep one class of the
-accumulations each, the original keeps the first class and everything else it writes. In each map every
+accumulations each, the original keeps the first class and everything else it writes; a tasklet that leads
+to none of a map's kept writes is left out of it (`_prune_dead`). In each map every
 iteration owns the element it adds to, so the sums are plain `+=` and the maps stay parallel. Writes that
 never meet (the four gate blocks `g[b, j + 64 k]` of an LSTM row) stay in one map: copying the body for
 them would repeat its work, transcendentals included, once per block.
@@ -261,6 +262,47 @@ def _drop(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, edge) -> N
     exit_.remove_out_connector(out_conn)
 
 
+def _prune_dead(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry) -> None:
+    """Remove from the map's body the tasklets and data from which no path leads to the map's exit.
+
+    A copy keeps one class of sums, so a tasklet that computes only other sums (the adjoint of another
+    operand) writes sink scalars alone; so may the original's after its sums are dropped. Besides being
+    work for nothing, such a tasklet does not lead to the exit, and DaCe's code generator then writes it
+    after the map's loop, where the loop's parameters and scope-local data are not declared: the build
+    failed (`gradflow fuzz --seed 14450`, program 36, a Hessian-vector product of a fused product)."""
+    exit_ = state.exit_node(entry)
+    body, frontier = set(), [entry]
+    while frontier:
+        for e in state.out_edges(frontier.pop()):
+            if e.dst is not exit_ and e.dst not in body:
+                body.add(e.dst)
+                frontier.append(e.dst)
+    alive, frontier = set(), [exit_]
+    while frontier:
+        for e in state.in_edges(frontier.pop()):
+            if e.src in body and e.src not in alive:
+                alive.add(e.src)
+                frontier.append(e.src)
+    tasklets = {n for n in body - alive if isinstance(n, nd.Tasklet) and n.language is dtypes.Language.Python}
+    if not tasklets:
+        return
+    # with them go the data only they write (their sinks, a temporary between two of them)
+    dead = [*tasklets, *(n for n in body - alive if isinstance(n, nd.AccessNode)
+                         and all(e.src in tasklets for e in state.in_edges(n)))]
+    names = {n.data for n in dead if isinstance(n, nd.AccessNode)}
+    state.remove_nodes_from(dead)
+    for conn in [c for c in entry.out_connectors if not any(e.src_conn == c for e in state.out_edges(entry))]:
+        inner = "IN_" + conn[len("OUT_"):]
+        for e in [e for e in state.in_edges(entry) if e.dst_conn == inner]:
+            state.remove_edge(e)
+        entry.remove_in_connector(inner)
+        entry.remove_out_connector(conn)
+    used = {n.data for st in sdfg.states() for n in st.data_nodes()}
+    for name in names - used:
+        if sdfg.arrays[name].transient:
+            sdfg.remove_data(name, validate=False)
+
+
 @register_pass
 @attrs.frozen
 class OwnScatterWrites(Pass):
@@ -282,8 +324,9 @@ class OwnScatterWrites(Pass):
                 for entry, groups in _candidates(state):
                     extra = [members for classes in groups for members in classes[1:]]
                     # every copy is taken from the whole original, before any accumulation leaves it
-                    for members in extra:
-                        _split_off(sub, state, entry, members)
+                    copies = [state.entry_node(_split_off(sub, state, entry, members)) for members in extra]
                     for edge in (edge for members in extra for edge in members):
                         _drop(sub, state, entry, edge)
+                    for each in [entry, *copies]:
+                        _prune_dead(sub, state, each)
         return Success(Graph.adopt(sdfg, graph.meta))

@@ -27,10 +27,11 @@ def exact_subsets() -> Iterator[None]:
 
 def covers(outer, inner) -> bool:
     """Whether the subset `outer` provably holds every element of `inner` (bounding boxes, as DaCe's
-    `covers`; False where the comparison cannot be decided)."""
+    `covers`; False where the comparison cannot be decided, and for subsets of different dimensions, for
+    which DaCe's `covers` returns a `ValueError` object, which is true as a bool)."""
     with exact_subsets():
         try:
-            return bool(outer.covers(inner))
+            return outer.covers(inner) is True
         except TypeError:  # a symbolic comparison SymPy cannot decide
             return False
 

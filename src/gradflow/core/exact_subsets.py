@@ -16,6 +16,7 @@ import contextlib
 from typing import Iterator
 
 import dace
+from dace import subsets
 
 
 @contextlib.contextmanager
@@ -39,7 +40,5 @@ def covers(outer, inner) -> bool:
 def union(a, b):
     """A bounding box of the subsets `a` and `b` valid for every value of their symbols (None when DaCe
     cannot form one)."""
-    from dace import subsets
-
     with exact_subsets():
         return subsets.union(a, b)

@@ -189,9 +189,9 @@ def _sink(sdfg: dace.SDFG, state: dace.SDFGState, dtype) -> nd.AccessNode:
     return state.add_access(name)
 
 
-def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep: list) -> nd.MapExit:
+def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep: list) -> nd.MapEntry:
     """A copy of `entry`'s scope that writes only through the edges `keep` (in-edges of the map exit, sums
-    into one array); returns its exit. Outputs the copy drops go to fresh scope-local scalars."""
+    into one array); returns its entry. Outputs the copy drops go to fresh scope-local scalars."""
     exit_ = state.exit_node(entry)
     body = _elementwise(state, entry)
     twin = {n: copy.deepcopy(n) for n in [entry, exit_, *body]}
@@ -243,7 +243,7 @@ def _split_off(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, keep:
     for conn in list(twin[exit_].out_connectors):
         if conn not in out_conns:
             twin[exit_].remove_out_connector(conn)
-    return twin[exit_]
+    return twin[entry]
 
 
 def _drop(sdfg: dace.SDFG, state: dace.SDFGState, entry: nd.MapEntry, edge) -> None:
@@ -324,7 +324,7 @@ class OwnScatterWrites(Pass):
                 for entry, groups in _candidates(state):
                     extra = [members for classes in groups for members in classes[1:]]
                     # every copy is taken from the whole original, before any accumulation leaves it
-                    copies = [state.entry_node(_split_off(sub, state, entry, members)) for members in extra]
+                    copies = [_split_off(sub, state, entry, members) for members in extra]
                     for edge in (edge for members in extra for edge in members):
                         _drop(sub, state, entry, edge)
                     for each in [entry, *copies]:

@@ -293,3 +293,29 @@ def _tiled_copy(inner_end: str, index: str) -> dace.SDFG:
 ])
 def test_a_strip_mined_map_overwrites_what_its_tiles_join_to(inner_end, index, expected):
     assert overwritten_before_read(_tiled_copy(inner_end, index), "Y") is expected
+
+
+def _copy_naming_its_source(source_subset: str) -> dace.SDFG:
+    """Y = the copy of X[source_subset] whose memlet names only its source (no destination subset), as
+    gradflow's backward makes its working copies; then Y is read."""
+    sdfg = dace.SDFG(f"copy_{source_subset.replace(':', '_').replace(' ', '')}")
+    sdfg.add_array("X", [N], f64)
+    sdfg.add_array("Z", [N], f64)
+    sdfg.add_transient("Y", [N], f64)
+    first = sdfg.add_state("copy")
+    first.add_nedge(first.add_read("X"), first.add_write("Y"), dace.Memlet(f"X[{source_subset}]"))
+    sdfg.add_state_after(first, "read").add_mapped_tasklet(
+        "z", {"i": "0:N"}, {"y": dace.Memlet("Y[i]")}, "z = y", {"z": dace.Memlet("Z[i]")}, external_edges=True)
+    return sdfg
+
+
+def test_a_copy_naming_only_its_source_overwrites_the_destination_when_the_shapes_agree():
+    whole, part = _copy_naming_its_source("0:N"), _copy_naming_its_source("1:N")
+    assert overwritten_before_read(whole, "Y") and not may_read_before_write(whole, "Y")
+    assert not overwritten_before_read(part, "Y") and may_read_before_write(part, "Y")
+    # DaCe's code copies element to element: all of Y from all of X, and of a part the same part (Y[1:])
+    x = np.arange(1.0, 7.0)
+    for sdfg, written in ((whole, slice(0, 6)), (part, slice(1, 6))):
+        z = np.full(6, -1.0)
+        sdfg.compile()(X=x, Z=z, N=6)
+        np.testing.assert_array_equal(z[written], x[written])

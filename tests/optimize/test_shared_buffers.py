@@ -4,6 +4,8 @@ program computes what it computed before."""
 
 from __future__ import annotations
 
+import functools
+
 import dace
 import numpy as np
 from dace.sdfg.state import LoopRegion
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 import gradflow
 from gradflow.core.graph import Graph
 from gradflow.optimize import OPTIMIZE
-from gradflow.optimize.shared_buffers import ShareDeadBuffers, candidates, sharing
+from gradflow.optimize.shared_buffers import ShareDeadBuffers, candidates, plan, sharing
 from gradflow.runtime.compile import compile_sdfg
 
 N = dace.symbol("N")
@@ -312,3 +314,117 @@ def test_a_map_writing_part_of_each_block_does_not_start_a_range(seed, n):
     gradflow.runtime.Runner(graph)(**args, out=want)
     gradflow.runtime.Runner(OPTIMIZE(graph).unwrap())(**args, out=got)
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def _copy_program(kind: str) -> dace.SDFG:
+    """A = 2 x; y = A + 1; B = A (a whole copy naming only its source, as the backward's working copies
+    are made); z = B * 3 + x. `kind` "read_after": A is read again after the copy; "part": only part of A is
+    copied; "written_in_copy_state": the copy's state also writes A."""
+    sdfg = dace.SDFG(f"whole_copy_{kind}")
+    for name in ("x", "y", "z"):
+        sdfg.add_array(name, [N], dace.float64)
+    for name in ("A", "B"):
+        sdfg.add_transient(name, [N], dace.float64)
+    s0 = sdfg.add_state("write_a")
+    s0.add_mapped_tasklet("a", {"i": "0:N"}, {"u": dace.Memlet("x[i]")}, "v = 2 * u", {"v": dace.Memlet("A[i]")},
+                          external_edges=True)
+    s1 = sdfg.add_state_after(s0, "read_a")
+    s1.add_mapped_tasklet("ya", {"i": "0:N"}, {"u": dace.Memlet("A[i]")}, "v = u + 1", {"v": dace.Memlet("y[i]")},
+                          external_edges=True)
+    s2 = sdfg.add_state_after(s1, "copy")
+    a, b = s2.add_read("A"), s2.add_write("B")
+    s2.add_nedge(a, b, dace.Memlet("A[0:N - 1]" if kind == "part" else "A[0:N]"))
+    if kind == "part":
+        s2.add_mapped_tasklet("b_last", {"i": "N - 1:N"}, {}, "v = 7", {"v": dace.Memlet("B[i]")},
+                              external_edges=True, output_nodes={"B": b})
+    if kind == "written_in_copy_state":
+        s2.add_mapped_tasklet("a_again", {"i": "0:N"}, {"u": dace.Memlet("x[i]")}, "v = 5 * u",
+                              {"v": dace.Memlet("A[i]")}, external_edges=True)
+    s3 = sdfg.add_state_after(s2, "read_b")
+    s3.add_mapped_tasklet("zb", {"i": "0:N"}, {"u": dace.Memlet("B[i]"), "w": dace.Memlet("x[i]")}, "v = u * 3 + w",
+                          {"v": dace.Memlet("z[i]")}, external_edges=True)
+    if kind == "read_after":
+        s4 = sdfg.add_state_after(s3, "read_a_again")
+        s4.add_mapped_tasklet("ya2", {"i": "0:N"}, {"u": dace.Memlet("A[i]"), "w": dace.Memlet("y[i]")},
+                              "v = u * w", {"v": dace.Memlet("y[i]")}, external_edges=True)
+    return sdfg
+
+
+def test_a_whole_copy_of_a_dead_array_becomes_no_copy_and_computes_the_same():
+    sdfg = _copy_program("plain")
+    sdfg.validate()
+    found = plan(sdfg)
+    assert [(seg.array, buffer) for seg, buffer in found.placed] == [("B", "A")]
+    assert [(state.label, src.data, dst.data) for state, src, dst in found.joined] == [("copy", "A", "B")]
+    after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
+    after.validate()
+    assert "B" not in after.arrays
+    assert not any(isinstance(e.src, dace.nodes.AccessNode) and isinstance(e.dst, dace.nodes.AccessNode)
+                   for state in after.states() for e in state.edges()), "the copy is still there"
+    x = np.arange(1, 7, dtype=np.float64)
+    outs = [_outputs(program, x) for program in (sdfg, after)]
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])
+    np.testing.assert_array_equal(outs[0][1], 6 * x + x)
+
+
+def test_a_copy_stays_where_its_source_is_not_dead_or_not_copied_whole():
+    for kind in ("read_after", "part", "written_in_copy_state"):
+        sdfg = _copy_program(kind)
+        sdfg.validate()
+        assert plan(sdfg).joined == [], kind
+        after = ShareDeadBuffers()(Graph.of(sdfg)).unwrap().sdfg
+        x = np.arange(1, 7, dtype=np.float64)
+        outs = [_outputs(program, x) for program in (sdfg, after)]
+        np.testing.assert_array_equal(outs[1][0], outs[0][0])
+        np.testing.assert_array_equal(outs[1][1], outs[0][1])
+
+
+S = dace.symbol("S")
+
+
+@dace.program
+def euler_steps(x: dace.float64[N], y: dace.float64[N], out: dace.float64[1]):
+    t = np.ndarray([N], dtype=np.float64)
+    for _ in range(S):
+        t[0] = x[0]
+        t[1:] = np.sin(y[:-1]) * x[1:]
+        y[:] = y + 0.1 * t * t
+    out[0] = np.sum(y * y)
+
+
+def _working_copies(sdfg: dace.SDFG) -> list[tuple[str, str]]:
+    """The whole-array copies between two transients in the backward's first state."""
+    init = next(s for s in sdfg.states() if s.label == "init_gradients")
+    return [(e.src.data, e.dst.data) for e in init.edges()
+            if isinstance(e.src, dace.nodes.AccessNode) and isinstance(e.dst, dace.nodes.AccessNode)
+            and sdfg.arrays[e.src.data].transient and sdfg.arrays[e.dst.data].total_size != 1]
+
+
+def test_the_backwards_working_copy_of_a_loop_temporary_is_dropped():
+    with_copies = gradflow.grad(euler_steps, wrt=["x", "y"], of="out", optimize=OPTIMIZE.without("share_dead_buffers"))
+    assert ("t", "gradflow_work_t") in _working_copies(with_copies)
+    assert _working_copies(gradflow.grad(euler_steps, wrt=["x", "y"], of="out")) == []
+
+
+@functools.cache
+def _euler_grad():
+    return gradflow.value_and_grad(euler_steps, wrt=["x", "y"], of="out")
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), steps=st.integers(0, 4))
+def test_the_gradient_through_a_loop_temporary_without_its_working_copy_is_torchs(seed, steps):
+    import torch
+
+    rng = np.random.default_rng(seed)
+    x, y = rng.uniform(-1, 1, 7), rng.uniform(-1, 1, 7)
+    _, grads = _euler_grad()(x=x.copy(), y=y.copy(), out=np.zeros(1), S=steps)
+    tx, ty = torch.tensor(x, requires_grad=True), torch.tensor(y, requires_grad=True)
+    v = ty
+    for _ in range(steps):
+        t = torch.cat([tx[:1], torch.sin(v[:-1]) * tx[1:]])
+        v = v + 0.1 * t * t
+    gx, gy = torch.autograd.grad((v * v).sum(), [tx, ty], allow_unused=True, materialize_grads=True)
+    np.testing.assert_allclose(grads["x"], gx.numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(grads["y"], gy.numpy(), rtol=1e-12, atol=1e-14)

@@ -215,9 +215,23 @@ def _covers(state: dace.SDFGState, edge, name: str, full: subsets.Range) -> bool
     4 x 4 block names the whole array): there, the elements the writes inside set are counted instead
     (`map_writes_cover`)."""
     sub = edge.data.subset if edge.data.data == name else edge.data.other_subset
+    if sub is None and isinstance(edge.src, nd.AccessNode) and edge.data.data == edge.src.data:
+        sub = _copied_into(state, edge, full)
     if sub is None or not covers(sub, full):
         return False
     return not isinstance(edge.src, nd.MapExit) or map_writes_cover(state, edge, full)
+
+
+def _copied_into(state: dace.SDFGState, edge, full: subsets.Range) -> subsets.Range | None:
+    """What a copy whose memlet names only its source writes of its destination (`full`, all of it): all of
+    it when the copy reads all of a source of the destination's shape (DaCe then copies element to element;
+    of a part of the source it writes the same part of the destination, `test_writes`); else None."""
+    source = state.sdfg.arrays[edge.src.data]
+    if len(source.shape) != len(full) or not covers(edge.data.subset, subsets.Range.from_array(source)):
+        return None
+    if any(symbolic.simplify(a - b) != 0 for a, b in zip(source.shape, full.size_exact())):
+        return None
+    return full
 
 
 def map_writes_cover(state: dace.SDFGState, edge, full: subsets.Range) -> bool:

@@ -36,6 +36,12 @@ removed) only when, in gradflow's own analysis of the top-level program:
   at an earlier position (strictly): nothing reads that buffer's old value again, and whatever it held is
   overwritten before it is read.
 
+A range that starts with a whole copy of another candidate A of the same layout (`whole_copy_into`: the
+range's array has one access node in that state, written only by the copy, which reads all of A; the state
+does not write A) takes A's buffer when A's range ends in that state: the copy's destination would hold
+what its source holds, and the source is dead after it, so one memory serves both and the copy is dropped.
+The backward's working copies of the forward's temporaries, which the tape restores, are such copies.
+
 Every read then reads the value the original program's read did: that value was written in the same range,
 and no other range in that buffer touches it between the write and the read. Greedy interval colouring (by
 first position) gives each range the earliest buffer whose last range is over, its own when free; a later
@@ -54,12 +60,13 @@ from typing import ClassVar
 
 import attrs
 import dace
-from dace import symbolic
+from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.access import chain_of, control_names
 from gradflow.analysis.writes import overwrites_first
+from gradflow.core.exact_subsets import covers
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
 
@@ -174,25 +181,73 @@ def segments(name: str, touches: list[tuple[int, object]]) -> list[Segment]:
     return found
 
 
-def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
-    """(a live range, the buffer it is placed in) for every range placed in another array than its own: an
-    earlier array's, or a new one of the same layout (a later range of an array whose own buffer is taken)."""
+def whole_copy_into(state, name: str) -> tuple[str, tuple] | None:
+    """(A, the copy's (source node, destination node)) when `state`'s one write of array `name` is a copy of
+    all of a transient A of the same layout that the state only reads: `name`'s one access node there, its
+    one in-edge from an access node of A, no write-conflict resolution, both sides the whole array."""
+    if not isinstance(state, dace.SDFGState):
+        return None
+    sdfg = state.sdfg
+    mine = [n for n in state.data_nodes() if n.data == name]
+    if len(mine) != 1 or state.in_degree(mine[0]) != 1:
+        return None
+    edge = state.in_edges(mine[0])[0]
+    source = edge.src
+    if not isinstance(source, nd.AccessNode) or source.data == name or edge.data.wcr is not None:
+        return None
+    if source.data not in sdfg.arrays or _layout(sdfg.arrays[source.data]) != _layout(sdfg.arrays[name]):
+        return None
+    if any(state.in_degree(n) for n in state.data_nodes() if n.data == source.data):
+        return None  # the state writes A too
+    memlet = edge.data
+    if memlet.data not in (source.data, name):
+        return None
+    other = memlet.other_subset if memlet.other_subset is not None else memlet.subset
+    src, dst = (memlet.subset, other) if memlet.data == source.data else (other, memlet.subset)
+    whole = [subsets.Range.from_array(sdfg.arrays[a]) for a in (source.data, name)]
+    if not all(covers(sub, w) for sub, w in zip((src, dst), whole)):
+        return None
+    return source.data, (source, mine[0])
+
+
+@attrs.frozen
+class Plan:
+    """Where the live ranges go: `placed`, (range, buffer) for every range placed in another array than its
+    own; `joined`, the (state, source node, destination node) of each whole copy whose two arrays now share
+    one buffer (the copy reads and writes the same memory: the rewrite drops it)."""
+
+    placed: list
+    joined: list
+
+
+def plan(sdfg: dace.SDFG) -> Plan:
+    """Each live range's buffer: an earlier array's whose range is over, the buffer of the array a range
+    starts as a whole copy of when that array's range ends in the copy's state (the copy is then dropped),
+    or a new one of the same layout (a later range of an array whose own buffer is taken)."""
     names = candidates(sdfg)
     if not names:
-        return []
+        return Plan([], [])
     where = Positions(sdfg, names)
     ranges = [seg for name in sorted(where.touches) for seg in segments(name, where.touches[name])]
     buffers: dict[str, tuple[tuple, tuple | None, int]] = {}  # buffer -> (layout, block, end of its tenant)
-    placed = []
+    tenants: dict[str, Segment] = {}
+    placed, joined = [], []
     for seg in sorted(ranges, key=lambda r: (r.first, r.array)):
         desc = sdfg.arrays[seg.array]
         layout, block = _layout(desc), _block(desc)
+        copied = whole_copy_into(seg.blocks[0], seg.array) if seg.fresh else None
+        # the range starts as a copy of A, and A's range ends in that state: A's buffer holds the value
+        same = [b for b, t in tenants.items() if copied is not None and t.array == copied[0]
+                and t.last == seg.first and buffers[b][0] == layout]
         free = [b for b, (lay, _, end) in buffers.items() if end < seg.first and lay == layout]
         # a buffer of another shape, entered through a View, when none of this layout is free
         free += [b for b, (_, blk, end) in buffers.items() if end < seg.first and block is not None and blk == block
                  and b not in free]
         free = free if seg.fresh else []
-        if seg.array in free or (seg.array not in buffers and not free):
+        if same:
+            buffer = same[0]
+            joined.append((seg.blocks[0],) + copied[1])
+        elif seg.array in free or (seg.array not in buffers and not free):
             buffer = seg.array
         elif free:
             buffer = free[0]
@@ -203,9 +258,15 @@ def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
             buffers[buffer] = (layout, block, seg.last)
         else:
             buffers[buffer] = buffers[buffer][:2] + (seg.last,)
+        tenants[buffer] = seg
         if buffer != seg.array:
             placed.append((seg, buffer))
-    return placed
+    return Plan(placed, joined)
+
+
+def sharing(sdfg: dace.SDFG) -> list[tuple[Segment, str]]:
+    """(a live range, the buffer it is placed in) for every range placed in another array than its own."""
+    return plan(sdfg).placed
 
 
 @register_pass
@@ -216,11 +277,12 @@ class ShareDeadBuffers(RewritePass):
     name: ClassVar[str] = "share_dead_buffers"
     nested: ClassVar[bool] = False  # the top-level program's transients
 
-    def matches(self, sdfg: dace.SDFG) -> list[list[tuple[Segment, str]]]:
-        found = sharing(sdfg)
-        return [found] if found else []
+    def matches(self, sdfg: dace.SDFG) -> list[Plan]:
+        found = plan(sdfg)
+        return [found] if found.placed or found.joined else []
 
-    def rewrite(self, sdfg: dace.SDFG, match: list[tuple[Segment, str]]) -> None:
+    def rewrite(self, sdfg: dace.SDFG, found: Plan) -> None:
+        match = found.placed
         # All renames at once, from the original names: a block where range B moves into A's buffer may
         # also hold a range of A that moves elsewhere, and renaming one array after another would move B's
         # accesses twice.
@@ -251,9 +313,23 @@ class ShareDeadBuffers(RewritePass):
                     edge.data.data = rename[edge.data.data]
             for node in [n for n in state.data_nodes() if n.data in viewing]:
                 _join_view(state, node, viewing[node.data])
+        for state, source, dest in found.joined:
+            _drop_copy(state, source, dest)
         left = {n.data for state in sdfg.states() for n in state.data_nodes()}
         for array in {seg.array for seg, _ in match} - left:
             sdfg.remove_data(array, validate=False)
+
+
+def _drop_copy(state: dace.SDFGState, source: nd.AccessNode, dest: nd.AccessNode) -> None:
+    """Drop the copy `source` -> `dest`, now of one buffer into itself: what read `dest` reads `source`."""
+    assert source.data == dest.data, (source.data, dest.data)
+    for e in state.in_edges(dest):
+        state.remove_edge(e)
+    for e in state.out_edges(dest):
+        state.add_edge(source, e.src_conn, e.dst, e.dst_conn, e.data)
+    state.remove_node(dest)
+    if state.degree(source) == 0:
+        state.remove_node(source)
 
 
 def _join_view(state: dace.SDFGState, node: nd.AccessNode, buffer: str) -> None:

@@ -22,6 +22,7 @@ import dace
 
 from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError
+from gradflow.core.exact_subsets import exact_subsets
 
 #: JSON keys that vary between equal programs, or only say where they came from, left out of the fingerprint:
 #: memlet `guid`s (renewed by `copy.deepcopy`), source positions (the same program in another checkout is
@@ -196,7 +197,7 @@ def as_sdfg(program: Any) -> dace.SDFG:
     to_sdfg = getattr(program, "to_sdfg", None)
     if callable(to_sdfg):
         try:
-            with dace_set_connectors():
+            with dace_set_connectors(), exact_subsets():
                 sdfg = to_sdfg(simplify=True)
         except Exception as exc:  # DaCe's frontend raises many types; the cause stays chained
             name = getattr(program, "name", type(program).__name__)

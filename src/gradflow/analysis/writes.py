@@ -18,7 +18,7 @@ from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
-from gradflow.analysis.access import scope_ranges
+from gradflow.analysis.access import covers_array, scope_ranges
 from gradflow.analysis.indices import same_value
 from gradflow.analysis.ops import constant_beta
 from gradflow.core.exact_subsets import covers
@@ -227,7 +227,7 @@ def _copied_into(state: dace.SDFGState, edge, full: subsets.Range) -> subsets.Ra
     it when the copy reads all of a source of the destination's shape (DaCe then copies element to element;
     of a part of the source it writes the same part of the destination, `test_writes`); else None."""
     source = state.sdfg.arrays[edge.src.data]
-    if len(source.shape) != len(full) or not covers(edge.data.subset, subsets.Range.from_array(source)):
+    if len(source.shape) != len(full) or not covers_array(state.sdfg, edge.data):
         return None
     if any(symbolic.simplify(a - b) != 0 for a, b in zip(source.shape, full.size_exact())):
         return None

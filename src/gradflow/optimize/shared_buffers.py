@@ -64,7 +64,7 @@ from dace import subsets, symbolic
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ControlFlowRegion, LoopRegion
 
-from gradflow.analysis.access import chain_of, control_names
+from gradflow.analysis.access import accesses, chain_of, control_names
 from gradflow.analysis.writes import overwrites_first
 from gradflow.core.exact_subsets import covers
 from gradflow.core.passes import register_pass
@@ -181,33 +181,29 @@ def segments(name: str, touches: list[tuple[int, object]]) -> list[Segment]:
     return found
 
 
-def whole_copy_into(state, name: str) -> tuple[str, tuple] | None:
-    """(A, the copy's (source node, destination node)) when `state`'s one write of array `name` is a copy of
-    all of a transient A of the same layout that the state only reads: `name`'s one access node there, its
-    one in-edge from an access node of A, no write-conflict resolution, both sides the whole array."""
+def whole_copy_into(state, name: str) -> tuple[nd.AccessNode, nd.AccessNode] | None:
+    """The copy's (source node, destination node) when `state`'s one write of array `name` is a copy of all
+    of an array A of the same layout that the state only reads: `name`'s one access node there, its one
+    in-edge from an access node of A, no write-conflict resolution, both subsets the whole array (a memlet
+    without its other subset names the same elements on both sides)."""
     if not isinstance(state, dace.SDFGState):
         return None
-    sdfg = state.sdfg
-    mine = [n for n in state.data_nodes() if n.data == name]
+    mine = accesses(state, name)
     if len(mine) != 1 or state.in_degree(mine[0]) != 1:
         return None
     edge = state.in_edges(mine[0])[0]
-    source = edge.src
-    if not isinstance(source, nd.AccessNode) or source.data == name or edge.data.wcr is not None:
+    source, memlet = edge.src, edge.data
+    if not isinstance(source, nd.AccessNode) or source.data == name or memlet.wcr is not None:
         return None
-    if source.data not in sdfg.arrays or _layout(sdfg.arrays[source.data]) != _layout(sdfg.arrays[name]):
+    desc = state.sdfg.arrays[name]
+    if _layout(state.sdfg.arrays[source.data]) != _layout(desc) or memlet.data not in (source.data, name):
         return None
-    if any(state.in_degree(n) for n in state.data_nodes() if n.data == source.data):
+    if any(state.in_degree(n) for n in accesses(state, source.data)):
         return None  # the state writes A too
-    memlet = edge.data
-    if memlet.data not in (source.data, name):
+    whole = subsets.Range.from_array(desc)  # A's too: one layout
+    if not all(covers(sub, whole) for sub in (memlet.subset, memlet.other_subset) if sub is not None):
         return None
-    other = memlet.other_subset if memlet.other_subset is not None else memlet.subset
-    src, dst = (memlet.subset, other) if memlet.data == source.data else (other, memlet.subset)
-    whole = [subsets.Range.from_array(sdfg.arrays[a]) for a in (source.data, name)]
-    if not all(covers(sub, w) for sub, w in zip((src, dst), whole)):
-        return None
-    return source.data, (source, mine[0])
+    return source, mine[0]
 
 
 @attrs.frozen
@@ -229,24 +225,24 @@ def plan(sdfg: dace.SDFG) -> Plan:
         return Plan([], [])
     where = Positions(sdfg, names)
     ranges = [seg for name in sorted(where.touches) for seg in segments(name, where.touches[name])]
-    buffers: dict[str, tuple[tuple, tuple | None, int]] = {}  # buffer -> (layout, block, end of its tenant)
-    tenants: dict[str, Segment] = {}
+    buffers: dict[str, tuple[tuple, tuple | None]] = {}  # buffer -> (layout, block)
+    tenants: dict[str, Segment] = {}  # buffer -> the last range placed there (its end frees the buffer)
     placed, joined = [], []
     for seg in sorted(ranges, key=lambda r: (r.first, r.array)):
         desc = sdfg.arrays[seg.array]
         layout, block = _layout(desc), _block(desc)
         copied = whole_copy_into(seg.blocks[0], seg.array) if seg.fresh else None
         # the range starts as a copy of A, and A's range ends in that state: A's buffer holds the value
-        same = [b for b, t in tenants.items() if copied is not None and t.array == copied[0]
+        same = [b for b, t in tenants.items() if copied is not None and t.array == copied[0].data
                 and t.last == seg.first and buffers[b][0] == layout]
-        free = [b for b, (lay, _, end) in buffers.items() if end < seg.first and lay == layout]
+        over = [b for b, t in tenants.items() if t.last < seg.first]
+        free = [b for b in over if buffers[b][0] == layout]
         # a buffer of another shape, entered through a View, when none of this layout is free
-        free += [b for b, (_, blk, end) in buffers.items() if end < seg.first and block is not None and blk == block
-                 and b not in free]
+        free += [b for b in over if block is not None and buffers[b][1] == block and b not in free]
         free = free if seg.fresh else []
         if same:
             buffer = same[0]
-            joined.append((seg.blocks[0],) + copied[1])
+            joined.append((seg.blocks[0], *copied))
         elif seg.array in free or (seg.array not in buffers and not free):
             buffer = seg.array
         elif free:
@@ -254,10 +250,7 @@ def plan(sdfg: dace.SDFG) -> Plan:
         else:  # its own buffer holds another range now
             taken = set(sdfg.arrays) | set(sdfg.symbols) | set(buffers)
             buffer = next(name for k in itertools.count(1) if (name := f"{seg.array}_{k}") not in taken)
-        if buffer not in buffers:
-            buffers[buffer] = (layout, block, seg.last)
-        else:
-            buffers[buffer] = buffers[buffer][:2] + (seg.last,)
+        buffers.setdefault(buffer, (layout, block))
         tenants[buffer] = seg
         if buffer != seg.array:
             placed.append((seg, buffer))

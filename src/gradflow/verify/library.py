@@ -20,7 +20,7 @@ from dace.sdfg import nodes as nd
 
 from gradflow.api import grad_graph
 from gradflow.autodiff.passes import Reverse, ad_pipeline
-from gradflow.core.graph import Graph
+from gradflow.core.graph import Graph, parse
 from gradflow.core.rule_table import RuleTable
 from gradflow.runtime.compile import compile_sdfg
 from gradflow.verify.compare import CheckFailure, agree
@@ -36,7 +36,7 @@ def differentiated(name: str, route: str) -> Graph:
     pipeline = None
     if route == "expand":
         pipeline = ad_pipeline(Reverse(tuple(case.wrt), ("S",))).with_rules(library=RuleTable("library"))
-    return grad_graph(case.program.to_sdfg(simplify=True), list(case.wrt), "S", pipeline=pipeline)
+    return grad_graph(parse(case.program), list(case.wrt), "S", pipeline=pipeline)
 
 
 @functools.cache

@@ -15,6 +15,7 @@ import dace
 import numpy as np
 import torch
 
+from gradflow.core.graph import parse
 from gradflow.verify.compare import agree
 from gradflow.verify.corpus.case import Case, to_tensors
 from gradflow.verify.programs import ATOL, RTOL, forwarding_of
@@ -204,7 +205,7 @@ def library_rules_used(name: str) -> tuple[str, ...]:
     from gradflow.verify.corpus.library import CASES_BY_NAME
 
     case = CASES_BY_NAME[name]
-    return _graph(f"library:{name}", lambda: case.program.to_sdfg(simplify=True), tuple(case.wrt),
+    return _graph(f"library:{name}", lambda: parse(case.program), tuple(case.wrt),
                   "S").meta["tangent"].rules_used
 
 
@@ -214,7 +215,7 @@ def check_library_jvp(name: str, sizes: Mapping[str, int], seed: int) -> float:
     from gradflow.verify.corpus.library import CASES_BY_NAME
 
     case = CASES_BY_NAME[name]
-    graph = _graph(f"library:{name}", lambda: case.program.to_sdfg(simplify=True), tuple(case.wrt), "S")
+    graph = _graph(f"library:{name}", lambda: parse(case.program), tuple(case.wrt), "S")
     rng = np.random.default_rng(seed)
     inputs = case.make_inputs(rng, dict(sizes))
     tangents = {x: rng.standard_normal(np.shape(inputs[x])) for x in case.wrt}

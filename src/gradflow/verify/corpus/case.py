@@ -28,6 +28,8 @@ import dace
 import numpy as np
 import torch
 
+from gradflow.core.graph import parse
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -45,8 +47,8 @@ class Case:
     forwarding: Any = None
 
     def to_sdfg(self, simplify: bool = True) -> dace.SDFG:
-        """A fresh SDFG of the program (each call parses the program again)."""
-        return self.program.to_sdfg(simplify=simplify)
+        """A fresh SDFG of the program (each call parses the program again, as `gradflow.core.graph.parse`)."""
+        return parse(self.program, simplify)
 
     def inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return self.make_inputs(np.random.default_rng(seed))

@@ -15,6 +15,7 @@ import torch
 from dace.libraries.blas import Dot
 
 from gradflow.autodiff.forwarding import Forwarding
+from gradflow.core.graph import parse
 
 from .case import BuiltProgram, Case, element_rows, list_dot, setitem, stack_rows
 from .case import normal_inputs as _inputs
@@ -847,7 +848,7 @@ def _trisolv_dot(L: f64[N, N], x: f64[N], b: f64[N], S: f64[1]):
 def lp_trisolv_dot() -> dace.SDFG:
     """trisolv whose Dot writes its result straight into x[i], one element of a larger array. The frontend
     stores np.dot's result in a scalar that a tasklet assigns to x[i]; the builder drops both."""
-    sdfg = _trisolv_dot.to_sdfg(simplify=True)
+    sdfg = parse(_trisolv_dot)
     sdfg.name = "lp_trisolv_dot"
     for state in sdfg.states():
         for dot in [n for n in state.nodes() if isinstance(n, Dot)]:

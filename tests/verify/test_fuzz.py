@@ -124,6 +124,22 @@ def test_report_counts_verdicts_and_refusal_classes() -> None:
     assert "x0[:N - 1] * x0[1:]" in text  # the failing program is printed
 
 
+def test_one_limit_met_in_many_programs_is_one_refusal_class() -> None:
+    """The generated names in a message (a loop's variable, DaCe's label, an array, a CSE temporary) vary
+    from program to program; the class of the refusal must not (it counted 30 classes of one limit)."""
+    def refused(detail: str) -> Verdict:
+        return Verdict("refused", DEFAULT, "NotDifferentiableError", detail)
+
+    loops = {campaign.refusal_class(refused(f"the loop over {v} (line {n}, DaCe's label '{label}') has no bound"))
+             for v, n, label in [("i1", 12, "for_10"), ("i5", 27, "gfl1_for_24"), ("i10", 43, "for_36")]}
+    assert loops == {"NotDifferentiableError: the loop over _ (line _, DaCe's label _) has no bound"}
+    copies = {campaign.refusal_class(refused(f"copy {a}[1:N] -> {a}[2:N] in state 'assign_{k}'"))
+              for a, k in [("x0", 3), ("x1", 9)]}
+    assert len(copies) == 1
+    # what tells limits apart stays: a copy of a row is not a copy of a column
+    assert campaign.refusal_class(refused("copy x0[1:N, 2] -> x0[2:N, 2]")) not in copies
+
+
 def test_the_command_runs_a_campaign_and_writes_its_report(tmp_path: Path) -> None:
     report, log = tmp_path / "r.md", tmp_path / "r.jsonl"
     done = subprocess.run([sys.executable, "-m", "gradflow.cli", "fuzz", "--n", "2", "--seed", "5", "--jobs", "1",

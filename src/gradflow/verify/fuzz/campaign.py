@@ -185,11 +185,14 @@ def run(n: int, seed: int, jobs: int = 1, *, features: Sequence[str] = FEATURES,
 
 # ---- reporting --------------------------------------------------------------------------------------------
 
-_LABEL = re.compile(r"'[^']*'|\"[^\"]*\"|\b\d+\b")
+# What varies between refusals of one kind: quoted names (an apostrophe inside a word, `DaCe's`, opens
+# none), the generated program's names (`i1`, `x0`, `__cse12`, DaCe's labels `for_10`, `x0_index_2`), numbers
+_LABEL = re.compile(r"(?<!\w)'[^']*'|\"[^\"]*\"|\b(?:[A-Za-z]\d+|__\w*?\d+|\w+?(?:_\d+)+)\b|\b\d+\b")
 
 
 def refusal_class(verdict: Verdict) -> str:
-    """A refusal's class: the error type and its message with names and numbers masked."""
+    """A refusal's class: the error type and its message with names and numbers masked, so that one limit
+    met in many programs (`the loop over i1 (line 12, DaCe's label 'for_10')`, `... over i5 ...`) is one class."""
     text = _LABEL.sub("_", verdict.detail.splitlines()[0] if verdict.detail else "")
     return f"{verdict.error}: {text[:160]}"
 

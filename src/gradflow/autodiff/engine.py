@@ -123,6 +123,7 @@ class Reversal:
     recorded: dict[int, object] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
     active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     tape_free: frozenset[int] = frozenset()  # operations inside loops whose control rule records their state
+    guards: dict[str, str] = attrs.field(factory=dict)  # stack -> where it pushes and pops (`first_run_guard`)
     _names: dict[str, int] = attrs.field(factory=dict)
 
     # ---- for rules -----------------------------------------------------------------------------------
@@ -289,9 +290,45 @@ class Reversal:
             desc = self.sdfg.arrays[array]
             sub = p.written_subset(array)
             stack = self.tape.new_stack(array, self.capacity(p.loops), self.item_shape(p, array, sub), desc.dtype)
-            self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub)
+            guard = self.first_run_guard(p, array, accesses)
+            if guard is not None:
+                self.guards[stack.array] = guard
+            self.tape.push_subset(p.state.parent_graph, p.state, stack, array, sub, guard)
             self.pops.setdefault(p.index, []).append((array, stack, sub))
             self.stores[stack.array] = array
+
+    def first_run_guard(self, p: OpSite, array: str, accesses: list[OpAccess]) -> str | None:
+        """`var != start` when what `p` overwrites of `array` in the first iteration of its loop was never
+        written, so that iteration's push (and the pop after its reverse) can be left out; else None.
+
+        The proof, from the program's own sites: `array` is a temporary; every operation that writes it lies
+        in p's loop, the only loop around p (a loop around that one would enter it again with values of its
+        last run); none before p in the body writes an element p writes (so p's first run overwrites
+        elements never written); the loop is counted and its reversal sets the variable to each forward
+        value (so the guard holds in exactly the reversed iterations whose push happened), from a start the
+        program never reassigns. The restore left out would put back the garbage the temporary held before
+        the loop, after the reverse of the first iteration, where only the reverses of what ran before p
+        in that iteration and before the loop follow, and those read no element of it that was written. A
+        loop of one trip then keeps no copy of its temporaries at all (GradBench ode at s = 1: the stages
+        k1, k2, k3 were pushed and popped for nothing)."""
+        if len(p.loops) != 1 or not self.sdfg.arrays[array].transient:
+            return None
+        loop = p.loops[0]
+        item = self.loops[id(loop)]
+        form = item.counted
+        if form is None or form.var not in _control(self.tables, item).restores(item):
+            return None
+        if not {str(s) for s in form.start.free_symbols} <= self.arguments - self.assigned:
+            return None
+        written = p.written_subset(array)
+        for q in self.sites:
+            if q is p or array not in accesses[q.index].writes:
+                continue
+            if not any(outer is loop for outer in q.loops):
+                return None
+            if q.index < p.index and not _disjoint(q.written_subset(array), written):
+                return None
+        return f"{form.var} != ({symbolic.symstr(form.start)})"
 
     def may_read_overwritten(self, q: OpSite, p: OpSite, array: str) -> bool:
         """Can operation q read, before p runs, what p overwrites of `array` (so that q's reverse, which
@@ -406,13 +443,13 @@ class Reversal:
                 site = item.site
                 before, after = self._pops_around(site, recompute)
                 for array, stack, sub in before:
-                    self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
+                    self.tape.pop_subset(ctx, stack, ctx.values[array], sub, self.guards.get(stack.array))
                 if site.index in self.active:
                     previous = recompute.emit_before(site, ctx)
                     rules[site.index].fn.reverse(site, ctx)
                     recompute.restore(ctx, previous)
                 for array, stack, sub in after:
-                    self.tape.pop_subset(ctx, stack, ctx.values[array], sub)
+                    self.tape.pop_subset(ctx, stack, ctx.values[array], sub, self.guards.get(stack.array))
             else:
                 _control(ctx.tables, item).reverse(item, self.recorded[id(item)], self, ctx, body)
 
@@ -437,6 +474,15 @@ def _element_offset(r, var, variables) -> sympy.Expr | None:
         return None
     offset = sympy.simplify(begin - var)
     return None if any(v in getattr(offset, "free_symbols", ()) for v in variables) else offset
+
+
+def _disjoint(a: subsets.Range, b: subsets.Range) -> bool:
+    """The two subsets provably share no element (passes run under `exact_subsets`: no symbol is taken to be
+    positive); False where DaCe cannot decide."""
+    try:
+        return a.intersects(b) is False
+    except (TypeError, ValueError):
+        return False
 
 
 def may_precede(q: OpSite, p: OpSite) -> bool:

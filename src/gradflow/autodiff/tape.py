@@ -24,7 +24,7 @@ import math
 import attrs
 import dace
 from dace import subsets, symbolic
-from dace.sdfg.state import ControlFlowRegion, SDFGState
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, SDFGState
 
 from gradflow.autodiff.emit import mapped_tasklet, subset_elements
 
@@ -105,8 +105,15 @@ class Tape:
 
     # ---- forward sweep -------------------------------------------------------------------------------
 
-    def push_subset(self, region: ControlFlowRegion, before, stack: Stack, array: str, subset: subsets.Range) -> None:
-        """Before block `before`: save array[subset] to the next slot."""
+    def push_subset(self, region: ControlFlowRegion, before, stack: Stack, array: str, subset: subsets.Range,
+                    guard: str | None = None) -> None:
+        """Before block `before`: save array[subset] to the next slot; with a `guard`, only where it holds
+        (`pop_subset` takes the same guard, so the pushes and pops still pair up)."""
+        if guard is not None:
+            branch = _guarded_branch(region, before, f"guard_{stack.array}", guard)
+            self.push_subset(branch, branch.add_state(f"pushed_{stack.array}", is_start_block=True), stack, array,
+                             subset)
+            return
         state = region.add_state_before(before, f"push_{stack.array}", is_start_block=region.start_block is before)
         if stack.growable:
             _copy_subset(state, array, subset, stack.array, None, to_tape=True)
@@ -164,8 +171,17 @@ class Tape:
         """Interstate assignments that set every stack pointer to its final forward value."""
         return {s.pointer: f"{TOP}[{s.slot}]" for s in self.stacks}
 
-    def pop_subset(self, ctx, stack: Stack, array: str, subset: subsets.Range) -> None:
-        """Restore array[subset] (in the backward's working copy `array`) from the top slot."""
+    def pop_subset(self, ctx, stack: Stack, array: str, subset: subsets.Range, guard: str | None = None) -> None:
+        """Restore array[subset] (in the backward's working copy `array`) from the top slot; with a `guard`
+        (the push's), only where it holds."""
+        if guard is not None:
+            block = ConditionalBlock(f"guard_{stack.array}", sdfg=ctx.sdfg)
+            ctx.add_block(block)
+            branch = ControlFlowRegion(f"guarded_{stack.array}", sdfg=ctx.sdfg)
+            block.add_branch(guard, branch)
+            with ctx.inside(branch):
+                self.pop_subset(ctx, stack, array, subset)
+            return
         if stack.growable:
             state = ctx.new_state(f"pop_{stack.array}")
             staging = state.add_access(stack.array)
@@ -189,6 +205,23 @@ class Tape:
     def records(self) -> tuple[str, ...]:
         """The heap records of the growable stacks (what `release` frees)."""
         return tuple(s.heap_record for s in self.growable)
+
+
+def _guarded_branch(region: ControlFlowRegion, before, label: str, guard: str) -> ControlFlowRegion:
+    """A conditional inserted before block `before` of `region` (the edges into `before` now enter it), and
+    its one branch, taken where `guard` holds, empty."""
+    block = ConditionalBlock(label, sdfg=region.sdfg)
+    was_start = region.start_block is before
+    region.add_node(block, ensure_unique_name=True)
+    for e in list(region.in_edges(before)):
+        region.add_edge(e.src, block, e.data)
+        region.remove_edge(e)
+    region.add_edge(block, before, dace.InterstateEdge())
+    if was_start:
+        region.start_block = region.node_id(block)
+    branch = ControlFlowRegion(f"{label}_taken", sdfg=region.sdfg)
+    block.add_branch(guard, branch)
+    return branch
 
 
 def release(state: SDFGState, records) -> None:

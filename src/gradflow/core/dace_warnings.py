@@ -12,7 +12,8 @@ no state visited before it wrote. A loop's tape push (`autodiff/tape.py`, states
 `push_gradflow_tape_...`) saves the value an iteration is about to overwrite, so the reverse sweep can put
 it back; in the first iteration that value was never written. The slot it fills is restored after the
 reverse of the first iteration, when nothing reads the array any more (the forward wrote it before reading
-it), so the value never matters. Every differentiated loop over a temporary showed the warning on every
+it), so the value never matters. (Where the engine can prove that, `Reversal.first_run_guard`, the first
+iteration does not push at all; where it cannot, the push stays and so may the warning.) Every differentiated loop over a temporary showed the warning on every
 build; `ignore_tape_pushes` (installed when gradflow is imported) filters the message for those states
 only, anywhere: DaCe validates in many places, and a user's own states never have those names.
 """

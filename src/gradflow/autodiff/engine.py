@@ -306,10 +306,9 @@ class Reversal:
         last run); none before p in the body writes an element p writes (so p's first run overwrites
         elements never written); the loop is counted and its reversal sets the variable to each forward
         value (so the guard holds in exactly the reversed iterations whose push happened), from a start the
-        program never reassigns. The restore left out would put back the garbage the temporary held before
-        the loop, after the reverse of the first iteration, where only the reverses of what ran before p
-        in that iteration and before the loop follow, and those read no element of it that was written. A
-        loop of one trip then keeps no copy of its temporaries at all (GradBench ode at s = 1: the stages
+        program never reassigns. The restore left out would put back, after p's first reverse, the garbage
+        the temporary held before the loop: what is reversed after that ran before p's first run, when no
+        element p writes had been written, so no value that matters is lost. A loop of one trip then keeps no copy of its temporaries at all (GradBench ode at s = 1: the stages
         k1, k2, k3 were pushed and popped for nothing)."""
         if len(p.loops) != 1 or not self.sdfg.arrays[array].transient:
             return None

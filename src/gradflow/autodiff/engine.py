@@ -308,10 +308,15 @@ class Reversal:
         value (so the guard holds in exactly the reversed iterations whose push happened), from a start the
         program never reassigns. The restore left out would put back, after p's first reverse, the garbage
         the temporary held before the loop: what is reversed after that ran before p's first run, when no
-        element p writes had been written, so no value that matters is lost. A loop of one trip then keeps no copy of its temporaries at all (GradBench ode at s = 1: the stages
-        k1, k2, k3 were pushed and popped for nothing)."""
+        element p writes had been written, so no value that matters is lost. A loop of one trip then keeps
+        no copy of its temporaries (GradBench ode at s = 1: the stages k1, k2, k3 were pushed and popped for
+        nothing). Single elements are left alone: there the branch, taken in every iteration, costs what
+        the one copy it saves does."""
         if len(p.loops) != 1 or not self.sdfg.arrays[array].transient:
             return None
+        written = p.written_subset(array)
+        if symbolic.pystr_to_symbolic(str(written.num_elements())) == 1:
+            return None  # one element: the branch each iteration would cost what the one copy saved does
         loop = p.loops[0]
         item = self.loops[id(loop)]
         form = item.counted
@@ -319,7 +324,6 @@ class Reversal:
             return None
         if not {str(s) for s in form.start.free_symbols} <= self.arguments - self.assigned:
             return None
-        written = p.written_subset(array)
         for q in self.sites:
             if q is p or array not in accesses[q.index].writes:
                 continue

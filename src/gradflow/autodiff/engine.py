@@ -66,6 +66,7 @@ from gradflow.autodiff.structure import (
 )
 from gradflow.autodiff.tape import Stack, Tape, release
 from gradflow.core.errors import NoRuleError, NotDifferentiableError
+from gradflow.core.exact_subsets import disjoint
 from gradflow.core.rule_table import Rule
 
 #: An item of the control-flow tree that a control rule reverses.
@@ -329,7 +330,7 @@ class Reversal:
                 continue
             if not any(outer is loop for outer in q.loops):
                 return None
-            if q.index < p.index and not _disjoint(q.written_subset(array), written):
+            if q.index < p.index and not disjoint(q.written_subset(array), written):
                 return None
         return f"{form.var} != ({symbolic.symstr(form.start)})"
 
@@ -477,15 +478,6 @@ def _element_offset(r, var, variables) -> sympy.Expr | None:
         return None
     offset = sympy.simplify(begin - var)
     return None if any(v in getattr(offset, "free_symbols", ()) for v in variables) else offset
-
-
-def _disjoint(a: subsets.Range, b: subsets.Range) -> bool:
-    """The two subsets provably share no element (passes run under `exact_subsets`: no symbol is taken to be
-    positive); False where DaCe cannot decide."""
-    try:
-        return a.intersects(b) is False
-    except (TypeError, ValueError):
-        return False
 
 
 def may_precede(q: OpSite, p: OpSite) -> bool:

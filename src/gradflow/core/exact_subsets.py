@@ -42,3 +42,13 @@ def union(a, b):
     cannot form one)."""
     with exact_subsets():
         return subsets.union(a, b)
+
+
+def disjoint(a, b) -> bool:
+    """Whether the subsets `a` and `b` provably share no element (False where the comparison cannot be
+    decided, or where it holds only for some values of their symbols)."""
+    with exact_subsets():
+        try:
+            return a.intersects(b) is False
+        except (TypeError, ValueError):  # a symbolic comparison SymPy cannot decide; other dimensions
+            return False

@@ -7,15 +7,16 @@ processes). Two DaCe routines gradflow calls pass sets themselves: its Python fr
 checkpointed loop's body). Nothing a user can change causes it, and the values computed do not depend on
 that order; gradflow's own code passes ordered connectors. So exactly that message is filtered, there.
 
-DaCe's validation warns "Use of uninitialized transient X in state S" when a state reads a transient that
-no state visited before it wrote. A loop's tape push (`autodiff/tape.py`, states named
-`push_gradflow_tape_...`) saves the value an iteration is about to overwrite, so the reverse sweep can put
-it back; in the first iteration that value was never written. The slot it fills is restored after the
-reverse of the first iteration, when nothing reads the array any more (the forward wrote it before reading
-it), so the value never matters. (Where the engine can prove that, `Reversal.first_run_guard`, the first
-iteration does not push at all; where it cannot, the push stays and so may the warning.) Every differentiated loop over a temporary showed the warning on every
-build; `ignore_tape_pushes` (installed when gradflow is imported) filters the message for those states
-only, anywhere: DaCe validates in many places, and a user's own states never have those names.
+DaCe's validation warns "Use of uninitialized transient X in state S" when a state reads a transient that no
+state visited before it wrote. A loop's tape push (`autodiff/tape.py`, states named `push_gradflow_tape_...`)
+saves the value an iteration is about to overwrite, so the reverse sweep can put it back; in the first
+iteration that value was never written. The slot it fills is restored after the reverse of the first
+iteration, when nothing reads the array any more (the forward wrote it before reading it), so the value never
+matters. (Where the engine can prove that, `Reversal.first_run_guard`, the first iteration does not push at
+all; where it cannot, the push stays and so may the warning.) Every differentiated loop over a temporary
+showed the warning on every build; `ignore_tape_pushes` (installed when gradflow is imported) filters the
+message for those states only, anywhere: DaCe validates in many places, and a user's own states never have
+those names.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A loop's first iteration keeps no copy of what it overwrites of a temporary that nothing wrote before
-(`Reversal.first_run_guard`): the tape push before the overwrite, and the restore after its reverse, run
-only where the loop variable is past its start. Each program is checked against `torch.autograd` in float64
-with the trip count an argument (1, where the loop keeps nothing, to 3), and in its structure: where the
-proof holds the push of more than one element is guarded, and where it fails (a temporary set before the loop, a loop inside a
-loop, an element the body wrote earlier in the iteration) it is not, and the gradient is still torch's.
-One build per program and route; hypothesis varies the data and the trip count.
+(`Reversal.first_run_guard`): the tape push before the overwrite, and the restore after its reverse, run only
+where the loop variable is past its start. Each program is checked against `torch.autograd` in float64 with
+the trip count an argument (1, where the loop keeps nothing, to 3), and in its structure: where the proof
+holds the push of more than one element is guarded, and where it fails (a temporary set before the loop, a
+loop inside a loop, an element the body wrote earlier in the iteration) it is not, and the gradient is still
+torch's. One build per program and route; hypothesis varies the data and the trip count.
 """
 
 from __future__ import annotations

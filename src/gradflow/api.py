@@ -150,8 +150,9 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     `gradflow.ad_pipeline()` edited by step name or with other rule tables); its `reverse` step gets
     `wrt`/`of`/`prefix`/`forwarding` from this call where it leaves them unset, and a step that says
     otherwise is an error. `forwarding` chooses how values reach the backward sweep (default `STORE_ALL`;
-    `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds the SDFG has one more output,
-    `gradflow_overflow` (see `gradflow.Forwarding`). `optimize` applies `gradflow.optimize.OPTIMIZE` to
+    `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds, or loops checkpointed for the trip count
+    at `sizes=`, the SDFG has one more output, `gradflow_overflow`: nonzero when a run broke such a limit,
+    whose gradients are then invalid (see `gradflow.Forwarding`). `optimize` applies `gradflow.optimize.OPTIMIZE` to
     the result (True, the default), nothing (False) or the given pipeline. `prefix=None` takes the first
     of `grad_`, `grad2_`, ... that names no array yet (for the gradient of a gradient program; see
     "Second order" in the user guide).
@@ -243,18 +244,29 @@ def bind_pipeline(pipeline: Any, want: Reverse, forwarding_given: bool) -> Pipel
 
 
 def check_loop_bounds(arrays: Any, interface: Any) -> None:
-    """Raise `LoopBoundError` when a run of a differentiated program stopped a while loop at its bound."""
-    flag = arrays.get(OVERFLOW) if interface is not None and interface.bounded_loops else None
+    """Raise `LoopBoundError` when a run of a differentiated program broke a limit of its build: a while
+    loop stopped at its bound, or a checkpointed loop ran a trip count its schedule was not computed for.
+    `interface`: the `ADInterface`, or anything with its `bounded_loops` (a `VJPResult`)."""
+    limits = getattr(interface, "bounded_loops", ()) if interface is not None else ()
+    flag = arrays.get(OVERFLOW) if limits else None
     if flag is None:
         return
     number = int(flag.reshape(-1)[0])
-    if number:
-        label, bound = interface.bounded_loops[number - 1]
+    if not number:
+        return
+    limit = limits[number - 1]
+    if limit.planned:
         raise LoopBoundError(
-            f"while loop '{label}' ran more than its bound of {bound} iterations; the gradients of this call are "
-            "invalid",
-            f"raise the bound: forwarding=gradflow.Forwarding(loop_bounds={{'{label}': <larger>}})",
-        )
+            f"checkpointed loop '{limit.label}' ran a number of times other than the {limit.count} its Revolve "
+            "schedule was computed for (the sizes= of Forwarding.checkpoint or Forwarding.budget); the "
+            "gradients of this call are invalid",
+            "call it at the sizes it was planned for, pass this call's sizes, or use gradflow.value_and_grad, "
+            "which plans at each call")
+    raise LoopBoundError(
+        f"while loop '{limit.label}' ran more than its bound of {limit.count} iterations; the gradients of this "
+        "call are invalid",
+        f"raise the bound: forwarding=gradflow.Forwarding(loop_bounds={{'{limit.label}': <larger>}})",
+    )
 
 
 def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str | None = "grad_",

@@ -83,6 +83,7 @@ class AtCall:
         if found is None:
             if len(self.builds) >= MAX_PLANS:
                 self.builds.pop(next(iter(self.builds)))
-            policy = attrs.evolve(self.forwarding, sizes={**dict(self.forwarding.sizes), **dict(key)})
+            policy = attrs.evolve(self.forwarding, sizes={**dict(self.forwarding.sizes), **dict(key)},
+                                  planned_at_call=True)
             found = self.builds[key] = self._build(policy)
         return found

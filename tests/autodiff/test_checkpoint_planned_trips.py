@@ -1,12 +1,9 @@
 """A checkpointed loop's Revolve schedule is computed for the trip count at `sizes=` (`grad`, `vjp`); a call
-of that program at another trip count runs the schedule of the planned one. Found 2026-12-07 (writing the
-first-iteration guard's tests): `Forwarding.checkpoint(2, sizes={"T": 4})` called at T = 1, 2, 6 returns
-gradients off by 0.8-3.3, with no error. `value_and_grad` plans at the call and is right at every T.
-
-Open: the program must refuse such a call (a run-time check of the trip count against the planned one,
-through the flag `gradflow_overflow` as a bounded while loop reports its overrun) or plan online for any
-trip count. Until then the test of `grad` is a strict xfail: it fails today, and passes (XPASS, failing the
-suite) once the call is right or refused, when the mark must go.
+of that program at another trip count would follow the schedule of the planned one. Found 2026-12-07:
+`Forwarding.checkpoint(2, sizes={"T": 4})` called at T = 1, 2, 6 returned gradients off by 0.8-3.3, with
+no error. Now the forward checks the trip count before the loop and reports another one through
+`gradflow_overflow` (`checkpoint._check_trips`), and every caller that reads the flag refuses the run
+(`LoopBoundError`). `value_and_grad` plans at the call and is right at every T.
 """
 
 from __future__ import annotations
@@ -17,7 +14,10 @@ import pytest
 import torch
 
 import gradflow
-from gradflow.core.errors import GradflowError
+from gradflow.api import grad_graph
+from gradflow.autodiff.spec import OVERFLOW
+from gradflow.core.errors import LoopBoundError
+from gradflow.runtime.invoke import Invoker
 from gradflow.verify.routes import gradient
 
 N, T = dace.symbol("N"), dace.symbol("T")
@@ -29,6 +29,13 @@ def steps(x: dace.float64[N], y: dace.float64[N], S: dace.float64[1]):
     for _ in range(T):
         y[:] = y + 0.5 * np.sin(y) * x
     S[0] = np.sum(y * y)
+
+
+@dace.program
+def from_two(x: dace.float64[N], y: dace.float64[N], S: dace.float64[1]):
+    for _ in range(2, T):
+        y[:] = y * np.cos(x)
+    S[0] = np.sum(y)
 
 
 def _torch_gradient(x: np.ndarray, y: np.ndarray, trips: int) -> np.ndarray:
@@ -51,17 +58,30 @@ def test_at_the_planned_trip_count_the_checkpointed_gradient_is_torchs() -> None
     np.testing.assert_allclose(grads["x"], _torch_gradient(arrays["x"], arrays["y"], PLANNED), rtol=1e-10)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a checkpointed loop called at a trip count other than the "
-                                       "planned one runs the planned schedule (module doc)")
-@pytest.mark.parametrize("trips", [1, 6])
-def test_at_another_trip_count_the_gradient_is_right_or_refused(trips: int) -> None:
+@pytest.mark.parametrize("route", ["grad", "vjp"])
+@pytest.mark.parametrize(("program", "size", "planned", "trips"),
+                         [(steps, PLANNED, PLANNED, 0), (steps, PLANNED, PLANNED, 1), (steps, PLANNED, PLANNED, 6),
+                          (from_two, 2, 0, 3)])
+def test_at_another_trip_count_the_run_is_refused(program, size: int, planned: int, trips: int, route: str) -> None:
+    """`trips` loop trips where `planned` were planned (at T = `size`); `from_two` planned for none."""
     arrays = _arrays(trips)
-    try:
-        _, grads = gradient(steps, ("x",), "S", {k: v.copy() for k, v in arrays.items()}, {"N": 5, "T": trips},
-                            forwarding=gradflow.Forwarding.checkpoint(2, sizes={"T": PLANNED}))
-    except GradflowError:
-        return  # refused, naming the loop: what the fix may do instead of computing it
-    np.testing.assert_allclose(grads["x"], _torch_gradient(arrays["x"], arrays["y"], trips), rtol=1e-10)
+    t = trips if program is steps else trips + 2
+    with pytest.raises(LoopBoundError, match=rf"checkpointed loop '\w+' ran a number of times other than the "
+                                             rf"{planned} its Revolve schedule was computed for"):
+        gradient(program, ("x",), "S", {k: v.copy() for k, v in arrays.items()}, {"N": 5, "T": t}, route=route,
+                 forwarding=gradflow.Forwarding.checkpoint(2, sizes={"T": size}))
+
+
+def test_the_raw_program_reports_the_loop_in_its_flag() -> None:
+    """Whoever calls the `grad` SDFG directly reads the flag: 0 at the planned trip count, the loop's
+    number in `bounded_loops` at another."""
+    graph = grad_graph(steps, "x", "S", forwarding=gradflow.Forwarding.checkpoint(2, sizes={"T": PLANNED}))
+    (limit,) = graph.meta["ad"].bounded_loops
+    assert limit.planned and limit.count == PLANNED
+    run = Invoker(graph)
+    for trips, flag in ((PLANNED, 0), (PLANNED + 1, 1)):
+        out, _ = run(**_arrays(trips), N=5, T=trips)
+        assert int(out[OVERFLOW][0]) == flag
 
 
 def test_planned_at_the_call_every_trip_count_is_right() -> None:

@@ -105,7 +105,7 @@ def test_while_loop_needs_no_bound_and_a_bound_caps_it() -> None:
     free = differentiated(case.name, gradflow.STORE_ALL).meta["ad"]
     capped = differentiated(case.name, gradflow.STORE_ALL.with_loop_bounds(**BOUNDS)).meta["ad"]
     assert free.heaps and not free.bounded_loops
-    assert not capped.heaps and [bound for _, bound in capped.bounded_loops] == [64]
+    assert not capped.heaps and [limit.count for limit in capped.bounded_loops] == [64]
     f = gradflow.value_and_grad(case.program.to_sdfg(), wrt="A", of="S")
     g = gradflow.value_and_grad(case.program.to_sdfg(), wrt="A", of="S",
                                 forwarding=gradflow.STORE_ALL.with_loop_bounds(**BOUNDS))

@@ -7,7 +7,8 @@ Under `Forwarding.checkpoint(snapshots=s, ...)` a chosen loop is reversed withou
    other symbols. The loop's body is then one operation, which records nothing on the tape (the engine
    skips sites of loops whose rule says `tape_free`).
 2. `CheckpointedLoop` (a `loop` control rule, chosen for outlined loops) computes the Revolve schedule
-   (`revolve.py`) for the trip count at the sizes given to the policy. The forward sweep stores the
+   (`revolve.py`) for the trip count at the sizes given to the policy (the forward checks it before the
+   loop and reports another count through `gradflow_overflow`: `_check_trips`). The forward sweep stores the
    loop-carried state at the positions where the schedule's forward phase takes snapshots (at most `s`)
    and the state the last step starts from (what Revolve holds in memory at its first turn).
 3. The backward sweep interprets the rest of the schedule, emitted as constant int tables: a loop over
@@ -53,6 +54,7 @@ from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.forwarding import STORE_ALL
 from gradflow.autodiff.nesting import IN, inner_region, nested_vjp
 from gradflow.autodiff.protocols import ControlContext, control_rule
+from gradflow.autodiff.spec import OVERFLOW, set_flag
 from gradflow.autodiff.structure import symbols_read
 from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
@@ -347,6 +349,34 @@ def trip_count(item, sizes: dict[str, int]) -> int:
     return max(int(sympy.floor(value / divisor)), 0)
 
 
+def _check_trips(item, trips: int, rev: ControlContext) -> None:
+    """Before the loop, set `gradflow_overflow` when it is about to run other than the `trips` times its
+    schedule was computed for (`grad`/`vjp` plan at `sizes=`, and the program may be called at others):
+    the caller then refuses the run's gradients (`api.check_loop_bounds`) instead of returning those of
+    the wrong schedule. The count is floor(numerator / divisor) when positive, else 0; compared without a
+    division, whose rounding of negatives C and Python do not share."""
+    numerator, divisor = item.counted.trip_count()
+    if not getattr(symbolic.pystr_to_symbolic(str(numerator)), "free_symbols", None):
+        return  # a constant count: no call can run another
+    n = symbolic.symstr(numerator)
+    low, high = trips * divisor, (trips + 1) * divisor
+    other = f"({n}) >= {divisor}" if trips == 0 else f"(({n}) < {low}) or (({n}) >= {high})"
+    number = rev.plan_trips(item.loop, trips)
+    if OVERFLOW not in rev.sdfg.arrays:
+        rev.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
+    loop = item.loop
+    region = loop.parent_graph
+    check = ConditionalBlock(f"planned_trips_{item.label}", sdfg=rev.sdfg)
+    region.add_node(check, is_start_block=region.start_block is loop)
+    for e in list(region.in_edges(loop)):
+        region.remove_edge(e)
+        region.add_edge(e.src, check, e.data)
+    region.add_edge(check, loop, dace.InterstateEdge())
+    other_count = ControlFlowRegion(f"planned_trips_{item.label}_other", sdfg=rev.sdfg)
+    check.add_branch(other, other_count)
+    set_flag(other_count.add_state("set_overflow", is_start_block=True), OVERFLOW, str(number))
+
+
 def _read_before(item, rev: ControlContext) -> frozenset[str]:
     """Arrays an operation before the loop reads (reversed after it: they need the loop's initial values)."""
     first = item.body.items[0].site.index
@@ -451,6 +481,8 @@ class CheckpointedLoop:
         policy = rev.spec.forwarding
         c = item.counted
         trips = trip_count(item, dict(policy.sizes))
+        if not policy.planned_at_call:
+            _check_trips(item, trips, rev)
         if trips == 0:  # the loop does not run: nothing to record or reverse
             return Snapshots((), {}, (), 0, c.var, symbolic.symstr(c.start), c.step, 0)
         carried = stored_state(item, rev)

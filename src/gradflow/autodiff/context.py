@@ -38,8 +38,8 @@ class ReverseContext:
     differentiate: Differentiate
     values: dict[str, str] = attrs.field(factory=dict)  # forward array -> array the backward reads instead
     rules_used: dict[str, None] = attrs.field(factory=dict)  # names of the rules applied, in order
-    #: bounded while loops of nested SDFGs (label, bound), numbered after the program's own ones
-    inner_bounded: list[tuple[str, int]] = attrs.field(factory=list)
+    #: the checked loops of nested SDFGs (`LoopLimit`), numbered after the program's own ones
+    inner_bounded: list = attrs.field(factory=list)
     overflow_base: int = 0  # the number of bounded loops numbered before those of nested SDFGs
     #: (site, array) -> whether the backward's value of the array holds what the site wrote, when the site is
     #: reversed (`Reversal.keeps_result`; set by the engine once the tape is planned, never before `needs`)

@@ -50,6 +50,7 @@ from gradflow.autodiff.spec import (
     Choice,
     Differentiate,
     ForwardingPlan,
+    LoopLimit,
     set_flag,
 )
 from gradflow.autodiff.structure import (
@@ -120,7 +121,9 @@ class Reversal:
     assigned: frozenset[str] = frozenset()  # symbols assigned on interstate edges of the program
     finals: dict[str, Stack] = attrs.field(factory=dict)  # symbol -> stack of its value at the end
     stores: dict[str, str] = attrs.field(factory=dict)  # tape array -> what it records
-    bounded: dict[int, tuple[LoopRegion, int]] = attrs.field(factory=dict)  # loops stopped at a user bound
+    #: the loops the run checks (`LoopLimit`): id -> (loop, count, planned): stopped at a user bound, or
+    #: checkpointed for a planned trip count
+    bounded: dict[int, tuple[LoopRegion, int, bool]] = attrs.field(factory=dict)
     recorded: dict[int, object] = attrs.field(factory=dict)  # id(region item) -> what its control rule recorded
     active: frozenset[int] = frozenset()  # indices of the operations that write an array carrying a gradient
     tape_free: frozenset[int] = frozenset()  # operations inside loops whose control rule records their state
@@ -207,7 +210,7 @@ class Reversal:
         user = self.spec.forwarding.bound_of(loop.label)
         if user is not None and item.counted is None and not loop.loop_variable:
             if register:
-                self.bounded[id(loop)] = (loop, user)
+                self.bounded[id(loop)] = (loop, user, False)
             return user
         return None
 
@@ -229,7 +232,13 @@ class Reversal:
     def user_bound(self, loop: LoopRegion) -> int | None:
         """The user's bound when storage inside `loop` needed one (the loop must then stop there)."""
         entry = self.bounded.get(id(loop))
-        return None if entry is None else entry[1]
+        return None if entry is None or entry[2] else entry[1]
+
+    def plan_trips(self, loop: LoopRegion, trips: int) -> int:
+        """Register `loop` as one whose schedule holds for `trips` trips only; the number its run sets
+        `gradflow_overflow` to when it makes another count."""
+        self.bounded[id(loop)] = (loop, trips, True)
+        return self.overflow_number(loop)
 
     def overflow_number(self, loop: LoopRegion) -> int:
         """The 1-based number `loop` sets `gradflow_overflow` to when it reaches its bound (its position in
@@ -588,8 +597,9 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate
         rev.tape.pop_symbol(ctx, stack, symbol)
     rev.reverse(tree, ctx, rules, recompute)
     _check_restored(region, rev)
-    bounded = tuple((loop.label, bound) for loop, bound in rev.bounded.values()) + tuple(ctx.inner_bounded)
-    if bounded:  # loops here or in nested SDFGs stop at a user bound and say so in gradflow_overflow
+    bounded = tuple(LoopLimit(loop.label, count, planned) for loop, count, planned in rev.bounded.values())
+    bounded += tuple(ctx.inner_bounded)
+    if bounded:  # loops here or in nested SDFGs report a breached limit in gradflow_overflow
         if OVERFLOW not in sdfg.arrays:  # (the nested rule adds it when only nested loops are bounded)
             sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
         if spec.outermost:

@@ -115,6 +115,10 @@ class Forwarding:
     #: Whether a policy that names nothing to recompute rebuilds the values that only move data it holds
     #: anyway (a slice, flip or transpose of an input) instead of storing them (`recompute.rebuilt_for_free`).
     rebuild_copies: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    #: Whether `sizes` are those of the only calls the program will get (set where a plan is made per call:
+    #: `at_call.py`, the torch.compile backend); otherwise a checkpointed loop's forward checks its trip
+    #: count against the planned one (`checkpoint._check_trips`).
+    planned_at_call: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.snapshots is not None and self.recompute:

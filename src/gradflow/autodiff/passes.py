@@ -260,7 +260,7 @@ def _result(sdfg: dace.SDFG, interface: ADInterface, fwd: dace.SDFG, bwd: dace.S
     return VJPResult(forward=fwd, backward=bwd, wrt=interface.spec.wrt, of=interface.spec.of,
                      grads=dict(interface.grads), cotangents=dict(interface.cotangents), forwarded=forwarded,
                      saved=tuple(saved), forwarded_bytes=nbytes, saved_sizes=saved_sizes,
-                     forwarding_plan=interface.forwarding_plan)
+                     forwarding_plan=interface.forwarding_plan, bounded_loops=interface.bounded_loops)
 
 
 def _written_in(blocks) -> set[str]:

@@ -90,6 +90,9 @@ class ControlContext(Protocol):
 
     def overflow_number(self, loop: LoopRegion) -> int: ...
 
+    def plan_trips(self, loop: LoopRegion, trips: int) -> int:
+        """Register `loop` as run for `trips` trips only (a checkpoint schedule); its `overflow_number`."""
+
     def keep_final(self, symbol: str, dtype) -> None: ...
 
     def note_store(self, array: str, what: str) -> None:

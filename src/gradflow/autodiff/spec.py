@@ -20,8 +20,20 @@ BACKWARD_LABEL = "gradflow_backward"
 #: An empty state after the backward region: DaCe 2.0.0b1's post-dominator analysis (used to place
 #: allocations) loops forever-cyclic when a plain ControlFlowRegion is the last block of its SDFG.
 END_LABEL = "gradflow_end"
-#: The int64[1] argument through which a run reports that a while loop reached the user's bound.
+#: The int64[1] argument through which a run reports that a loop broke a limit of its build (`LoopLimit`).
 OVERFLOW = "gradflow_overflow"
+
+
+@attrs.frozen
+class LoopLimit:
+    """A loop whose runs the differentiated program checks, reporting a breach through `OVERFLOW` (its
+    1-based position in `ADInterface.bounded_loops`): a while loop stopped at the user's bound (`count`),
+    or, `planned`, a checkpointed loop whose Revolve schedule was computed for `count` trips (a run of
+    another trip count would follow the wrong schedule)."""
+
+    label: str
+    count: int
+    planned: bool = False
 
 
 @attrs.frozen
@@ -127,7 +139,7 @@ class ADInterface:
     buffers: dict[str, str]  # forward array -> gradient buffer (internal and outputs)
     stores: dict[str, str]  # tape array -> forward array (or "<control>") it records
     recomputed: tuple[str, ...] = ()  # arrays the backward sweep recomputes instead of storing
-    bounded_loops: tuple[tuple[str, int], ...] = ()  # (label, user bound) of guarded while loops
+    bounded_loops: tuple[LoopLimit, ...] = ()  # the loops whose runs report through OVERFLOW
     backward_label: str = BACKWARD_LABEL
     rules_used: tuple[str, ...] = ()  # names of the reverse, library and control rules applied
     forwarding_plan: ForwardingPlan | None = None  # what is kept and what is rerun (see budget.py)

@@ -250,7 +250,8 @@ class _Program:
 
             forwarding = self.options.forwarding
             if self.per_size:
-                forwarding = attrs.evolve(forwarding, sizes={**dict(forwarding.sizes), self.lowered.batch: size})
+                forwarding = attrs.evolve(forwarding, sizes={**dict(forwarding.sizes), self.lowered.batch: size},
+                                         planned_at_call=True)
             pair = vjp(self.lowered.graph, wrt=self.wrt, of=self.differentiable, optimize=self.options.optimize,
                        forwarding=forwarding)
             found = self.functions[key] = function(

@@ -94,7 +94,8 @@ def outputs(name: str, seed: int, policy: Forwarding = STORE_ALL, optimize: bool
         extra[OVERFLOW] = np.full(1, -1, dtype=np.int64)
     arrays = run_compiled(case, _compiled(name, policy, optimize), {**inputs, **extra})
     if OVERFLOW in graph.sdfg.arrays and arrays[OVERFLOW][0] != 0:
-        raise CheckFailure(f"{name}: a while loop ran past its bound ({dict(case.loop_bounds)})")
+        raise CheckFailure(f"{name}: a loop broke a limit of its build (a while loop its bound, "
+                           f"{dict(case.loop_bounds)}, or a checkpointed loop its planned trip count)")
     return arrays
 
 

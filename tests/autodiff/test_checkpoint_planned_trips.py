@@ -16,7 +16,7 @@ import torch
 import gradflow
 from gradflow.api import grad_graph
 from gradflow.autodiff.spec import OVERFLOW
-from gradflow.core.errors import LoopBoundError
+from gradflow.core.errors import InvalidArgumentError, LoopBoundError
 from gradflow.runtime.invoke import Invoker
 from gradflow.verify.routes import gradient
 
@@ -90,3 +90,14 @@ def test_planned_at_the_call_every_trip_count_is_right() -> None:
         arrays = _arrays(10 + trips)
         _, grad = f(x=arrays["x"].copy(), y=arrays["y"].copy(), S=np.zeros(1), N=5, T=trips)
         np.testing.assert_allclose(grad, _torch_gradient(arrays["x"], arrays["y"], trips), rtol=1e-10)
+
+
+def test_a_torch_function_of_a_planned_vjp_is_refused_with_the_way_out() -> None:
+    """A torch function has no place to read the flag: the planned `vjp` is refused when the function is
+    made (it would run the wrong schedule at another T), and the program with `forwarding=` plans per call."""
+    import gradflow.torch
+
+    pair = gradflow.vjp(steps, "x", "S", forwarding=gradflow.Forwarding.checkpoint(2, sizes={"T": PLANNED}))
+    with pytest.raises(InvalidArgumentError, match="gradflow_overflow") as caught:
+        gradflow.torch.function(pair, inputs=["x", "y"], outputs=["S"])
+    assert "forwarding=" in caught.value.hint

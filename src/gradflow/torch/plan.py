@@ -19,6 +19,7 @@ import dace
 
 from gradflow.analysis.writes import overwritten_before_read, written
 from gradflow.autodiff.interface import VJPResult
+from gradflow.autodiff.spec import OVERFLOW
 from gradflow.core.errors import InvalidArgumentError, UnknownArrayError
 from gradflow.runtime.plan import ARRAY, SYMBOL, ArgSpec, CallPlan, plan_for
 
@@ -158,6 +159,12 @@ def _check_arguments(fwd_plan: CallPlan, inputs: Sequence[str], outputs: Sequenc
     for n in extras:
         if n not in fwd_names or fwd_plan.arg(n).kind != ARRAY:
             raise InvalidArgumentError(f"saved value '{n}' is not an array argument of the forward SDFG")
+    if OVERFLOW in fwd_names and OVERFLOW not in inputs and OVERFLOW not in outputs:
+        raise InvalidArgumentError(
+            f"the forward reports broken loop limits through '{OVERFLOW}' (loops checkpointed for the trip "
+            "counts at sizes=, or while loops stopped at a user bound), which a torch function does not check",
+            "pass the program itself and forwarding= to gradflow.torch.function, which plans a checkpoint "
+            "schedule or budget at each call")
     for a in fwd_plan.args:
         if a.kind != SYMBOL and a.name not in inputs and a.name not in outputs and a.name not in extras:
             raise InvalidArgumentError(

@@ -18,7 +18,7 @@ from gradflow.api import grad_graph
 from gradflow.autodiff.spec import OVERFLOW
 from gradflow.core.errors import InvalidArgumentError, LoopBoundError
 from gradflow.runtime.invoke import Invoker
-from gradflow.verify.routes import gradient
+from gradflow.verify.routes import gradient, gradient_function
 
 N, T = dace.symbol("N"), dace.symbol("T")
 PLANNED = 4
@@ -101,3 +101,52 @@ def test_a_torch_function_of_a_planned_vjp_is_refused_with_the_way_out() -> None
     with pytest.raises(InvalidArgumentError, match="gradflow_overflow") as caught:
         gradflow.torch.function(pair, inputs=["x", "y"], outputs=["S"])
     assert "forwarding=" in caught.value.hint
+
+
+@dace.program
+def every_third(x: dace.float64[N], y: dace.float64[N], S: dace.float64[1]):
+    for i in range(1, T, 3):
+        y[:] = y * np.cos(x) + 0.1 * i
+    S[0] = np.sum(y * y)
+
+
+@dace.program
+def down_by_two(x: dace.float64[N], y: dace.float64[N], S: dace.float64[1]):
+    for i in range(T, 0, -2):
+        y[:] = y * np.cos(x) + 0.1 * i
+    S[0] = np.sum(y * y)
+
+
+def _third(t: int) -> range:
+    return range(1, t, 3)
+
+
+def _down(t: int) -> range:
+    return range(t, 0, -2)
+
+
+@pytest.mark.parametrize(("program", "iterations"), [(every_third, _third), (down_by_two, _down)])
+def test_a_strided_loop_is_refused_exactly_when_its_trip_count_differs(program, iterations) -> None:
+    """The check compares trip counts, not sizes: planned at T = 7, a call at another T with as many trips
+    (range(1, 5, 3) and range(1, 7, 3) both run 1, 4; range(8, 0, -2) runs four times as range(7, 0, -2)
+    does) follows a valid schedule and must not be refused; one with another count must be.
+    `iterations(T)` is the loop's range in Python."""
+    policy = gradflow.Forwarding.checkpoint(2, sizes={"T": 7})
+    planned = len(iterations(7))
+    outcomes = set()
+    for t in (5, 7, 8, 9, 10):
+        arrays = _arrays(t)
+        xt = torch.tensor(arrays["x"], requires_grad=True)
+        yt = torch.tensor(arrays["y"])
+        for i in iterations(t):
+            yt = yt * torch.cos(xt) + 0.1 * i
+        expected = torch.autograd.grad((yt * yt).sum(), [xt])[0].numpy()
+        run = gradient_function(program, ("x",), "S", {"N": 5, "T": t}, forwarding=policy)
+        if len(iterations(t)) == planned:
+            _, grads = run({k: v.copy() for k, v in arrays.items()})
+            np.testing.assert_allclose(grads["x"], expected, rtol=1e-10)
+            outcomes.add(t != 7)
+        else:
+            with pytest.raises(LoopBoundError):
+                run({k: v.copy() for k, v in arrays.items()})
+    assert outcomes == {False, True}  # an other T with the planned count was among them

@@ -16,13 +16,12 @@ from gradflow.analysis.activity import is_float
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
 from gradflow.autodiff.passes import Reverse, SplitVJP, ad_pipeline, infer_of
-from gradflow.autodiff.spec import OVERFLOW, ADInterface
+from gradflow.autodiff.spec import ADInterface, check_loop_bounds
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
 from gradflow.core.dace_warnings import ignore_tape_pushes
 from gradflow.core.errors import (
     ORIGINS,
     InvalidArgumentError,
-    LoopBoundError,
     UnknownArrayError,
     describe,
     with_origins,
@@ -243,32 +242,6 @@ def bind_pipeline(pipeline: Any, want: Reverse, forwarding_given: bool) -> Pipel
     return Pipeline(pipeline.steps[:k] + (bound,) + pipeline.steps[k + 1:], pipeline.hook, pipeline.assumes)
 
 
-def check_loop_bounds(arrays: Any, interface: Any) -> None:
-    """Raise `LoopBoundError` when a run of a differentiated program broke a limit of its build: a while
-    loop stopped at its bound, or a checkpointed loop ran a trip count its schedule was not computed for.
-    `interface`: the `ADInterface`, or anything with its `bounded_loops` (a `VJPResult`)."""
-    limits = getattr(interface, "bounded_loops", ()) if interface is not None else ()
-    flag = arrays.get(OVERFLOW) if limits else None
-    if flag is None:
-        return
-    number = int(flag.reshape(-1)[0])
-    if not number:
-        return
-    limit = limits[number - 1]
-    if limit.planned:
-        raise LoopBoundError(
-            f"checkpointed loop '{limit.label}' ran a number of times other than the {limit.count} its Revolve "
-            "schedule was computed for (the sizes= of Forwarding.checkpoint or Forwarding.budget); the "
-            "gradients of this call are invalid",
-            "call it at the sizes it was planned for, pass this call's sizes, or use gradflow.value_and_grad, "
-            "which plans at each call")
-    raise LoopBoundError(
-        f"while loop '{limit.label}' ran more than its bound of {limit.count} iterations; the gradients of this "
-        "call are invalid",
-        f"raise the bound: forwarding=gradflow.Forwarding(loop_bounds={{'{limit.label}': <larger>}})",
-    )
-
-
 def vjp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str], *, prefix: str | None = "grad_",
         forwarding: Forwarding = STORE_ALL, optimize: bool | Pipeline = True) -> VJPResult:
     """Separate forward and backward SDFGs for a vector-Jacobian product (see `VJPResult`); `optimize`
@@ -342,7 +315,7 @@ class _ValueAndGrad:
         interface = built.interface  # the names grad_graph checked (and inferred) and the gradients' arrays
         (of_name,) = interface.spec.of
         arrays, as_torch = built.invoker(*args, **kwargs)
-        check_loop_bounds(arrays, interface)
+        check_loop_bounds(arrays, interface.bounded_loops)
         raise_for_flag(arrays.get(ERROR_FLAG), built.sites)
         value = arrays[of_name].reshape(-1)[0].item()
         grads = {x: arrays[g] for x, g in interface.grads.items()}

@@ -16,6 +16,7 @@ import numpy as np
 from gradflow.analysis.writes import written
 from gradflow.api import _check, _names, _run, grad_graph, optimized
 from gradflow.autodiff.forwarding import Forwarding
+from gradflow.autodiff.spec import check_loop_bounds
 from gradflow.autodiff.tangent.passes import Tangent, jvp_pipeline, written_arguments
 from gradflow.core.checks import ERROR_FLAG, SITES, raise_for_flag
 from gradflow.core.errors import ArgumentError, InvalidArgumentError
@@ -53,10 +54,13 @@ def jvp(program: Any, wrt: str | Sequence[str], of: str | Sequence[str] | None =
 class _Call:
     """A tangent (or Hessian-vector) program bound for calls: tangents passed as `tan_<x>` keywords."""
 
-    def __init__(self, graph: Graph, wrt: tuple[str, ...]) -> None:
+    def __init__(self, graph: Graph, wrt: tuple[str, ...], limits: tuple = ()) -> None:
         from gradflow.runtime.invoke import Invoker
 
         self.interface = graph.meta["tangent"]
+        #: the loop limits of the gradient program a Hessian-vector program is the tangent of (`LoopLimit`):
+        #: a run that broke one is refused, as `value_and_grad` refuses it
+        self.limits = limits
         self.invoker = Invoker(Graph.adopt(graph.to_sdfg()))
         self.wrt = wrt
         self.sites = tuple(graph.meta.get(SITES, ()))
@@ -79,6 +83,7 @@ class _Call:
                 given[key] = value.clone() if hasattr(value, "clone") else np.array(value, copy=True)
         arrays, as_torch = self.invoker(*args, **given)
         raise_for_flag(arrays.get(ERROR_FLAG), self.sites)
+        check_loop_bounds(arrays, self.limits)
         if as_torch:
             import torch
 
@@ -141,7 +146,7 @@ def hvp(program: Any, wrt: str | Sequence[str], of: str | None = None, *, forwar
     gradient = grad_graph(program, wrt_names, of, None, forwarding=forwarding, optimize=BEFORE_TANGENT)
     grads = gradient.meta["ad"].grads
     graph = jvp_graph(gradient, wrt_names, [grads[x] for x in wrt_names], optimize=optimize)
-    return HVP(_Call(graph, wrt_names), {x: grads[x] for x in wrt_names})
+    return HVP(_Call(graph, wrt_names, gradient.meta["ad"].bounded_loops), {x: grads[x] for x in wrt_names})
 
 
 def grad_and_hvp(program: Any, wrt: str | Sequence[str], of: str | None = None, *,

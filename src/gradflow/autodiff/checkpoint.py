@@ -352,7 +352,7 @@ def trip_count(item, sizes: dict[str, int]) -> int:
 def _check_trips(item, trips: int, rev: ControlContext) -> None:
     """Before the loop, set `gradflow_overflow` when it is about to run other than the `trips` times its
     schedule was computed for (`grad`/`vjp` plan at `sizes=`, and the program may be called at others):
-    the caller then refuses the run's gradients (`api.check_loop_bounds`) instead of returning those of
+    the caller then refuses the run's gradients (`spec.check_loop_bounds`) instead of returning those of
     the wrong schedule. The count is floor(numerator / divisor) when positive, else 0; compared without a
     division, whose rounding of negatives C and Python do not share."""
     numerator, divisor = item.counted.trip_count()

@@ -40,7 +40,7 @@ class VJPResult:
     #: how values reach the backward (`gradflow.autodiff.spec.ForwardingPlan`), as the reverse pass built it
     forwarding_plan: ForwardingPlan | None = None
     #: the loops the forward checks (`gradflow.autodiff.spec.LoopLimit`), reporting a breach through its
-    #: output `gradflow_overflow` (nonzero: the gradients of that run are invalid; `check_loop_bounds`)
+    #: output `gradflow_overflow` (nonzero: the gradients of that run are invalid; `spec.check_loop_bounds`)
     bounded_loops: tuple = ()
 
     def saved_bytes(self, symbols: Mapping[str, int] | None = None) -> int:

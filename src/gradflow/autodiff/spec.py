@@ -14,6 +14,7 @@ import dace
 
 from gradflow.analysis.cost import STORE_WORK, evaluate
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
+from gradflow.core.errors import LoopBoundError
 from gradflow.core.rule_table import RuleTable
 
 BACKWARD_LABEL = "gradflow_backward"
@@ -34,6 +35,28 @@ class LoopLimit:
     label: str
     count: int
     planned: bool = False
+
+
+def check_loop_bounds(arrays: Mapping, limits: tuple[LoopLimit, ...]) -> None:
+    """Raise `LoopBoundError` when a run of a differentiated program broke one of `limits` (the
+    `bounded_loops` of its `ADInterface` or `VJPResult`), reading its `OVERFLOW` output in `arrays`: a
+    while loop stopped at its bound, or a checkpointed loop ran a trip count its schedule was not made for."""
+    flag = arrays.get(OVERFLOW) if limits else None
+    number = int(flag.reshape(-1)[0]) if flag is not None else 0
+    if not number:
+        return
+    limit = limits[number - 1]
+    if limit.planned:
+        raise LoopBoundError(
+            f"checkpointed loop '{limit.label}' ran a number of times other than the {limit.count} its Revolve "
+            "schedule was computed for (the sizes= of Forwarding.checkpoint or Forwarding.budget); the "
+            "gradients of this call are invalid",
+            "call it at the sizes it was planned for, pass this call's sizes, or use gradflow.value_and_grad, "
+            "which plans at each call")
+    raise LoopBoundError(
+        f"while loop '{limit.label}' ran more than its bound of {limit.count} iterations; the gradients of this "
+        "call are invalid",
+        f"raise the bound: forwarding=gradflow.Forwarding(loop_bounds={{'{limit.label}': <larger>}})")
 
 
 @attrs.frozen

@@ -12,6 +12,7 @@ import numpy as np
 
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
+from gradflow.autodiff.spec import check_loop_bounds
 from gradflow.core.graph import Graph
 from gradflow.runtime.invoke import Invoker
 
@@ -29,13 +30,6 @@ def _used(symbols: Mapping[str, int], sdfg: dace.SDFG, given: Mapping) -> dict[s
     return {k: v for k, v in symbols.items() if k in taken and k not in given}
 
 
-def _check_limits(arrays: Mapping[str, np.ndarray], built) -> None:
-    """A run that broke a loop limit of its build raises, as `value_and_grad` does: no gradient from it."""
-    from gradflow.api import check_loop_bounds
-
-    check_loop_bounds(arrays, built)
-
-
 def run_grad(graph: Graph, arrays: Mapping[str, np.ndarray], symbols: Mapping[str, int],
              grads: Mapping[str, str], invoker: Invoker | None = None
              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -43,7 +37,8 @@ def run_grad(graph: Graph, arrays: Mapping[str, np.ndarray], symbols: Mapping[st
     `arrays`: (every array afterwards, the gradients by `wrt` name)."""
     given = _copies(arrays)
     out, _ = (invoker or Invoker(graph))(**given, **_used(symbols, graph.sdfg, given))
-    _check_limits(out, graph.meta.get("ad"))
+    # a run that broke a loop limit of its build gives no gradient (as `value_and_grad` refuses it)
+    check_loop_bounds(out, graph.meta["ad"].bounded_loops if "ad" in graph.meta else ())
     return out, {x: np.array(out[g]) for x, g in grads.items()}
 
 
@@ -62,7 +57,7 @@ def run_vjp(result: VJPResult, arrays: Mapping[str, np.ndarray], symbols: Mappin
                       for d in desc.shape)
         taken[name] = np.zeros(shape, dtype=desc.dtype.as_numpy_dtype())
     after, _ = forward(**taken, **_used(symbols, result.forward, taken))
-    _check_limits(after, result)
+    check_loop_bounds(after, result.bounded_loops)
     given = {name: after[name] if name in after else arrays[name] for name in result.forwarded}  # scalars as given
     given.update({result.cotangents[o]: np.array(c, copy=True) for o, c in cotangents.items()})
     out, _ = backward(**given, **_used(symbols, result.backward, given))

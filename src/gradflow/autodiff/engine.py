@@ -599,6 +599,8 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate
     _check_restored(region, rev)
     bounded = tuple(LoopLimit(loop.label, count, planned) for loop, count, planned in rev.bounded.values())
     bounded += tuple(ctx.inner_bounded)
+    if spec.outermost and spec.overflow_base:  # the numbers the program's own earlier build writes
+        bounded = tuple(LoopLimit("", 0, inherited=True) for _ in range(spec.overflow_base)) + bounded
     if bounded:  # loops here or in nested SDFGs report a breached limit in gradflow_overflow
         if OVERFLOW not in sdfg.arrays:  # (the nested rule adds it when only nested loops are bounded)
             sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)

@@ -26,7 +26,7 @@ from gradflow.autodiff.rules import (
     default_library_rules,
     default_reverse_rules,
 )
-from gradflow.autodiff.spec import END_LABEL, OVERFLOW, ADInterface, ADSpec, ADTables
+from gradflow.autodiff.spec import END_LABEL, OVERFLOW, ADInterface, ADSpec, ADTables, inherited_limits
 from gradflow.autodiff.subprograms import reverse_program
 from gradflow.core.errors import InvalidArgumentError
 from gradflow.core.graph import Graph
@@ -97,7 +97,9 @@ class Reverse(Pass):
         sdfg = graph.editable()
         of = self.of if self.of is not None else (infer_of(sdfg),)
         wrt = self.wrt if self.wrt is not None else default_wrt(sdfg, of)
-        spec = ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding)
+        # a gradient program differentiated again keeps its own flag numbers: this build's come after them
+        spec = ADSpec(tuple(wrt), tuple(of), self.mode, self.prefix, self.forwarding,
+                      overflow_base=inherited_limits(sdfg))
         interface = reverse_program(sdfg, spec, self.tables)  # no source-line info: see `Pass.__call__`
         pushed = tuple(sorted((stack, sdfg.arrays[stack].total_size) for stack, array in interface.stores.items()
                               if not array.startswith("<")))  # "<trip count>" etc.: the control flow's stacks

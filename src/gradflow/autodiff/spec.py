@@ -35,6 +35,25 @@ class LoopLimit:
     label: str
     count: int
     planned: bool = False
+    #: a limit of the program's own earlier build (a gradient program differentiated again), whose flag
+    #: numbers its own run keeps: what it was is not known here
+    inherited: bool = False
+
+
+def inherited_limits(sdfg: dace.SDFG) -> int:
+    """How many flag numbers the program itself may write into `OVERFLOW` (a gradient program with loop
+    limits, differentiated again): the largest constant any tasklet of it, nested ones included, writes
+    there. The new build numbers its own limits after them."""
+    largest = 0
+    for node, state in sdfg.all_nodes_recursive():
+        if not isinstance(node, dace.nodes.Tasklet) or not isinstance(state, dace.SDFGState):
+            continue
+        code = node.code.as_string.strip()
+        if (code.startswith("__o = ") and code[6:].strip().isdigit()
+                and any(isinstance(e.dst, dace.nodes.AccessNode) and e.dst.data == OVERFLOW
+                        for e in state.out_edges(node))):
+            largest = max(largest, int(code[6:].strip()))
+    return largest
 
 
 def check_loop_bounds(arrays: Mapping, limits: tuple[LoopLimit, ...]) -> None:
@@ -46,6 +65,12 @@ def check_loop_bounds(arrays: Mapping, limits: tuple[LoopLimit, ...]) -> None:
     if not number:
         return
     limit = limits[number - 1]
+    if limit.inherited:
+        raise LoopBoundError(
+            f"the program differentiated is itself a differentiated program, and this run broke a loop limit of "
+            f"its build ({OVERFLOW} = {number}: a while loop stopped at its bound, or a checkpointed loop run at "
+            "a trip count other than its planned one); the gradients of this call are invalid",
+            "raise that build's loop bounds, or call it at the sizes its checkpoints were planned for")
     if limit.planned:
         raise LoopBoundError(
             f"checkpointed loop '{limit.label}' ran a number of times other than the {limit.count} its Revolve "
@@ -78,7 +103,9 @@ class ADSpec:
     forwarding: Forwarding = STORE_ALL
     accumulate: bool = False  # vjp mode: add into the `wrt` gradients (in/out) instead of overwriting them
     outermost: bool = True  # False for the SDFG of a nested node: the outer program owns gradflow_overflow
-    overflow_base: int = 0  # numbers below this one are taken by bounded loops of enclosing programs
+    #: flag numbers up to this one are taken: by the limits of enclosing programs (a nested build), or by the
+    #: program's own earlier build (outermost: a gradient program differentiated again, `inherited_limits`)
+    overflow_base: int = 0
     # vjp mode: (array, subset) pairs, the only part of an `of` array's cotangent that is seeded. The vjp of
     # a map's nested body gets whole outer arrays but one iteration's part of them: seeding it all cost a
     # copy of the whole array per iteration (lp_map_with_branch: 8 s at N = 200,000).

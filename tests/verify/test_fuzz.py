@@ -330,3 +330,19 @@ def test_a_stop_differentiated_through_is_wrong(monkeypatch) -> None:
     monkeypatch.setattr(StopGradient, "fdiff", lambda self, argindex=1: sympy.Integer(1))
     verdict = check_program(spec_of(_stopped_program(0.75), (DEFAULT,), seed=4))
     assert verdict.kind == "WRONG" and "central differences" in verdict.detail
+
+
+def test_a_kink_at_the_point_is_told_from_curvature() -> None:
+    """Central differences read the mean of the two slopes at a kink whatever the step; `_kink` sees the
+    jump (the same at h and 2h), and not the curvature of a smooth function (a gap that grows with h)."""
+    from gradflow.verify.fuzz.check import _kink
+
+    def probe(f, x: float) -> bool:
+        h = 1e-5 * max(1.0, abs(x))
+        return _kink(f(x), (f(x + h), f(x - h)), (f(x + 2 * h), f(x - 2 * h)), h)
+
+    assert probe(abs, 0.0)
+    assert probe(lambda v: max(3.0 * v, -0.5 * v) + v * v, 0.0)
+    assert not probe(abs, 0.3)
+    assert not probe(lambda v: 1e6 * v * v, 0.0)  # curvature 2e6: a gap of 20 at h, 40 at 2h
+    assert not probe(lambda v: np.exp(v) * 1e3, 2.0)

@@ -152,8 +152,8 @@ def grad(program: Any, wrt: str | Sequence[str], of: str | None = None, *, prefi
     `RECOMPUTE_ALL`, `recompute(...)`); with while-loop bounds, or loops checkpointed for the trip count
     at `sizes=`, the SDFG has one more output, `gradflow_overflow`: nonzero when a run broke such a limit,
     whose gradients are then invalid (see `gradflow.Forwarding`). `optimize` applies
-    `gradflow.optimize.OPTIMIZE` to the result (True, the default), nothing (False) or the given pipeline. `prefix=None` takes the first
-    of `grad_`, `grad2_`, ... that names no array yet (for the gradient of a gradient program; see
+    `gradflow.optimize.OPTIMIZE` to the result (True, the default), nothing (False) or the given pipeline.
+    `prefix=None` takes the first of `grad_`, `grad2_`, ... that names no array yet (for the gradient of a gradient program; see
     "Second order" in the user guide).
     """
     graph = grad_graph(program, wrt, of, prefix, pipeline, forwarding, optimize)

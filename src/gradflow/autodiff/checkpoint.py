@@ -8,8 +8,8 @@ Under `Forwarding.checkpoint(snapshots=s, ...)` a chosen loop is reversed withou
    skips sites of loops whose rule says `tape_free`).
 2. `CheckpointedLoop` (a `loop` control rule, chosen for outlined loops) computes the Revolve schedule
    (`revolve.py`) for the trip count at the sizes given to the policy (the forward checks it before the
-   loop and reports another count through `gradflow_overflow`: `_check_trips`). The forward sweep stores the
-   loop-carried state at the positions where the schedule's forward phase takes snapshots (at most `s`)
+   loop and reports another count through `gradflow_overflow`: `_check_trips`). The forward sweep stores
+   the loop-carried state at the positions where the schedule's forward phase takes snapshots (at most `s`)
    and the state the last step starts from (what Revolve holds in memory at its first turn).
 3. The backward sweep interprets the rest of the schedule, emitted as constant int tables: a loop over
    actions with one branch per kind: *advance* n steps (the step, rerun on working copies), *takeshot*
@@ -54,7 +54,7 @@ from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.forwarding import STORE_ALL
 from gradflow.autodiff.nesting import IN, inner_region, nested_vjp
 from gradflow.autodiff.protocols import ControlContext, control_rule
-from gradflow.autodiff.spec import OVERFLOW, set_flag
+from gradflow.autodiff.spec import flag_branch
 from gradflow.autodiff.structure import symbols_read
 from gradflow.core.dace_warnings import dace_set_connectors
 from gradflow.core.errors import InvalidArgumentError, NotDifferentiableError
@@ -361,20 +361,14 @@ def _check_trips(item, trips: int, rev: ControlContext) -> None:
     n = symbolic.symstr(numerator)
     low, high = trips * divisor, (trips + 1) * divisor
     other = f"({n}) >= {divisor}" if trips == 0 else f"(({n}) < {low}) or (({n}) >= {high})"
-    number = rev.plan_trips(item.loop, trips)
-    if OVERFLOW not in rev.sdfg.arrays:
-        rev.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
     loop = item.loop
     region = loop.parent_graph
-    check = ConditionalBlock(f"planned_trips_{item.label}", sdfg=rev.sdfg)
+    check = flag_branch(rev.sdfg, f"planned_trips_{item.label}", other, rev.plan_trips(loop, trips))
     region.add_node(check, is_start_block=region.start_block is loop)
     for e in list(region.in_edges(loop)):
         region.remove_edge(e)
         region.add_edge(e.src, check, e.data)
     region.add_edge(check, loop, dace.InterstateEdge())
-    other_count = ControlFlowRegion(f"planned_trips_{item.label}_other", sdfg=rev.sdfg)
-    check.add_branch(other, other_count)
-    set_flag(other_count.add_state("set_overflow", is_start_block=True), OVERFLOW, str(number))
 
 
 def _read_before(item, rev: ControlContext) -> frozenset[str]:

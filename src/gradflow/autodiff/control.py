@@ -37,7 +37,7 @@ from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from gradflow.autodiff.context import ReverseContext
 from gradflow.autodiff.emit import copy_array
 from gradflow.autodiff.protocols import Body, ControlContext, control_rule
-from gradflow.autodiff.spec import OVERFLOW, set_flag
+from gradflow.autodiff.spec import flag_branch
 from gradflow.autodiff.tape import Stack
 
 
@@ -138,20 +138,15 @@ class RecordedLoop:
 def _stop_at_bound(loop: LoopRegion, counter: str, bound: int, number: int, rev: ControlContext) -> None:
     """Stop the while loop after `bound` iterations and set `gradflow_overflow` to `number` if it would have
     gone on (see `forwarding.py`)."""
-    if OVERFLOW not in rev.sdfg.arrays:
-        rev.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
     cond = loop.loop_condition.as_string
     loop.loop_condition = CodeBlock(f"({cond}) and ({counter} < {bound})")
     region = loop.parent_graph
-    check = ConditionalBlock(f"overflow_{loop.label}", sdfg=rev.sdfg)
+    check = flag_branch(rev.sdfg, f"overflow_{loop.label}", f"({cond}) and ({counter} >= {bound})", number)
     region.add_node(check)
     for e in list(region.out_edges(loop)):
         region.remove_edge(e)
         region.add_edge(check, e.dst, e.data)
     region.add_edge(loop, check, dace.InterstateEdge())
-    hit = ControlFlowRegion(f"overflow_{loop.label}_hit", sdfg=rev.sdfg)
-    check.add_branch(f"({cond}) and ({counter} >= {bound})", hit)
-    set_flag(hit.add_state("set_overflow", is_start_block=True), OVERFLOW, str(number))
 
 
 @attrs.frozen

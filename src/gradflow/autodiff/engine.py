@@ -51,6 +51,7 @@ from gradflow.autodiff.spec import (
     Differentiate,
     ForwardingPlan,
     LoopLimit,
+    flag_array,
     set_flag,
 )
 from gradflow.autodiff.structure import (
@@ -602,8 +603,7 @@ def build_reverse(sdfg: dace.SDFG, spec: ADSpec, tables: ADTables, differentiate
     if spec.outermost and spec.overflow_base:  # the numbers the program's own earlier build writes
         bounded = tuple(LoopLimit("", 0, inherited=True) for _ in range(spec.overflow_base)) + bounded
     if bounded:  # loops here or in nested SDFGs report a breached limit in gradflow_overflow
-        if OVERFLOW not in sdfg.arrays:  # (the nested rule adds it when only nested loops are bounded)
-            sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
+        flag_array(sdfg)  # (the nested rule adds it when only nested loops are bounded)
         if spec.outermost:
             set_flag(sdfg.add_state_before(sdfg.start_block, "gradflow_overflow_clear", is_start_block=True),
                      OVERFLOW, "0")

@@ -11,6 +11,7 @@ from typing import Callable, Mapping
 
 import attrs
 import dace
+from dace.sdfg.state import ConditionalBlock, ControlFlowRegion
 
 from gradflow.analysis.cost import STORE_WORK, evaluate
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
@@ -205,6 +206,23 @@ class ADInterface:
 #: normalized SDFG, now forward + backward, and its interface. Rules get it from the engine (the nested
 #: rule, checkpointed loops), so that recursion does not import upwards.
 Differentiate = Callable[[dace.SDFG, ADSpec], "tuple[dace.SDFG, ADInterface]"]
+
+
+def flag_array(sdfg: dace.SDFG) -> str:
+    """`OVERFLOW`, added to `sdfg` as a non-transient int64[1] if it has none yet."""
+    if OVERFLOW not in sdfg.arrays:
+        sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
+    return OVERFLOW
+
+
+def flag_branch(sdfg: dace.SDFG, label: str, condition: str, number: int) -> ConditionalBlock:
+    """A conditional (`label`) that sets `OVERFLOW` to `number` when `condition` holds; the caller places it
+    in its region (after a loop stopped at its bound, before a loop whose trip count was planned)."""
+    check = ConditionalBlock(label, sdfg=sdfg)
+    hit = ControlFlowRegion(f"{label}_hit", sdfg=sdfg)
+    check.add_branch(condition, hit)
+    set_flag(hit.add_state("set_overflow", is_start_block=True), flag_array(sdfg), str(number))
+    return check
 
 
 def set_flag(state, array: str, value: str) -> None:

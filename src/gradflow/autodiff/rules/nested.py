@@ -46,7 +46,7 @@ from gradflow.autodiff.emit import (
 )
 from gradflow.autodiff.nesting import IN, PREFIX, inner_region, nested_vjp
 from gradflow.autodiff.protocols import reverse_rule
-from gradflow.autodiff.spec import OVERFLOW
+from gradflow.autodiff.spec import OVERFLOW, flag_array
 from gradflow.core.errors import NotDifferentiableError
 
 
@@ -235,8 +235,7 @@ class NestedReverse:
             read(_grad_buffer(ctx, read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
             write(_grad_buffer(ctx, read_memlets[c].data), PREFIX + inner_in[c], read_memlets[c])
         if overflow:
-            if OVERFLOW not in ctx.sdfg.arrays:
-                ctx.sdfg.add_array(OVERFLOW, (1,), dace.int64, transient=False)
+            flag_array(ctx.sdfg)
             write(OVERFLOW, OVERFLOW, dace.Memlet(f"{OVERFLOW}[0]"))
 
         # The forward overwrote its outputs: their old values had no influence (in/out ones: done above).

@@ -31,6 +31,9 @@ class RewritePass(Pass):
     nested: ClassVar[bool] = True
     #: renumber the control-flow graphs afterwards (for rewrites that add or remove regions)
     resets_cfg: ClassVar[bool] = False
+    #: an `EACH` pass whose matches are names (of arrays, symbols), as valid in a deep copy as in the graph
+    #: they were found in: the driver finds them once, not again in the copy it edits
+    matches_are_names: ClassVar[bool] = False
 
     def matches(self, sdfg: dace.SDFG) -> Iterable[Any]:
         """The places in `sdfg` (not in its nested SDFGs) where the rewrite applies: a sequence, or for
@@ -64,8 +67,25 @@ def _first(matches: Iterable[Any]) -> Any:
     return next(iter(matches), None)
 
 
+def _by_name(graph: Graph, rewriter: RewritePass) -> PassResult:
+    """`drive` for a pass whose matches are names: found once in `graph`, rewritten in the copy (a deep copy
+    lists its nested SDFGs in the same order)."""
+    found = [list(rewriter.matches(sub)) for sub in _sdfgs(graph.sdfg, rewriter.nested)]
+    if not any(found):
+        return Success(graph)
+    sdfg = graph.editable()
+    for sub, matches in zip(_sdfgs(sdfg, rewriter.nested), found, strict=True):
+        for match in matches:
+            rewriter.rewrite(sub, match)
+    if rewriter.resets_cfg:
+        sdfg.reset_cfg_list()
+    return Success(Graph.adopt(sdfg, graph.meta))
+
+
 def drive(graph: Graph, rewriter: RewritePass) -> PassResult:
     """Run `rewriter` over `graph` (see the module doc)."""
+    if rewriter.matches_are_names and rewriter.strategy == EACH:
+        return _by_name(graph, rewriter)
     if not any(_first(rewriter.matches(sub)) is not None for sub in _sdfgs(graph.sdfg, rewriter.nested)):
         return Success(graph)
     sdfg = graph.editable()

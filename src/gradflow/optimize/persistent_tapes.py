@@ -66,6 +66,10 @@ class MakePersistent(RewritePass):
     """Base of the passes that give top-level arrays `Persistent` lifetime: each match is an array's name."""
 
     nested: ClassVar[bool] = False  # the top-level SDFG's arrays
+    matches_are_names: ClassVar[bool] = True
+    #: a lifetime is all it changes: no state's dataflow and no control flow, which `check_graph` examines
+    #: (on a large gradient that check cost more than the rest of loading it)
+    checks_output: ClassVar[bool] = False
 
     def rewrite(self, sdfg: dace.SDFG, match: str) -> None:
         sdfg.arrays[match].lifetime = dace.AllocationLifetime.Persistent

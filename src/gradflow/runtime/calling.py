@@ -159,10 +159,8 @@ def _with_persistent_transients(program: dace.SDFG | Graph) -> dace.SDFG | Graph
     once per state handle (`optimize.persistent_transients`): a `Runner` calls through a `Kernel`, which
     keeps one handle per set of sizes, so they always fit. A call no longer maps, page-faults and frees
     them (nb_durbin's row stack is 36 MB, k-means' product of points and centroids 80 MB)."""
-    from gradflow.optimize.persistent_transients import PersistentTransients, candidates
+    from gradflow.optimize.persistent_transients import PersistentTransients
 
-    if not candidates(program.sdfg if isinstance(program, Graph) else program):
-        return program
     return PersistentTransients()(Graph.of(program)).unwrap()
 
 

@@ -3,7 +3,8 @@ of that program at another trip count would follow the schedule of the planned o
 `Forwarding.checkpoint(2, sizes={"T": 4})` called at T = 1, 2, 6 returned gradients off by 0.8-3.3, with
 no error. Now the forward checks the trip count before the loop and reports another one through
 `gradflow_overflow` (`checkpoint._check_trips`), and every caller that reads the flag refuses the run
-(`LoopBoundError`). `value_and_grad` plans at the call and is right at every T.
+(`LoopBoundError`; a torch function too: `tests/torch/test_torch_loop_limits.py`). `value_and_grad` plans
+at the call and is right at every T.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import gradflow
 from gradflow.api import grad_graph
 from gradflow.autodiff.spec import OVERFLOW
-from gradflow.core.errors import InvalidArgumentError, LoopBoundError
+from gradflow.core.errors import LoopBoundError
 from gradflow.runtime.invoke import Invoker
 from gradflow.verify.routes import gradient, gradient_function
 
@@ -90,17 +91,6 @@ def test_planned_at_the_call_every_trip_count_is_right() -> None:
         arrays = _arrays(10 + trips)
         _, grad = f(x=arrays["x"].copy(), y=arrays["y"].copy(), S=np.zeros(1), N=5, T=trips)
         np.testing.assert_allclose(grad, _torch_gradient(arrays["x"], arrays["y"], trips), rtol=1e-10)
-
-
-def test_a_torch_function_of_a_planned_vjp_is_refused_with_the_way_out() -> None:
-    """A torch function has no place to read the flag: the planned `vjp` is refused when the function is
-    made (it would run the wrong schedule at another T), and the program with `forwarding=` plans per call."""
-    import gradflow.torch
-
-    pair = gradflow.vjp(steps, "x", "S", forwarding=gradflow.Forwarding.checkpoint(2, sizes={"T": PLANNED}))
-    with pytest.raises(InvalidArgumentError, match="gradflow_overflow") as caught:
-        gradflow.torch.function(pair, inputs=["x", "y"], outputs=["S"])
-    assert "forwarding=" in caught.value.hint
 
 
 @dace.program

@@ -12,6 +12,7 @@ from gradflow import api
 from gradflow.at_call import AtCall, plans_at_call
 from gradflow.autodiff.forwarding import STORE_ALL, Forwarding
 from gradflow.autodiff.interface import VJPResult
+from gradflow.autodiff.spec import OVERFLOW, check_loop_bounds
 from gradflow.core.checks import ERROR_FLAG, raise_for_flag
 from gradflow.core.errors import ArgumentError, GradflowError, InvalidArgumentError, describe
 from gradflow.core.graph import Graph, as_sdfg
@@ -107,13 +108,14 @@ class Function:
     """
 
     def __init__(self, vjp: VJPResult, plan: FunctionPlan, dispatcher: str, convert: bool,
-                 flag_output: bool = False) -> None:
+                 flags: Sequence[str] = ()) -> None:
         if dispatcher not in DISPATCHERS:
             raise InvalidArgumentError(f"unknown dispatcher '{dispatcher}'", f"choose one of {DISPATCHERS}")
         self.vjp = vjp
         self.plan = plan
-        # the last output is the forward's error flag (`gradflow.core.checks`): checked, never returned
-        self._flag_output = flag_output
+        # the last outputs are the forward's flags (`ERROR_FLAG`: an index read from data out of range;
+        # `OVERFLOW`: a loop limit broken), checked after every call, never returned
+        self._flags = tuple(flags)
         self.dispatcher = dispatcher
         # before the programs run (their kernels look torch's convolution up at their first call)
         convolution.use_torch_convolutions(as_sdfg(vjp.forward), as_sdfg(vjp.backward))
@@ -146,7 +148,7 @@ class Function:
     @property
     def outputs(self) -> tuple[str, ...]:
         names = tuple(s.name for s in self.plan.outputs)
-        return names[:-1] if self._flag_output else names
+        return names[:len(names) - len(self._flags)]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # `_call`: the ctypes dispatcher's autograd.Function apply (its generated forward checks the number
@@ -159,10 +161,12 @@ class Function:
                 "call it outside the transform, or differentiate the program with gradflow.vjp")
         if kwargs:
             args = self.bind(args, kwargs)
-        if not self._flag_output:
+        if not self._flags:
             return self._call(*args)
-        *values, flag = self._call(*args)
-        raise_for_flag(flag, self.vjp.index_sites)
+        results = self._call(*args)
+        values, flags = results[:-len(self._flags)], dict(zip(self._flags, results[-len(self._flags):]))
+        raise_for_flag(flags.get(ERROR_FLAG), self.vjp.index_sites)
+        check_loop_bounds(flags, self.vjp.bounded_loops)
         return values[0] if len(values) == 1 else tuple(values)
 
     def bind(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
@@ -221,11 +225,13 @@ def _function(program: Any, inputs: Sequence[str] | None, outputs: Sequence[str]
               wrt: Sequence[str] | None, dispatcher: str, convert: bool, fixed: dict[str, int] | None,
               forwarding: Forwarding) -> Function:
     vjp, ins, outs = _vjp_of(program, inputs, outputs, wrt, forwarding)
-    flag = ERROR_FLAG in vjp.forward.arrays and ERROR_FLAG not in outs and (inputs is None or ERROR_FLAG not in ins)
-    if flag:  # the program checks indices read from data: its error flag is an extra output, checked per call
-        ins, outs = [n for n in ins if n != ERROR_FLAG], [*outs, ERROR_FLAG]
+    # a program that checks indices read from data, or loop limits (a while loop's bound, a checkpoint
+    # schedule's trip count), reports through a flag array: an extra output, checked after every call
+    flags = [f for f in (ERROR_FLAG, OVERFLOW) if f in vjp.forward.arrays and f not in outs
+             and (inputs is None or f not in ins) and (f != OVERFLOW or vjp.bounded_loops)]
+    ins, outs = [n for n in ins if n not in flags], [*outs, *flags]
     plan = build_plan(vjp, ins, outs, fixed)
-    return Function(vjp, plan, dispatcher, convert, flag)
+    return Function(vjp, plan, dispatcher, convert, flags)
 
 
 class PlannedFunction:

@@ -162,9 +162,9 @@ def _check_arguments(fwd_plan: CallPlan, inputs: Sequence[str], outputs: Sequenc
     if OVERFLOW in fwd_names and OVERFLOW not in inputs and OVERFLOW not in outputs:
         raise InvalidArgumentError(
             f"the forward reports broken loop limits through '{OVERFLOW}' (loops checkpointed for the trip "
-            "counts at sizes=, or while loops stopped at a user bound), which a torch function does not check",
-            "pass the program itself and forwarding= to gradflow.torch.function, which plans a checkpoint "
-            "schedule or budget at each call")
+            "counts at sizes=, or while loops stopped at a user bound), and its VJPResult lists no "
+            "bounded_loops to check that flag against",
+            "pass the VJPResult gradflow.vjp returned, or the program itself with forwarding=")
     for a in fwd_plan.args:
         if a.kind != SYMBOL and a.name not in inputs and a.name not in outputs and a.name not in extras:
             raise InvalidArgumentError(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from gradflow.core.symbolic import Element, UnsupportedCode, derivative, parse_tasklet, read_tasklet, unassigned
+from gradflow.core.symbolic import (Element, UnsupportedCode, assignments_code, derivative, parse_tasklet, read_tasklet,
+                                    unassigned)
 
 x, y, c = (sympy.Symbol(n, real=True) for n in ("x", "y", "c"))
 
@@ -135,3 +136,20 @@ def test_a_conversion_to_a_connectors_type_is_read_by_that_type() -> None:
         parse_tasklet(code, ["x"], ["o"])
     with pytest.raises(UnsupportedCode, match="a call of a call's result"):
         parse_tasklet("o = f(x)(x)", ["x"], ["o"])
+
+
+def test_a_call_on_sdfg_symbols_only_is_kept_as_written() -> None:
+    """DaCe writes `ceiling((N / 2))` (the length of `x[:N - 2:2]`) into the divisor of `np.mean`. Outside
+    the table, it was refused (fuzz seed 21565, programs 33 and 37); it is constant in the inputs and is
+    printed back unchanged: SymPy's `N / 2` would print as `0.5 * N`, whose C++ `ceiling` (DaCe's, an
+    integer overload only) is another function."""
+    code = "__out = __inp / ((M - 1) * (ceiling((N / 2)) - 1))"
+    out = read_tasklet(code, ["__inp"], ["__out"], constants=["N", "M"]).outputs["__out"]
+    inp, g = sympy.Symbol("__inp", real=True), sympy.Symbol("g", real=True)
+    step = out.diff(inp)
+    assert step.free_symbols == {sympy.Symbol("N"), sympy.Symbol("M")}
+    assert assignments_code([("o", g * step)]) == "o = (g / ((M + -1) * (ceiling(N / 2) + -1)))"
+    for refused in ("__out = ceiling(__inp)", "t = N\nt = __inp\n__out = ceiling(t)", "__out = __inp * f()",
+                    "__out = __inp * rand(N)"):  # not one of DaCe's pure integer helpers
+        with pytest.raises(UnsupportedCode, match="not in rules/elementwise.toml"):
+            read_tasklet(refused, ["__inp"], ["__out"], constants=["N"])

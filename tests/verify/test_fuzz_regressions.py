@@ -5,10 +5,15 @@ against the numpy twin, gradients against the twin's central differences, on the
 
 from __future__ import annotations
 
+import dace
+import numpy as np
 import pytest
+import torch
 
+import gradflow
 from gradflow.verify.fuzz.check import DEFAULT, check_program, spec_from_source
 
+N, M = dace.symbol("N"), dace.symbol("M")
 HEADER = "import numpy as np\nimport dace\n\nN = dace.symbol('N')\nM = dace.symbol('M')\n\n\n"
 
 #: name -> (program source after the header, sizes, wrt, integer arguments, the configuration that failed)
@@ -326,6 +331,14 @@ def program(x0: dace.float64[N], w0: dace.float64[N], S: dace.float64[1]):
         t1[:] = x0[1:]
     S[0] += np.sum(x0 * w0) + np.sum(t1 * 1.0)
 """, {"N": 6, "M": 5}, ("x0",), {}, ("vjp", "budget", False)),
+    # `gradflow fuzz --n 2000 --seed 21565` at b9382c9, programs 33 and 37 (refused): the mean of a strided
+    # slice divides by `ceiling((N / 2))`, a function outside the table (`core/symbolic.verbatim`). At an even
+    # N only: at an odd one DaCe's own forward divides by the wrong count (`test_a_mean_of_a_strided_slice...`).
+    "mean_of_a_strided_slice": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[N, M], w0: dace.float64[M], S: dace.float64[1]):
+    t1 = (np.mean(x1[:N - 2:2, 1:]) + np.transpose(x1[:N - 2:2, :M - 2]))
+    S[0] += np.sum(x0 * w0) + np.sum(t1 * 1.0)
+""", {"N": 6, "M": 5}, ("x0", "x1"), {}, ("vjp", "recompute_all", True)),
 }
 
 
@@ -652,3 +665,28 @@ def test_the_second_order_of_a_product_of_a_difference_builds_and_agrees() -> No
                             seed=11)
     verdict = check_program(spec)
     assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"
+
+
+@dace.program
+def mean_of_rows(x: dace.float64[N, M], S: dace.float64[1]):
+    S[0] = np.mean(x[:N - 2:2, 1:])
+
+
+def test_a_mean_of_a_strided_slice_is_differentiated_as_dace_computes_it() -> None:
+    """`np.mean(x[:N - 2:2, 1:])`: DaCe divides by `(M - 1) * (ceiling((N / 2)) - 1)`, in C++ an integer
+    division and DaCe's integer `ceiling`, the identity: at an odd N one row too few (N = 7: 2 rows, numpy
+    3), a bug of DaCe's forward that gradflow does not hide or change. The gradient is that of the program
+    as compiled: equal to torch's at an even N, and at an odd N the derivative of DaCe's value (each element
+    of the slice weighs value / sum of the slice), never the missing function's refusal."""
+    f = gradflow.value_and_grad(mean_of_rows, wrt="x", of="S")
+    for rows in (6, 7):
+        x = np.random.default_rng(rows).uniform(0.5, 1.5, (rows, 4))
+        value, grad = f(x=x.copy(), S=np.zeros(1))
+        picked = np.zeros_like(x, dtype=bool)
+        picked[:rows - 2:2, 1:] = True
+        np.testing.assert_array_equal(grad[~picked], 0.0)
+        np.testing.assert_allclose(grad[picked], float(np.ravel(value)[0]) / x[picked].sum(), rtol=1e-13)
+        if rows % 2 == 0:
+            xt = torch.tensor(x, requires_grad=True)
+            (want,) = torch.autograd.grad(xt[:rows - 2:2, 1:].mean(), [xt])
+            np.testing.assert_allclose(grad, want.numpy(), rtol=1e-13)

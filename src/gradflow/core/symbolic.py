@@ -86,13 +86,31 @@ _CMPOPS = {
 }
 
 
+def verbatim(source: str, args: Sequence[sympy.Expr]) -> sympy.Expr:
+    """A call of one of DaCe's integer helpers (`SYMBOLIC_HELPERS`, outside the elementwise table) whose
+    arguments are SDFG symbols and numbers only, kept as written: `ceiling((N / 2))`, which DaCe's frontend writes for the length of a strided slice in the
+    divisor of `np.mean`. It is constant in the code's inputs (derivative 0), its symbols are `args`, and
+    `print_code` writes `source` back unchanged, so the differentiated program computes it as the forward
+    does (printing it from SymPy could change its C++ meaning: `N / 2` between integers, a `ceiling` with
+    an integer overload only)."""
+    return sympy.Function(VERBATIM + source)(*args)
+
+
+#: the name prefix of `verbatim` calls
+VERBATIM = "__verbatim__"
+#: the pure integer helpers of DaCe's runtime (`dace/math.h`) its symbolic expressions print as: a call of
+#: another unknown function, even on symbols only, could have another value each time it runs
+SYMBOLIC_HELPERS = frozenset({"ceiling", "int_ceil", "int_floor", "py_floor", "py_mod"})
+
+
 class _ExprReader:
     def __init__(self, env: Mapping[str, sympy.Expr], table: ElementwiseTable, where: str,
-                 types: Mapping[str, object] | None = None) -> None:
+                 types: Mapping[str, object] | None = None, constants: Iterable[str] = ()) -> None:
         self.env = env
         self.table = table
         self.where = where
         self.types = types or {}  # connector -> DaCe type, where the caller knows it (`decltype(conn)(v)`)
+        self.constants = frozenset(constants)  # the SDFG symbols and map parameters the code may read
         # reads `conn[index]`; set by the statement interpreter
         self.element: Callable[[ast.Subscript], sympy.Symbol] | None = None
         self.statement: ast.stmt | None = None  # the statement being read (named in errors)
@@ -176,6 +194,8 @@ class _ExprReader:
             if name == STOP_SPELLING and len(args) == 1:
                 return StopGradient(args[0])
             entry = self.table.by_spelling.get(name or "")
+            if entry is None and self._of_symbols_only(node):
+                return verbatim(ast.unparse(node), sorted(set().union(*(a.free_symbols for a in args)), key=str))
             if entry is None:
                 raise self.fail(node, f"function '{name}' is not in rules/elementwise.toml")
             if name in ("min", "max", "np.minimum", "np.maximum") and len(args) > 2:
@@ -185,6 +205,13 @@ class _ExprReader:
                 raise self.fail(node, f"'{name}' takes {len(entry.args)} argument(s)")
             return entry.apply(*args)
         raise self.fail(node, f"unsupported syntax {type(node).__name__}")
+
+    def _of_symbols_only(self, node: ast.Call) -> bool:
+        """Whether the call is one of DaCe's integer helpers and every name in its arguments is an SDFG
+        symbol (or map parameter) the code has not reassigned: it is then constant in the code's inputs."""
+        names = [n.id for a in node.args for n in ast.walk(a) if isinstance(n, ast.Name)]
+        return bool(node.args) and isinstance(node.func, ast.Name) and node.func.id in SYMBOLIC_HELPERS and all(
+            n in self.constants and self.env.get(n) == sympy.Symbol(n) for n in names)
 
     def _conversion(self, node: ast.Call, value: sympy.Expr) -> sympy.Expr:
         """`decltype(conn)(value)`, C++'s conversion to a connector's type, which DaCe's frontend writes (in
@@ -429,7 +456,7 @@ def read_tasklet(
         tree = ast.parse(code.strip())
     except SyntaxError as exc:
         raise UnsupportedCode(f"{where}: tasklet code does not parse as Python: {exc}") from None
-    reader = _ExprReader(env, table, where, types)
+    reader = _ExprReader(env, table, where, types, constants)
     interpreter = _Interpreter(reader, ins, outs)
     env = interpreter.run(tree.body, env, sympy.true)
     result = {name: value for name, value in env.items() if name in outs}
@@ -648,6 +675,8 @@ class _Printer:
             return f"(not {self(e.args[0])})"
         if isinstance(e, Truncate):
             return f"dace.int64({self(e.args[0])})"
+        if isinstance(e, sympy.core.function.AppliedUndef) and type(e).__name__.startswith(VERBATIM):
+            return type(e).__name__[len(VERBATIM):]
         if isinstance(e, sympy.ITE):  # SymPy's own form of some merged truth values (see `_select`)
             test, a, b = (self(v) for v in e.args)
             return f"({a} if {test} else {b})"

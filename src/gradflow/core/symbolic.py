@@ -88,11 +88,11 @@ _CMPOPS = {
 
 def verbatim(source: str, args: Sequence[sympy.Expr]) -> sympy.Expr:
     """A call of one of DaCe's integer helpers (`SYMBOLIC_HELPERS`, outside the elementwise table) whose
-    arguments are SDFG symbols and numbers only, kept as written: `ceiling((N / 2))`, which DaCe's frontend writes for the length of a strided slice in the
-    divisor of `np.mean`. It is constant in the code's inputs (derivative 0), its symbols are `args`, and
-    `print_code` writes `source` back unchanged, so the differentiated program computes it as the forward
-    does (printing it from SymPy could change its C++ meaning: `N / 2` between integers, a `ceiling` with
-    an integer overload only)."""
+    arguments are SDFG symbols and numbers only, kept as written: `ceiling((N / 2))`, which DaCe's frontend
+    writes for the length of a strided slice in the divisor of `np.mean`. It is constant in the code's
+    inputs (derivative 0), its symbols are `args`, and `print_code` writes `source` back unchanged, so the
+    differentiated program computes it as the forward does (printing it from SymPy could change its C++
+    meaning: `N / 2` between integers, a `ceiling` with an integer overload only)."""
     return sympy.Function(VERBATIM + source)(*args)
 
 

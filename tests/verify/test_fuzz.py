@@ -77,6 +77,30 @@ def test_a_checked_program_agrees_with_its_twin(monkeypatch) -> None:
     assert len(parses) == 1 and built == ["grad", "vjp"], (parses, built)
 
 
+def test_the_torch_route_is_checked_from_s_zero_and_can_fail(monkeypatch) -> None:
+    """Route `torch`: a `gradflow.torch.function` of the program, whose output `S` the function allocates
+    (zeroed: `_program` accumulates into it), checked against the twin run from `S = 0`; a function that
+    returned another gradient or value would be WRONG under that configuration."""
+    from gradflow.verify import routes
+
+    torch_config = ("torch", "budget", True)
+    spec = spec_of(_program(), (DEFAULT, torch_config), seed=2)
+    assert check_program(spec).kind == "ok"
+    route = routes._torch_route
+    for part in (0, 1):  # the value of S, then the gradient
+        def skewed(*args, part=part, **kwargs):
+            run = route(*args, **kwargs)
+
+            def skewed_run(arrays):
+                result = list(run(arrays))
+                result[part] = {k: v + 1e-3 for k, v in result[part].items()}
+                return tuple(result)
+            return skewed_run
+        monkeypatch.setattr(routes, "_torch_route", skewed)
+        verdict = check_program(spec)
+        assert (verdict.kind, verdict.config) == ("WRONG", torch_config), verdict
+
+
 def test_shrinking_keeps_what_fails_and_drops_the_rest() -> None:
     program = _program()
     assert all(size(r) <= size(program) for r in reductions(program))

@@ -1,6 +1,7 @@
-"""The routes by which a gradient reaches a user, run on numpy data: the combined `grad` SDFG, and the split
-`vjp` pair (forward, then backward on what the forward saved). Checks that must hold on every route (the
-fuzzer's, the soundness tests') call these, so each route is exercised the way its users exercise it.
+"""The routes by which a gradient reaches a user, run on numpy data: the combined `grad` SDFG, the split
+`vjp` pair (forward, then backward on what the forward saved), and a `gradflow.torch.function` of the
+program called on tensors and differentiated by `torch.autograd`. Checks that must hold on every route
+(the fuzzer's, the soundness tests') call these, so each route is exercised the way its users exercise it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gradflow.core.graph import Graph
 from gradflow.runtime.invoke import Invoker
 
 #: the routes `gradient` takes
-ROUTES = ("grad", "vjp")
+ROUTES = ("grad", "vjp", "torch")
 
 
 def _copies(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -93,4 +94,34 @@ def gradient_function(program, wrt: tuple[str, ...], of: str, symbols: Mapping[s
             seed = np.ones_like(np.asarray(arrays[of], dtype=np.float64))
             return run_vjp(result, arrays, symbols, {of: seed}, invokers)
         return run
+    if route == "torch":
+        return _torch_route(program, wrt, of, symbols, forwarding)
     raise ValueError(f"unknown route {route!r}; routes: {ROUTES}")
+
+
+def _torch_route(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, int], forwarding: Forwarding
+                 ) -> Callable[[Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """`gradient_function` through `gradflow.torch.function` (ctypes dispatcher, optimized, `forwarding` as
+    given: a budget is planned at the call): every other argument an input, `of` its output, which the
+    function allocates, so `of` starts at 0 (zeroed) or at whatever the program writes first. Returns `of`
+    after the call and the gradients `torch.autograd.grad` finds (zero for an input it does not reach)."""
+    import torch
+
+    import gradflow.torch
+    from gradflow.core.graph import as_sdfg
+
+    sdfg = as_sdfg(program)
+    names = [n for n in sdfg.arg_names if n != of]
+    taken = set(map(str, sdfg.free_symbols)) | set(sdfg.symbols)
+    function = gradflow.torch.function(program, inputs=names, outputs=[of], wrt=list(wrt), forwarding=forwarding,
+                                       symbols={k: v for k, v in symbols.items() if k in taken and k not in names})
+
+    def run(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        given = {n: torch.tensor(np.array(arrays[n], copy=True), requires_grad=n in wrt)
+                 if isinstance(arrays[n], np.ndarray) else arrays[n] for n in names}
+        out = function(*(given[n] for n in names))
+        found = (torch.autograd.grad(out.sum(), [given[x] for x in wrt], allow_unused=True) if out.requires_grad
+                 else [None] * len(wrt))  # `of` reached by none of them
+        grads = {x: np.zeros(given[x].shape) if g is None else g.numpy() for x, g in zip(wrt, found)}
+        return {of: out.detach().numpy()}, grads
+    return run

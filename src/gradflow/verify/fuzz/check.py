@@ -19,6 +19,11 @@ Verdicts (`Verdict.kind`):
   mode is `unstable` likewise when its tangent differs from the gradient by no more than its own rounding,
   measured as how far the tangent is from linear in the direction (`_jvp_problem`).
 
+A `torch` configuration (`verify.routes`: a `gradflow.torch.function` of the program, differentiated by
+`torch.autograd`) runs last, on the same data except `S`: the function allocates its output, which starts
+at 0, so its value and gradients are compared with the twin's from `S = 0` (their own central
+differences), not with the other configurations'.
+
 Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
 direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
 crash of forward mode alone is reported under that config. Then second order (config `HVP`): `hvp` along a
@@ -54,7 +59,8 @@ from gradflow.verify.fuzz.program import plain_maps
 
 #: (route, policy, optimize) triples; the first is what `gradflow.grad` does by default
 CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
-                for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False))
+                for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False)) + tuple(
+    ("torch", policy, True) for policy in ("store_all", "recompute_all", "budget"))  # torch's are optimized
 DEFAULT = ("grad", "store_all", True)
 #: the configs under which forward mode's and second order's verdicts are reported
 JVP = ("jvp", "-", True)
@@ -542,12 +548,37 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
             largest.append(magnitude(twin.program, data))
         return resolved_difference(twin.program, data, name, flat, tol, largest[0])
 
+    torch_configs = [c for c in spec["configs"] if c[0] == "torch"]
     with frozen.replaying(lambda: run_twin(twin.program, data)):  # the twin's stops held (`fuzz.frozen`)
-        return _check_configs(spec, program, twin, data, want, resolve, start)
+        verdict = _check_configs({**spec, "configs": [c for c in spec["configs"] if c[0] != "torch"]}, program,
+                                 twin, data, want, resolve, start)
+    if verdict.kind != "ok" or not torch_configs:
+        return verdict
+    return _check_torch({**spec, "configs": torch_configs}, program, twin, data, start, verdict.skipped)
+
+
+def _check_torch(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any], start: float,
+                 skipped: int) -> Verdict:
+    """The `torch` configurations (module doc): the output `S` starts at 0, so the twin is run from there."""
+    data = {**data, "S": np.zeros_like(data["S"])}
+    try:
+        want = run_twin(twin.program, data)
+    except Exception:  # the twin fails from S = 0 (a log of S, say): nothing to compare the function with
+        return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)
+    largest: list[float] = []
+
+    def resolve(name: str, flat: int, tol: float) -> float | None:
+        if not largest:
+            largest.append(magnitude(twin.program, data))
+        return resolved_difference(twin.program, data, name, flat, tol, largest[0])
+
+    with frozen.replaying(lambda: run_twin(twin.program, data)):
+        verdict = _check_configs(spec, program, twin, data, want, resolve, start, higher=False)
+    return attrs.evolve(verdict, skipped=verdict.skipped + skipped)
 
 
 def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any], want: Mapping, resolve,
-                   start: float) -> Verdict:
+                   start: float, higher: bool = True) -> Verdict:
     """`check_program` once the program loads and its twin runs: every configuration, then the higher modes."""
     floats = [name for name, _, role, _ in spec["arguments"] if role in ("input", "output", "weight")]
     symbols = {k: v for k, v in spec["symbols"].items() if k not in data}
@@ -612,7 +643,7 @@ def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, A
         if reference is None:
             reference, reference_wrt = grads, wrt
             rerun = _rerun(run)
-    if reference is None:
+    if reference is None or not higher:
         return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)
     # forward mode and second order, each against the checked gradient
     later = _higher_modes(spec, program, reference_wrt, data, reference, rerun)

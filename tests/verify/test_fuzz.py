@@ -80,20 +80,21 @@ def test_a_checked_program_agrees_with_its_twin(monkeypatch) -> None:
 def test_the_torch_route_is_checked_from_s_zero_and_can_fail(monkeypatch) -> None:
     """Route `torch`: a `gradflow.torch.function` of the program, whose output `S` the function allocates
     (zeroed: `_program` accumulates into it), checked against the twin run from `S = 0`; a function that
-    returned another gradient or value would be WRONG under that configuration."""
+    returned another value or gradient, or changed an input the program writes (x0), would be WRONG under
+    that configuration."""
     from gradflow.verify import routes
 
     torch_config = ("torch", "budget", True)
     spec = spec_of(_program(), (DEFAULT, torch_config), seed=2)
     assert check_program(spec).kind == "ok"
     route = routes._torch_route
-    for part in (0, 1):  # the value of S, then the gradient
-        def skewed(*args, part=part, **kwargs):
+    for part, name in ((0, "S"), (1, "x0"), (0, "x0")):  # the value of S, the gradient, the input x0
+        def skewed(*args, part=part, name=name, **kwargs):
             run = route(*args, **kwargs)
 
             def skewed_run(arrays):
                 result = list(run(arrays))
-                result[part] = {k: v + 1e-3 for k, v in result[part].items()}
+                result[part] = {k: v + 1e-3 if k == name else v for k, v in result[part].items()}
                 return tuple(result)
             return skewed_run
         monkeypatch.setattr(routes, "_torch_route", skewed)

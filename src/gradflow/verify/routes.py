@@ -104,7 +104,9 @@ def _torch_route(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, i
     """`gradient_function` through `gradflow.torch.function` (ctypes dispatcher, optimized, `forwarding` as
     given: a budget is planned at the call): every other argument an input, `of` its output, which the
     function allocates, so `of` starts at 0 (zeroed) or at whatever the program writes first. Returns `of`
-    after the call and the gradients `torch.autograd.grad` finds (zero for an input it does not reach)."""
+    and every array input as the caller sees them after the call (a torch function leaves its inputs as they
+    were, whatever the program writes), and the gradients `torch.autograd.grad` finds (zero for an input it
+    does not reach)."""
     import torch
 
     import gradflow.torch
@@ -123,5 +125,6 @@ def _torch_route(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, i
         found = (torch.autograd.grad(out.sum(), [given[x] for x in wrt], allow_unused=True) if out.requires_grad
                  else [None] * len(wrt))  # `of` reached by none of them
         grads = {x: np.zeros(given[x].shape) if g is None else g.numpy() for x, g in zip(wrt, found)}
-        return {of: out.detach().numpy()}, grads
+        seen = {n: t.detach().numpy() for n, t in given.items() if isinstance(t, torch.Tensor)}
+        return {**seen, of: out.detach().numpy()}, grads
     return run

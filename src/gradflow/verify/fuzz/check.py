@@ -22,7 +22,7 @@ Verdicts (`Verdict.kind`):
 A `torch` configuration (`verify.routes`: a `gradflow.torch.function` of the program, differentiated by
 `torch.autograd`) runs last, on the same data except `S`: the function allocates its output, which starts
 at 0, so its value and gradients are compared with the twin's from `S = 0` (their own central
-differences), not with the other configurations'.
+differences), not with the other configurations'; its inputs must be unchanged after the call.
 
 Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
 direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
@@ -559,7 +559,8 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
 
 def _check_torch(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any], start: float,
                  skipped: int) -> Verdict:
-    """The `torch` configurations (module doc): the output `S` starts at 0, so the twin is run from there."""
+    """The `torch` configurations (module doc): the output `S` starts at 0, so the twin is run from there;
+    the function's inputs must be as they were after the call, whatever the program writes into them."""
     data = {**data, "S": np.zeros_like(data["S"])}
     try:
         want = run_twin(twin.program, data)
@@ -573,13 +574,16 @@ def _check_torch(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any
         return resolved_difference(twin.program, data, name, flat, tol, largest[0])
 
     with frozen.replaying(lambda: run_twin(twin.program, data)):
-        verdict = _check_configs(spec, program, twin, data, want, resolve, start, higher=False)
+        verdict = _check_configs(spec, program, twin, data, want, resolve, start, higher=False,
+                                 kept={k: v for k, v in data.items() if k != "S"})
     return attrs.evolve(verdict, skipped=verdict.skipped + skipped)
 
 
 def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any], want: Mapping, resolve,
-                   start: float, higher: bool = True) -> Verdict:
-    """`check_program` once the program loads and its twin runs: every configuration, then the higher modes."""
+                   start: float, higher: bool = True, kept: Mapping | None = None) -> Verdict:
+    """`check_program` once the program loads and its twin runs: every configuration, then the higher modes
+    (unless not `higher`). `kept`: arguments the configurations leave as they were (a torch function's
+    inputs), whatever the program writes into them."""
     floats = [name for name, _, role, _ in spec["arguments"] if role in ("input", "output", "weight")]
     symbols = {k: v for k, v in spec["symbols"].items() if k not in data}
     fd = None
@@ -618,7 +622,7 @@ def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, A
             tail = "".join(traceback.format_exception(exc)[-3:])[-1500:] if kind == "crash" else ""
             return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
                            time.perf_counter() - start)
-        problem = _values_agree(after, want, [n for n in floats if n in after])
+        problem = _values_agree(after, {**want, **(kept or {})}, [n for n in floats if n in after])
         if problem is not None:
             if not _dace_forward_agrees(program, data, want, floats, symbols):
                 return Verdict("dace", config, detail=f"DaCe's own forward: {problem}",

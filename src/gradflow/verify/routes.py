@@ -1,6 +1,6 @@
 """The routes by which a gradient reaches a user, run on numpy data: the combined `grad` SDFG, the split
 `vjp` pair (forward, then backward on what the forward saved), and a `gradflow.torch.function` of the
-program called on tensors and differentiated by `torch.autograd`. Checks that must hold on every route
+program (either dispatcher: `torch`, `torch_cpp`) called on tensors and differentiated by `torch.autograd`. Checks that must hold on every route
 (the fuzzer's, the soundness tests') call these, so each route is exercised the way its users exercise it.
 """
 
@@ -18,7 +18,7 @@ from gradflow.core.graph import Graph
 from gradflow.runtime.invoke import Invoker
 
 #: the routes `gradient` takes
-ROUTES = ("grad", "vjp", "torch")
+ROUTES = ("grad", "vjp", "torch", "torch_cpp")
 
 
 def _copies(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,14 +94,15 @@ def gradient_function(program, wrt: tuple[str, ...], of: str, symbols: Mapping[s
             seed = np.ones_like(np.asarray(arrays[of], dtype=np.float64))
             return run_vjp(result, arrays, symbols, {of: seed}, invokers)
         return run
-    if route == "torch":
-        return _torch_route(program, wrt, of, symbols, forwarding)
+    if route in ("torch", "torch_cpp"):
+        return _torch_route(program, wrt, of, symbols, forwarding, "cpp" if route == "torch_cpp" else "ctypes")
     raise ValueError(f"unknown route {route!r}; routes: {ROUTES}")
 
 
-def _torch_route(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, int], forwarding: Forwarding
+def _torch_route(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, int], forwarding: Forwarding,
+                 dispatcher: str = "ctypes"
                  ) -> Callable[[Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
-    """`gradient_function` through `gradflow.torch.function` (ctypes dispatcher, optimized, `forwarding` as
+    """`gradient_function` through `gradflow.torch.function` (`dispatcher`, optimized, `forwarding` as
     given: a budget is planned at the call): every other argument an input, `of` its output, which the
     function allocates, so `of` starts at 0 (zeroed) or at whatever the program writes first. Returns `of`
     and every array input as the caller sees them after the call (a torch function leaves its inputs as they
@@ -116,6 +117,7 @@ def _torch_route(program, wrt: tuple[str, ...], of: str, symbols: Mapping[str, i
     names = [n for n in sdfg.arg_names if n != of]
     taken = set(map(str, sdfg.free_symbols)) | set(sdfg.symbols)
     function = gradflow.torch.function(program, inputs=names, outputs=[of], wrt=list(wrt), forwarding=forwarding,
+                                       dispatcher=dispatcher,
                                        symbols={k: v for k, v in symbols.items() if k in taken and k not in names})
 
     def run(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -20,7 +20,7 @@ Verdicts (`Verdict.kind`):
   measured as how far the tangent is from linear in the direction (`_jvp_problem`).
 
 A `torch` configuration (`verify.routes`: a `gradflow.torch.function` of the program, differentiated by
-`torch.autograd`) runs last, on the same data except `S`: the function allocates its output, which starts
+`torch.autograd`; `torch_cpp` through its C++ dispatcher) runs last, on the same data except `S`: the function allocates its output, which starts
 at 0, so its value and gradients are compared with the twin's from `S = 0` (their own central
 differences), not with the other configurations'; its inputs must be unchanged after the call.
 
@@ -60,7 +60,8 @@ from gradflow.verify.fuzz.program import plain_maps
 #: (route, policy, optimize) triples; the first is what `gradflow.grad` does by default
 CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
                 for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False)) + tuple(
-    ("torch", policy, True) for policy in ("store_all", "recompute_all", "budget"))  # torch's are optimized
+    ("torch", policy, True) for policy in ("store_all", "recompute_all", "budget")) + (
+    ("torch_cpp", "store_all", True),)  # torch functions are optimized; the C++ dispatcher's build is slow
 DEFAULT = ("grad", "store_all", True)
 #: the configs under which forward mode's and second order's verdicts are reported
 JVP = ("jvp", "-", True)
@@ -548,10 +549,10 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
             largest.append(magnitude(twin.program, data))
         return resolved_difference(twin.program, data, name, flat, tol, largest[0])
 
-    torch_configs = [c for c in spec["configs"] if c[0] == "torch"]
+    torch_configs = [c for c in spec["configs"] if c[0].startswith("torch")]
     with frozen.replaying(lambda: run_twin(twin.program, data)):  # the twin's stops held (`fuzz.frozen`)
-        verdict = _check_configs({**spec, "configs": [c for c in spec["configs"] if c[0] != "torch"]}, program,
-                                 twin, data, want, resolve, start)
+        verdict = _check_configs({**spec, "configs": [c for c in spec["configs"] if c not in torch_configs]},
+                                 program, twin, data, want, resolve, start)
     if verdict.kind != "ok" or not torch_configs:
         return verdict
     return _check_torch({**spec, "configs": torch_configs}, program, twin, data, start, verdict.skipped)

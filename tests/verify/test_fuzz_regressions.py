@@ -339,6 +339,16 @@ def program(x0: dace.float64[M], x1: dace.float64[N, M], w0: dace.float64[M], S:
     t1 = (np.mean(x1[:N - 2:2, 1:]) + np.transpose(x1[:N - 2:2, :M - 2]))
     S[0] += np.sum(x0 * w0) + np.sum(t1 * 1.0)
 """, {"N": 6, "M": 5}, ("x0", "x1"), {}, ("vjp", "recompute_all", True)),
+    # `gradflow fuzz` route torch_cpp (seed 6262, program 3, a crash): the tape of a nest of two loops has the
+    # extent Max(0, N - 2) * Max(0, N - 1), which the C++ dispatcher's extension wrote without defining Max
+    # (DaCe's runtime headers do; the extension does not include them): its build failed.
+    "cpp_dispatcher_extent_with_max": ("""@dace.program
+def program(x0: dace.float64[N], x1: dace.float64[M], w1: dace.float64[M], S: dace.float64[1]):
+    for i1 in range(N - 2, -1, -1):
+        for i2 in range(1, N - 1):
+            x1[2] *= np.max(x0[:N - 2])
+    S[0] += np.sum(x1 * w1)
+""", {"N": 6, "M": 5}, ("x0", "x1"), {}, ("torch_cpp", "store_all", True)),
 }
 
 

@@ -90,6 +90,31 @@ _INCLUDES = """\
 
 """
 
+#: What DaCe's printer writes in extents, emitted where a plan's extents call them (the sources of other
+#: plans, and so their cached builds' keys, stay as they were)
+_EXTENT_FUNCTIONS = """\
+// The functions DaCe's printer writes in extents (`Max(0, N - 2)` of a loop's tape, `int_ceil(N, 2)` of a
+// strided slice), meaning what DaCe's runtime headers (pyinterop.h, math.h) make of them for integers; the
+// extension does not include those headers.
+template <typename U, typename... T> int64_t Max(U v, T... vs) {
+  int64_t r = int64_t(v); ((r = std::max(r, int64_t(vs))), ...); return r;
+}
+template <typename U, typename... T> int64_t Min(U v, T... vs) {
+  int64_t r = int64_t(v); ((r = std::min(r, int64_t(vs))), ...); return r;
+}
+template <typename T> T Abs(T v) { return v < 0 ? -v : v; }
+template <typename T, typename U> int64_t int_ceil(T a, U b) { return (int64_t(a) + int64_t(b) - 1) / int64_t(b); }
+template <typename T, typename U> int64_t int_floor(T a, U b) { return int64_t(a) / int64_t(b); }
+inline int64_t py_floor(int64_t a, int64_t b) { int64_t q = a / b, r = a % b; return q - (r != 0 && ((r < 0) != (b < 0))); }
+inline int64_t py_mod(int64_t a, int64_t b) { return a - py_floor(a, b) * b; }
+inline int64_t ceiling(int64_t a) { return a; }
+namespace dace { namespace math {
+inline int64_t ipow(int64_t a, int64_t b) { int64_t r = 1; for (int64_t k = 0; k < b; ++k) r *= a; return r; }
+inline double sqrt(double a) { return std::sqrt(a); }
+} }  // namespace dace::math
+"""
+_EXTENT_CALL = re.compile(r"(?<![\w:])(Max|Min|Abs|int_ceil|int_floor|py_floor|py_mod|ceiling|dace::math::\w+)\(")
+
 _RUNTIME = """\
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -617,11 +642,18 @@ def generate_source(plan: FunctionPlan, namespace: str, stateful: tuple[bool, bo
     """The C++ source of the extension for `plan`: Python module `namespace`, operators in `namespace`.
     `stateful` says, for the forward and the backward SDFG, whether calls must be serialised (persistent
     memory in the DaCe state); when False only the handle lookup is locked."""
+    plain = _source(plan, namespace, stateful, False)
+    return _source(plan, namespace, stateful, True) if _EXTENT_CALL.search(plain) else plain
+
+
+def _source(plan: FunctionPlan, namespace: str, stateful: tuple[bool, bool], extent_functions: bool) -> str:
     sig = _signature(plan)
     e = Emitter()
     e.text(_INCLUDES)
     with e.block("namespace", close="}  // namespace", indent=False):
         e.text(_RUNTIME)
+        if extent_functions:
+            e.text(_EXTENT_FUNCTIONS)
         _entry_decls(e, "fwd", plan.forward)
         e.line("")
         _entry_decls(e, "bwd", plan.backward)

@@ -80,8 +80,8 @@ def test_a_checked_program_agrees_with_its_twin(monkeypatch) -> None:
 def test_the_torch_route_is_checked_from_s_zero_and_can_fail(monkeypatch) -> None:
     """Route `torch`: a `gradflow.torch.function` of the program, whose output `S` the function allocates
     (zeroed: `_program` accumulates into it), checked against the twin run from `S = 0`; a function that
-    returned another value or gradient, or changed an input the program writes (x0), would be WRONG under
-    that configuration."""
+    returned another value or gradient, changed an input the program writes (x0), or returned something
+    else at its second call, would be WRONG under that configuration."""
     from gradflow.verify import routes
 
     torch_config = ("torch", "budget", True)
@@ -101,6 +101,18 @@ def test_the_torch_route_is_checked_from_s_zero_and_can_fail(monkeypatch) -> Non
         monkeypatch.setattr(routes, "_torch_route", skewed)
         verdict = check_program(spec)
         assert (verdict.kind, verdict.config) == ("WRONG", torch_config), verdict
+
+    def drifting(*args, **kwargs):  # right at the first call, off by 1e-3 from the second on
+        run, calls = route(*args, **kwargs), []
+
+        def drifting_run(arrays):
+            after, grads = run(arrays)
+            calls.append(1)
+            return after, {k: v + 1e-3 * (len(calls) > 1) for k, v in grads.items()}
+        return drifting_run
+    monkeypatch.setattr(routes, "_torch_route", drifting)
+    verdict = check_program(spec)
+    assert (verdict.kind, verdict.config) == ("WRONG", torch_config) and "second call" in verdict.detail, verdict
 
 
 def test_shrinking_keeps_what_fails_and_drops_the_rest() -> None:

@@ -22,7 +22,8 @@ Verdicts (`Verdict.kind`):
 A `torch` configuration (`verify.routes`: a `gradflow.torch.function` of the program, differentiated by
 `torch.autograd`; `torch_cpp` through its C++ dispatcher) runs last, on the same data except `S`: the function allocates its output, which starts
 at 0, so its value and gradients are compared with the twin's from `S = 0` (their own central
-differences), not with the other configurations'; its inputs must be unchanged after the call.
+differences), not with the other configurations'; its inputs must be unchanged after the call, and a
+second call on the same data must return the same, bit for bit.
 
 Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
 direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
@@ -372,6 +373,16 @@ def _gradients_agree(got: Mapping, fd1: Mapping, fd2: Mapping, value: float,
     return None, skipped
 
 
+def _second_call_differs(run: Callable, data: Mapping[str, Any], after: Mapping, grads: Mapping) -> str | None:
+    """What a second call of `run` on the same data returned otherwise than the first (bitwise), or None."""
+    again_after, again_grads = run(data)
+    for what, first, second in (("value", after, again_after), ("gradient", grads, again_grads)):
+        for name, value in first.items():
+            if not np.array_equal(np.asarray(value), np.asarray(second[name]), equal_nan=True):
+                return f"a second call on the same data returned another {what} of '{name}'"
+    return None
+
+
 def _configs_agree(first: Mapping, other: Mapping, spread: Mapping | None = None) -> str | None:
     """What differs between two configurations' gradients (relative 1e-8), or None; with `spread` (per
     array, how far the first's gradient moves under a nudge of the inputs) a difference within it is
@@ -624,6 +635,10 @@ def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, A
             return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
                            time.perf_counter() - start)
         problem = _values_agree(after, {**want, **(kept or {})}, [n for n in floats if n in after])
+        if problem is None and kept is not None:
+            # a torch function is called again and again: a second call must not see the first (its outputs
+            # zeroed anew, its state handle's persistent memory not read before written)
+            problem = _second_call_differs(run, data, after, grads)
         if problem is not None:
             if not _dace_forward_agrees(program, data, want, floats, symbols):
                 return Verdict("dace", config, detail=f"DaCe's own forward: {problem}",

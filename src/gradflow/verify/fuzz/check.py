@@ -22,8 +22,11 @@ Verdicts (`Verdict.kind`):
 A `torch` configuration (`verify.routes`: a `gradflow.torch.function` of the program, differentiated by
 `torch.autograd`; `torch_cpp` through its C++ dispatcher) runs last, on the same data except `S`: the function allocates its output, which starts
 at 0, so its value and gradients are compared with the twin's from `S = 0` (their own central
-differences), not with the other configurations'; its inputs must be unchanged after the call, and a
-second call on the same data must return the same, bit for bit.
+differences), not with the other configurations'; its inputs must be unchanged after the call.
+
+Every configuration is run twice on the same data: the second call must return what the first did, bit for
+bit (what a call leaves in a state handle's persistent temporaries, or an output not zeroed anew, shows
+only then).
 
 Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
 direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
@@ -635,9 +638,9 @@ def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, A
             return Verdict(kind, config, type(exc).__name__, f"{_first_line(exc)}\n{tail}".strip(),
                            time.perf_counter() - start)
         problem = _values_agree(after, {**want, **(kept or {})}, [n for n in floats if n in after])
-        if problem is None and kept is not None:
-            # a torch function is called again and again: a second call must not see the first (its outputs
-            # zeroed anew, its state handle's persistent memory not read before written)
+        if problem is None:
+            # a program is called again and again: a second call must not see the first (a torch function's
+            # outputs zeroed anew, the persistent temporaries of a state handle not read before written)
             problem = _second_call_differs(run, data, after, grads)
         if problem is not None:
             if not _dace_forward_agrees(program, data, want, floats, symbols):

@@ -6,7 +6,6 @@ refused when the function was made, because neither dispatcher read the flag."""
 
 from __future__ import annotations
 
-import dace
 import numpy as np
 import pytest
 import torch
@@ -15,25 +14,10 @@ import gradflow
 import gradflow.torch
 from gradflow.core.errors import LoopBoundError
 from gradflow.verify.corpus import loops
+from tests.autodiff.test_checkpoint_planned_trips import PLANNED, steps
+from tests.autodiff.test_checkpoint_planned_trips import _torch_gradient as _steps_gradient
 
 NEWTON = loops.CASES_BY_NAME["lp_newton_sqrt"]
-N, T = dace.symbol("N"), dace.symbol("T")
-PLANNED = 4
-
-
-@dace.program
-def steps(x: dace.float64[N], y: dace.float64[N], S: dace.float64[1]):
-    for _ in range(T):
-        y[:] = y + 0.5 * np.sin(y) * x
-    S[0] = np.sum(y * y)
-
-
-def _steps_gradient(x: np.ndarray, y: np.ndarray, trips: int) -> np.ndarray:
-    xt = torch.tensor(x, requires_grad=True)
-    yt = torch.tensor(y)
-    for _ in range(trips):
-        yt = yt + 0.5 * torch.sin(yt) * xt
-    return torch.autograd.grad((yt * yt).sum(), [xt])[0].numpy()
 
 
 def _newton(bound: int, dispatcher: str) -> gradflow.torch.Function:

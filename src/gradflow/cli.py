@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=1, help="the seed of the programs and their data")
     f.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel worker processes")
     f.add_argument("--configs", choices=("two", "all", "default"), default="two",
-                   help="configurations per program: the default and one more (two), all sixteen, or the default")
+                   help="configurations per program: the default and one more (two), all eighteen, or the default")
     f.add_argument("--timeout", type=float, default=600.0, help="seconds one program may take")
     f.add_argument("--shrink", type=int, default=60, help="checks spent shrinking each failure (0: none)")
     f.add_argument("--log", help="append one JSON line per program to this file")

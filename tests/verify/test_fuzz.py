@@ -88,6 +88,7 @@ def test_the_torch_route_is_checked_from_s_zero_and_can_fail(monkeypatch) -> Non
     spec = spec_of(_program(), (DEFAULT, torch_config), seed=2)
     assert check_program(spec).kind == "ok"
     assert check_program(spec_of(_program(), (DEFAULT, ("torch_cpp", "store_all", True)), seed=2)).kind == "ok"
+    assert check_program(spec_of(_program(), (DEFAULT, ("value_and_grad", "budget", False)), seed=2)).kind == "ok"
     route = routes._torch_route
     for part, name in ((0, "S"), (1, "x0"), (0, "x0")):  # the value of S, the gradient, the input x0
         def skewed(*args, part=part, name=name, **kwargs):

@@ -1,5 +1,6 @@
 """The routes by which a gradient reaches a user, run on numpy data: the combined `grad` SDFG, the split
-`vjp` pair (forward, then backward on what the forward saved), and a `gradflow.torch.function` of the
+`vjp` pair (forward, then backward on what the forward saved), `gradflow.value_and_grad` (a byte budget
+planned at the call, for the call's sizes), and a `gradflow.torch.function` of the
 program (either dispatcher: `torch`, `torch_cpp`) called on tensors and differentiated by `torch.autograd`. Checks that must hold on every route
 (the fuzzer's, the soundness tests') call these, so each route is exercised the way its users exercise it.
 """
@@ -18,7 +19,7 @@ from gradflow.core.graph import Graph
 from gradflow.runtime.invoke import Invoker
 
 #: the routes `gradient` takes
-ROUTES = ("grad", "vjp", "torch", "torch_cpp")
+ROUTES = ("grad", "vjp", "value_and_grad", "torch", "torch_cpp")
 
 
 def _copies(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,6 +95,18 @@ def gradient_function(program, wrt: tuple[str, ...], of: str, symbols: Mapping[s
             seed = np.ones_like(np.asarray(arrays[of], dtype=np.float64))
             return run_vjp(result, arrays, symbols, {of: seed}, invokers)
         return run
+    if route == "value_and_grad":
+        from gradflow.api import value_and_grad
+
+        from gradflow.core.graph import as_sdfg
+
+        function, sdfg = value_and_grad(program, list(wrt), of, forwarding=forwarding, optimize=optimize), as_sdfg(program)
+
+        def called(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            given = _copies(arrays)  # written in place, as a user's arrays are
+            _, grads = function(**given, **_used(symbols, sdfg, given))
+            return given, {x: np.array(g) for x, g in grads.items()}
+        return called
     if route in ("torch", "torch_cpp"):
         return _torch_route(program, wrt, of, symbols, forwarding, "cpp" if route == "torch_cpp" else "ctypes")
     raise ValueError(f"unknown route {route!r}; routes: {ROUTES}")

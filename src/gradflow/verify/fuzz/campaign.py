@@ -3,7 +3,7 @@ crash or hang of the process is a verdict, not the end of the run), shrink what 
 
 Each program is checked under the default configuration (`grad`, STORE_ALL, optimized) and one other of
 `check.CONFIGS` (route x forwarding policy x optimization), chosen from the seed, so a long run covers every
-configuration; `configs="all"` checks all sixteen.
+configuration; `configs="all"` checks all eighteen.
 """
 
 from __future__ import annotations

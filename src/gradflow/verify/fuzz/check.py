@@ -65,7 +65,8 @@ from gradflow.verify.fuzz.program import plain_maps
 CONFIGS = tuple((route, policy, optimize) for route in ("grad", "vjp")
                 for policy in ("store_all", "recompute_all", "budget") for optimize in (True, False)) + tuple(
     ("torch", policy, True) for policy in ("store_all", "recompute_all", "budget")) + (
-    ("torch_cpp", "store_all", True),)  # torch functions are optimized; the C++ dispatcher's build is slow
+    ("torch_cpp", "store_all", True),) + tuple(  # torch functions are optimized; the C++ dispatcher's build is slow
+    ("value_and_grad", "budget", optimize) for optimize in (True, False))  # its budget planned at the call
 DEFAULT = ("grad", "store_all", True)
 #: the configs under which forward mode's and second order's verdicts are reported
 JVP = ("jvp", "-", True)

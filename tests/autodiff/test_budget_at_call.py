@@ -215,6 +215,25 @@ def test_a_plan_per_set_of_call_values():
     assert len(f.plans) == 3
 
 
+@pytest.mark.parametrize("policy", [Forwarding.budget(400), Forwarding.checkpoint(2)], ids=["budget", "checkpoint"])
+def test_a_loop_that_does_not_run_at_the_call_is_planned(policy):
+    """`range(1, steps)` at steps = 0 and 1 runs no iteration. The plan at the call took the trip count
+    0 among its sizes, which the converter of `sizes` refused as if it were a loop bound ("positive int
+    bounds"; found by the fuzzer's value_and_grad route on the regression `loop_that_does_not_run...`)."""
+    f = gradflow.value_and_grad(jacobi_steps, wrt="A", of="S", forwarding=policy)
+    reference = gradflow.value_and_grad(jacobi_steps, wrt="A", of="S")
+    a, b = np.linspace(0.1, 1.2, 12), np.linspace(-1.0, 0.5, 12)
+    for steps in (0, 1, 3):
+        _, gradient = f(A=a.copy(), B=b.copy(), steps=steps)
+        _, expected = reference(A=a.copy(), B=b.copy(), steps=steps)
+        assert _close(gradient, expected), steps
+    assert dict(Forwarding.budget(400, sizes={"T": 0}).sizes) == {"T": 0}
+    with pytest.raises(InvalidArgumentError, match="sizes must map symbol names to int"):
+        Forwarding.budget(400, sizes={"T": 1.5})
+    with pytest.raises(InvalidArgumentError, match="loop_bounds must map"):
+        Forwarding.budget(400, loop_bounds={"*": 0})
+
+
 def test_a_call_that_does_not_give_a_trip_count_is_told_which():
     f = gradflow.value_and_grad(jacobi_steps, wrt="A", of="S", forwarding=Forwarding.budget(400))
     with pytest.raises(ArgumentError, match="'steps'"):

@@ -73,6 +73,21 @@ def _frozen_map(value) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((k, int(v)) for k, v in pairs))
 
 
+def _frozen_sizes(value) -> tuple[tuple[str, int], ...]:
+    """Symbol -> value at a call: any integer, 0 or below included (an empty axis; a trip-count argument
+    whose loop does not run, `range(2, T)` at T = 0)."""
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                for k, v in pairs):
+        raise InvalidArgumentError("Forwarding sizes must map symbol names to int values",
+                                   "e.g. gradflow.Forwarding.budget(2**20, sizes={'N': 1000, 'T': 50})")
+    return tuple(sorted((k, int(v)) for k, v in pairs))
+
+
 def _optional_bytes(value) -> int | None:
     if value is None:
         return None
@@ -107,7 +122,7 @@ class Forwarding:
     recompute: frozenset[str] | str = attrs.field(default=frozenset(), converter=_frozen_set)
     loop_bounds: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
     max_bytes: int | None = attrs.field(default=None, converter=_optional_bytes)
-    sizes: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_map)
+    sizes: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_frozen_sizes)
     snapshots: int | None = attrs.field(default=None, converter=_optional_snapshots)
     checkpoint_loops: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_labels)
     #: Whether a byte budget may checkpoint loops (False: store or recompute only, the MILP alone).

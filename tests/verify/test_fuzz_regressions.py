@@ -351,6 +351,12 @@ def program(x0: dace.float64[N], x1: dace.float64[M], w1: dace.float64[M], S: da
 """, {"N": 6, "M": 5}, ("x0", "x1"), {}, ("torch_cpp", "store_all", True)),
 }
 
+# the route value_and_grad (a budget planned at the call) on the program of `loop_that_does_not_run_gets_an_
+# empty_stack` (refused): the trip count 0 among the call's sizes was refused by the loop bounds' converter.
+CASES["loop_that_does_not_run_planned_at_the_call"] = (
+    CASES["loop_that_does_not_run_gets_an_empty_stack"][0], {"N": 6, "M": 5}, ("x0",), {"T": 0},
+    ("value_and_grad", "budget", False))
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fuzz_find_stays_fixed(name: str) -> None:

@@ -24,9 +24,10 @@ A `torch` configuration (`verify.routes`: a `gradflow.torch.function` of the pro
 at 0, so its value and gradients are compared with the twin's from `S = 0` (their own central
 differences), not with the other configurations'; its inputs must be unchanged after the call.
 
-Every configuration is run twice on the same data: the second call must return what the first did, bit for
-bit (what a call leaves in a state handle's persistent temporaries, or an output not zeroed anew, shows
-only then).
+Every configuration is run twice on the same data: the second call must return what the first did (what
+a call leaves in a state handle's persistent temporaries, or an output not zeroed anew, shows only then),
+to rounding: values to 1e-9 relative, gradients as two configurations' must agree (`unstable` within the
+nudged spread). Bit for bit would be too much: a sum's order may follow where its temporary lands.
 
 Once the configurations agree, forward mode is checked too (config `JVP`): the tangent of `S` along a random
 direction must equal the first configuration's (checked) gradient dotted with that direction; a refusal or a
@@ -377,14 +378,27 @@ def _gradients_agree(got: Mapping, fd1: Mapping, fd2: Mapping, value: float,
     return None, skipped
 
 
-def _second_call_differs(run: Callable, data: Mapping[str, Any], after: Mapping, grads: Mapping) -> str | None:
-    """What a second call of `run` on the same data returned otherwise than the first (bitwise), or None."""
+def _second_call_differs(run: Callable, data: Mapping[str, Any], names: Sequence[str], after: Mapping,
+                         grads: Mapping) -> tuple[str | None, bool]:
+    """(what a second call of `run` on the same data returned otherwise than the first, or None; whether
+    that difference is within how far the gradient moves when the inputs are nudged by `NUDGE_ULPS` ulps).
+    Rounding may differ between calls: a vectorized sum or a BLAS dot product takes another order where its
+    temporary lands at another alignment (fuzz seed 4120: 1 ulp of a gradient, alternating call by call),
+    so values must agree to 1e-9 relative and gradients as two configurations' do."""
     again_after, again_grads = run(data)
-    for what, first, second in (("value", after, again_after), ("gradient", grads, again_grads)):
-        for name, value in first.items():
-            if not np.array_equal(np.asarray(value), np.asarray(second[name]), equal_nan=True):
-                return f"a second call on the same data returned another {what} of '{name}'"
-    return None
+    for name, value in after.items():
+        a, b = np.asarray(value), np.asarray(again_after[name])
+        if a.dtype.kind == "f" and a.size:
+            scale = max(1.0, float(np.max(np.abs(a))))
+            if a.shape != b.shape or not np.allclose(b, a, rtol=1e-9, atol=1e-11 * scale, equal_nan=True):
+                return f"a second call on the same data returned another value of '{name}'", False
+    problem = _configs_agree(grads, again_grads)
+    if problem is None:
+        return None, False
+    # the spread of later calls (nudged) around the second: a call that sees what an earlier one left is
+    # off at every later call alike, so its spread stays small and the first call stands apart
+    within = _configs_agree(grads, again_grads, _spread(_rerun(run), data, names, again_grads)) is None
+    return f"a second call on the same data: {problem.replace('between configurations', 'from the first')}", within
 
 
 def _configs_agree(first: Mapping, other: Mapping, spread: Mapping | None = None) -> str | None:
@@ -642,7 +656,10 @@ def _check_configs(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, A
         if problem is None:
             # a program is called again and again: a second call must not see the first (a torch function's
             # outputs zeroed anew, the persistent temporaries of a state handle not read before written)
-            problem = _second_call_differs(run, data, after, grads)
+            problem, within = _second_call_differs(run, data, [n for n in floats if n in data], after, grads)
+            if within:
+                return Verdict("unstable", config, detail=f"{problem}, within how far the gradient moves when the "
+                               f"inputs are nudged by {NUDGE_ULPS} ulps", seconds=time.perf_counter() - start)
         if problem is not None:
             if not _dace_forward_agrees(program, data, want, floats, symbols):
                 return Verdict("dace", config, detail=f"DaCe's own forward: {problem}",

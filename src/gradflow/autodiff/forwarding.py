@@ -60,32 +60,35 @@ def _frozen_set(value) -> frozenset[str] | str:
     return names
 
 
-def _frozen_map(value) -> tuple[tuple[str, int], ...]:
+def _int_pairs(value, least: int | None) -> tuple[tuple[str, int], ...] | None:
+    """`value` (a mapping or pairs) as sorted (name, int) pairs, every int at least `least`; None if it is not."""
     items = value.items() if isinstance(value, Mapping) else value
     try:
         pairs = [(k, v) for k, v in items]
     except (TypeError, ValueError):
-        pairs = None
-    if pairs is None or not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                                and int(v) >= 1 for k, v in pairs):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+               and (least is None or int(v) >= least) for k, v in pairs):
+        return None
+    return tuple(sorted((k, int(v)) for k, v in pairs))
+
+
+def _frozen_map(value) -> tuple[tuple[str, int], ...]:
+    pairs = _int_pairs(value, 1)
+    if pairs is None:
         raise InvalidArgumentError("Forwarding loop_bounds must map loop labels (or '*') to positive int bounds",
                                    "e.g. gradflow.STORE_ALL.with_loop_bounds(**{'*': 100})")
-    return tuple(sorted((k, int(v)) for k, v in pairs))
+    return pairs
 
 
 def _frozen_sizes(value) -> tuple[tuple[str, int], ...]:
     """Symbol -> value at a call: any integer, 0 or below included (an empty axis; a trip-count argument
     whose loop does not run, `range(2, T)` at T = 0)."""
-    items = value.items() if isinstance(value, Mapping) else value
-    try:
-        pairs = [(k, v) for k, v in items]
-    except (TypeError, ValueError):
-        pairs = None
-    if pairs is None or not all(isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                                for k, v in pairs):
+    pairs = _int_pairs(value, None)
+    if pairs is None:
         raise InvalidArgumentError("Forwarding sizes must map symbol names to int values",
                                    "e.g. gradflow.Forwarding.budget(2**20, sizes={'N': 1000, 'T': 50})")
-    return tuple(sorted((k, int(v)) for k, v in pairs))
+    return pairs
 
 
 def _optional_bytes(value) -> int | None:

@@ -310,6 +310,18 @@ def _forwarding(policy: str, program, wrt, symbols):
     return Forwarding.budget(int(kept * 0.6), sizes=dict(symbols), loop_bounds={"*": WHILE_BOUND})
 
 
+def _resolver(twin, data: Mapping[str, Any]) -> Callable[[str, int, float], float | None]:
+    """`resolved_difference` of the twin at `data`, the twin's largest magnitude measured once, at the first
+    difference in doubt."""
+    largest: list[float] = []
+
+    def resolve(name: str, flat: int, tol: float) -> float | None:
+        if not largest:
+            largest.append(magnitude(twin.program, data))
+        return resolved_difference(twin.program, data, name, flat, tol, largest[0])
+    return resolve
+
+
 def _classify(exc: BaseException) -> str:
     names = {type(exc).__name__} | {c.__name__ for c in type(exc).__mro__}
     return "refused" if names & set(REFUSALS) and "PassError" not in names else "crash"
@@ -386,12 +398,9 @@ def _second_call_differs(run: Callable, data: Mapping[str, Any], names: Sequence
     temporary lands at another alignment (fuzz seed 4120: 1 ulp of a gradient, alternating call by call),
     so values must agree to 1e-9 relative and gradients as two configurations' do."""
     again_after, again_grads = run(data)
-    for name, value in after.items():
-        a, b = np.asarray(value), np.asarray(again_after[name])
-        if a.dtype.kind == "f" and a.size:
-            scale = max(1.0, float(np.max(np.abs(a))))
-            if a.shape != b.shape or not np.allclose(b, a, rtol=1e-9, atol=1e-11 * scale, equal_nan=True):
-                return f"a second call on the same data returned another value of '{name}'", False
+    problem = _values_agree(again_after, after, [n for n in names if n in after])
+    if problem is not None:
+        return f"a second call on the same data: {problem.replace('from numpy', 'from the first')}", False
     problem = _configs_agree(grads, again_grads)
     if problem is None:
         return None, False
@@ -571,12 +580,7 @@ def check_program(spec: Mapping, folder: Path | None = None) -> Verdict:
     except Exception as exc:
         return Verdict("invalid", detail=f"numpy twin: {type(exc).__name__}: {_first_line(exc)}",
                        seconds=time.perf_counter() - start)
-    largest: list[float] = []  # the twin's largest magnitude, measured once a difference is in doubt
-
-    def resolve(name: str, flat: int, tol: float) -> float | None:
-        if not largest:
-            largest.append(magnitude(twin.program, data))
-        return resolved_difference(twin.program, data, name, flat, tol, largest[0])
+    resolve = _resolver(twin, data)
 
     torch_configs = [c for c in spec["configs"] if c[0].startswith("torch")]
     with frozen.replaying(lambda: run_twin(twin.program, data)):  # the twin's stops held (`fuzz.frozen`)
@@ -596,12 +600,7 @@ def _check_torch(spec: Mapping, program: dace.SDFG, twin, data: Mapping[str, Any
         want = run_twin(twin.program, data)
     except Exception:  # the twin fails from S = 0 (a log of S, say): nothing to compare the function with
         return Verdict("ok", seconds=time.perf_counter() - start, skipped=skipped)
-    largest: list[float] = []
-
-    def resolve(name: str, flat: int, tol: float) -> float | None:
-        if not largest:
-            largest.append(magnitude(twin.program, data))
-        return resolved_difference(twin.program, data, name, flat, tol, largest[0])
+    resolve = _resolver(twin, data)
 
     with frozen.replaying(lambda: run_twin(twin.program, data)):
         verdict = _check_configs(spec, program, twin, data, want, resolve, start, higher=False,

@@ -15,6 +15,7 @@ from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.optimize.copy_states import JoinCopyStates
 from gradflow.optimize.dead_stores import DropDeadStores
+from gradflow.optimize.loop_sums import OverwriteLoopSums
 from gradflow.optimize.element_states import JoinElementwiseStates
 from gradflow.optimize.in_place import WriteInPlace
 from gradflow.optimize.index_arithmetic import SimplifyIndexArithmetic
@@ -47,7 +48,8 @@ from gradflow.transforms.views import RemoveViews
 #: a differentiated program, which went through them): a program compiled forward only gets the same
 #: convolution nodes, products and maps as its gradient.
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
-                     RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), DropDeadStores(),
+                     RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), OverwriteLoopSums(),
+                     DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), JoinElementwiseStates(), FuseMaps(),
                      SimplifyIndexArithmetic(), JoinCopyStates(), WriteInPlace(), MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(),
                      SplitSumMaps(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize(),
@@ -61,6 +63,6 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
 
 __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
            "HoistRowProducts", "JoinCopyStates", "JoinElementwiseStates", "LocalReductions", "MergeElementSums",
-           "MoveLoopsIntoMaps", "NestReductions", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
+           "MoveLoopsIntoMaps", "NestReductions", "OverwriteLoopSums", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
            "PersistentTransients", "RaiseLoopReductions", "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers",
            "SimdRegisterSums", "SimplifyIndexArithmetic", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

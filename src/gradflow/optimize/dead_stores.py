@@ -36,7 +36,7 @@ KEPT_LIFETIMES = (dace.dtypes.AllocationLifetime.Persistent, dace.dtypes.Allocat
          dace.dtypes.AllocationLifetime.External)
 
 
-def _viewed(sdfg: dace.SDFG) -> set[str]:
+def viewed_arrays(sdfg: dace.SDFG) -> set[str]:
     """Arrays some view node of `sdfg` connects to (a write through one would alias them)."""
     names = set()
     for state in sdfg.states():
@@ -50,7 +50,7 @@ def _viewed(sdfg: dace.SDFG) -> set[str]:
     return names
 
 
-def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set[str]) -> bool:
+def read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set[str]) -> bool:
     """Whether anything after `state` in `sdfg`'s control flow may read `name` (True where unsure): the
     blocks after it in its region, then after that region in its parent, up to the SDFG; a loop on the way
     (or a cycle) may run the state again after a later read. `on_edges`: the names any interstate edge of
@@ -76,7 +76,7 @@ def _read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set
 
 def _dead_writes(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.AccessNode]]:
     """(state, access node) pairs whose incoming plain writes from Python tasklets are dead."""
-    viewed = _viewed(sdfg)
+    viewed = viewed_arrays(sdfg)
     on_edges = {str(x) for e in sdfg.all_interstate_edges(recursive=True) for x in e.data.free_symbols}
     found = []
     for state in sdfg.states():
@@ -90,7 +90,7 @@ def _dead_writes(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.AccessNode]]:
                 continue  # read after the write, or unordered with it
             if not all(_plain_tasklet_writes(state, e) for e in state.in_edges(node)):
                 continue
-            if _read_later(sdfg, state, node.data, on_edges):
+            if read_later(sdfg, state, node.data, on_edges):
                 continue
             found.append((state, node))
     return found
@@ -127,7 +127,9 @@ def _cut(state: dace.SDFGState, edge) -> None:
                 node.remove_out_connector(conn)
 
 
-def _drop(state: dace.SDFGState, node: nd.AccessNode) -> None:
+def drop_writes(state: dace.SDFGState, node: nd.AccessNode) -> None:
+    """Remove every write into `node` (plain tasklet writes), the tasklets and maps left with nothing to
+    compute, and the access nodes left isolated."""
     writers = set()
     for edge in list(state.in_edges(node)):
         [leaf] = state.memlet_tree(edge).leaves()
@@ -187,7 +189,7 @@ class DropDeadStores(Pass):
             if node not in state.nodes():
                 continue  # removed with an earlier write's orphans
             name = node.data
-            _drop(state, node)
+            drop_writes(state, node)
             if _unnamed(sdfg, name) and name not in sdfg.free_symbols:
                 sdfg.remove_data(name, validate=False)
         return Success(Graph.adopt(sdfg, graph.meta))

@@ -38,7 +38,7 @@ def _covers(sdfg: dace.SDFG, memlet: dace.Memlet) -> bool:
     return covers_array(sdfg, memlet) and memlet.wcr is None
 
 
-def _zeroing(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode]]:
+def zeroing_maps(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode]]:
     """Top-level maps of `state` with no inputs whose one tasklet writes 0 over a whole array."""
     for entry in state.nodes():
         if not isinstance(entry, nd.MapEntry) or state.entry_node(entry) is not None or state.in_degree(entry):
@@ -91,7 +91,7 @@ def _first_writer(state: dace.SDFGState, name: str) -> Callable[[], None] | None
 def _candidates(sdfg: dace.SDFG) -> list[tuple[dace.SDFGState, nd.MapEntry, nd.AccessNode, Callable[[], None]]]:
     found = []
     for region, order, k, block in chained_states(sdfg):
-        for entry, target in _zeroing(block):
+        for entry, target in zeroing_maps(block):
             name = target.data
             if len(accesses(block, name)) != 1 or block.out_degree(target):
                 continue

@@ -19,7 +19,7 @@ from gradflow.autodiff.passes import Reverse, SplitVJP
 from gradflow.autodiff.tangent.passes import Tangent
 from gradflow.core.graph import Graph
 from gradflow.core.names import MADE
-from gradflow.core.passes import registered_passes
+from gradflow.core.passes import Pipeline, registered_passes
 from gradflow.core.rule_table import RuleTable
 from gradflow.optimize.dead_stores import _dead_writes
 from gradflow.transforms.count_arguments import count_arguments
@@ -140,6 +140,23 @@ def _gradient_before_join() -> Graph:
     from tests.optimize.test_copy_states import before_join
 
     return before_join()
+
+
+def _runge_kutta_before_loop_sums() -> Graph:
+    """The Runge-Kutta loop of `tests/optimize/test_loop_sums.py` differentiated and optimized up to
+    `overwrite_loop_sums`: its reversed loop adds into each stage's gradient first and resets it after."""
+    from gradflow.api import grad_graph
+    from gradflow.optimize import OPTIMIZE
+    from tests.optimize.test_loop_sums import runge_kutta
+
+    upto = [s.name for s in OPTIMIZE.steps].index("overwrite_loop_sums")
+    return grad_graph(runge_kutta, "x", "S", None, optimize=Pipeline(OPTIMIZE.steps[:upto]))
+
+
+def _loop_sums(g: Graph) -> int:
+    from gradflow.optimize.loop_sums import _plans
+
+    return len(list(_plans(g.sdfg)))
 
 
 def _gradient_before_elementwise_join() -> Graph:
@@ -505,6 +522,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
     "overwrite_zeroed_products": (
         lambda: Reverse(("X", "Wt"), ("S",))(_normalized(dataflow.df_flatten_matmul)).unwrap(), None,
         _zeroed_products, ("> 0", 0)),
+    "overwrite_loop_sums": (_runge_kutta_before_loop_sums, None, _loop_sums, ("> 0", 0)),
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
     "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),

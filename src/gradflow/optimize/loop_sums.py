@@ -62,6 +62,11 @@ def _assigns_zero(tasklet: nd.Tasklet, connector: str) -> bool:
         and type(stmt.value.value) in (int, float) and stmt.value.value == 0 for stmt in tasklet.code.code)
 
 
+def _equal(a, b) -> bool:
+    """`a` and `b` are provably the same integer expression (False where that cannot be shown)."""
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
 def _names(expr) -> set[str]:
     return {str(s) for s in sympy.sympify(expr).free_symbols}
 
@@ -86,7 +91,7 @@ def _zero_region(state: dace.SDFGState, edge, unstable: set[str]) -> subsets.Ran
         return None
     dims, used = [], set()
     for begin, end, _ in leaf.data.subset:
-        if sympy.simplify(begin - end) != 0 or _names(begin) & unstable:
+        if not _equal(begin, end) or _names(begin) & unstable:
             return None
         inner = _names(begin) & params
         if not inner:
@@ -97,7 +102,7 @@ def _zero_region(state: dace.SDFGState, edge, unstable: set[str]) -> subsets.Ran
         (param,) = inner
         used |= inner
         low, high, step = ranges[param]
-        offset = sympy.simplify(begin - next(s for s in sympy.sympify(begin).free_symbols if str(s) == param))
+        offset = sympy.expand(begin - next(s for s in sympy.sympify(begin).free_symbols if str(s) == param))
         if step != 1 or _names(offset) & params:
             return None
         dims.append((low + offset, high + offset, 1))
@@ -122,16 +127,13 @@ def _cover(regions: list[subsets.Range], shape) -> bool:
     from 0 to its size, each region starting where the one before ended, and every region spans the other
     dimensions whole. (Every index from 0 to the last end lies in the first region whose end passes it, so
     the chain covers whatever the signs of its symbolic lengths.)"""
-    def same(a, b) -> bool:
-        return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
-
     for dim, size in enumerate(shape):
-        if not all(same(r[d][0], 0) and same(r[d][1], shape[d] - 1)
+        if not all(_equal(r[d][0], 0) and _equal(r[d][1], shape[d] - 1)
                    for r in regions for d in range(len(shape)) if d != dim):
             continue
         left, reached = list(regions), sympy.Integer(0)
-        while not same(reached, size):
-            step = next((r for r in left if same(r[dim][0], reached)), None)
+        while not _equal(reached, size):
+            step = next((r for r in left if _equal(r[dim][0], reached)), None)
             if step is None:
                 break
             left.remove(step)
@@ -173,7 +175,7 @@ def _zeroing_before(loop: LoopRegion, name: str) -> tuple | None:
         if not isinstance(block, dace.SDFGState):
             return None
         nodes = accesses(block, name)
-        found = [(e, t) for e, t in zeroing_maps(block) if t.data == name]
+        found = list(zeroing_maps(block, name))
         if len(found) != 1 or nodes != [found[0][1]] or block.out_degree(found[0][1]):
             return None
         return block, found[0][0], found[0][1]
@@ -211,7 +213,7 @@ def _accesses_after(body: list, j: int, state: dace.SDFGState, node: nd.AccessNo
             if e.dst is head:
                 for leaf in state.memlet_tree(e).leaves():
                     same = leaf.dst is tasklet and leaf.data.subset is not None and own is not None and all(
-                        sympy.simplify(a - b) == 0 for x, y in zip(leaf.data.subset, own) for a, b in zip(x, y))
+                        _equal(a, b) for x, y in zip(leaf.data.subset, own) for a, b in zip(x, y))
                     if not same:
                         yield None
             elif e.dst not in before:
@@ -270,27 +272,37 @@ def _plan(sdfg: dace.SDFG, loop: LoopRegion, body: list, k: int, name: str, on_e
     return _Plan(name, first, gone, zeroing)
 
 
+def _summed(state: dace.SDFGState, node: nd.AccessNode) -> bool:
+    """A cheap first test of `_first_sum`: the node's one edge is a map's write-conflict sum, nothing reads it."""
+    if state.in_degree(node) != 1 or state.out_degree(node):
+        return False
+    edge = state.in_edges(node)[0]
+    return isinstance(edge.src, nd.MapExit) and edge.data.wcr is not None
+
+
 def _plans(sdfg: dace.SDFG) -> Iterator[_Plan]:
     viewed = viewed_arrays(sdfg)
     on_edges = {str(x) for e in sdfg.all_interstate_edges(recursive=True) for x in e.data.free_symbols}
     for loop in sdfg.all_control_flow_regions():
-        if not isinstance(loop, LoopRegion) or _has_jumps(loop):
+        if not isinstance(loop, LoopRegion):
             continue
         body = chain_of(loop)
         if body is None:
             continue
+        candidates = [(k, node.data) for k, state in enumerate(body) if isinstance(state, dace.SDFGState)
+                      for node in state.data_nodes() if _summed(state, node)]
+        if not candidates or _has_jumps(loop):
+            continue
+        on_loop_edges = {str(x) for e in loop.all_interstate_edges(recursive=True) for x in e.data.free_symbols}
         unstable = _changing(loop)
-        for k, state in enumerate(body):
-            if not isinstance(state, dace.SDFGState):
+        for k, name in candidates:
+            desc = sdfg.arrays[name]
+            if (not desc.transient or isinstance(desc, dace.data.View) or name in viewed
+                    or desc.lifetime in KEPT_LIFETIMES or name in on_loop_edges):
                 continue
-            for node in state.data_nodes():
-                desc = node.desc(sdfg)
-                if (not desc.transient or isinstance(desc, dace.data.View) or node.data in viewed
-                        or desc.lifetime in KEPT_LIFETIMES or _named_on_edges(loop, node.data)):
-                    continue
-                plan = _plan(sdfg, loop, body, k, node.data, on_edges, unstable)
-                if plan is not None:
-                    yield plan
+            plan = _plan(sdfg, loop, body, k, name, on_edges, unstable)
+            if plan is not None:
+                yield plan
 
 
 def _changing(loop: LoopRegion) -> set[str]:
@@ -298,10 +310,6 @@ def _changing(loop: LoopRegion) -> set[str]:
     variables of the loops inside it."""
     return ({k for e in loop.all_interstate_edges(recursive=True) for k in e.data.assignments}
             | {r.loop_variable for r in loop.all_control_flow_regions() if isinstance(r, LoopRegion) and r is not loop})
-
-
-def _named_on_edges(loop: LoopRegion, name: str) -> bool:
-    return any(name in map(str, e.data.free_symbols) for e in loop.all_interstate_edges(recursive=True))
 
 
 @register_pass

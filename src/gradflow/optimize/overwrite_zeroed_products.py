@@ -38,8 +38,9 @@ def _covers(sdfg: dace.SDFG, memlet: dace.Memlet) -> bool:
     return covers_array(sdfg, memlet) and memlet.wcr is None
 
 
-def zeroing_maps(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.AccessNode]]:
-    """Top-level maps of `state` with no inputs whose one tasklet writes 0 over a whole array."""
+def zeroing_maps(state: dace.SDFGState, name: str | None = None) -> Iterator[tuple[nd.MapEntry, nd.AccessNode]]:
+    """Top-level maps of `state` with no inputs whose one tasklet writes 0 over a whole array (`name`, when
+    given)."""
     for entry in state.nodes():
         if not isinstance(entry, nd.MapEntry) or state.entry_node(entry) is not None or state.in_degree(entry):
             continue
@@ -47,7 +48,7 @@ def zeroing_maps(state: dace.SDFGState) -> Iterator[tuple[nd.MapEntry, nd.Access
         exit_ = state.exit_node(entry)
         outs = state.out_edges(exit_)
         if (len(body) != 1 or not isinstance(body[0], nd.Tasklet) or body[0].in_connectors or len(outs) != 1
-                or not isinstance(outs[0].dst, nd.AccessNode)):
+                or not isinstance(outs[0].dst, nd.AccessNode) or name not in (None, outs[0].data.data)):
             continue
         code = body[0].code.as_string.replace(" ", "").strip()
         whole = dace.subsets.Range.from_array(state.sdfg.arrays[outs[0].data.data])

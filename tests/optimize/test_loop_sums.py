@@ -264,3 +264,34 @@ def test_a_zero_region_is_exact_or_nothing() -> None:
     assert _zero_region(state, state.out_edges(shifted)[0], {"N"}) is None
     for exit_ in (stepped, not_zero, unused):
         assert _zero_region(state, state.out_edges(exit_)[0], set()) is None
+
+
+def _hand_made_loop(condition: str) -> dace.SDFG:
+    """g zeroed, then a loop whose body adds into all of g (`g[i] += x[i]`), then, on an edge with
+    `condition`, resets it after reading it (`y[i] += g[i]; g[i] = 0`)."""
+    from dace.sdfg.state import LoopRegion
+
+    sdfg = dace.SDFG(f"hand_made_{'cond' if condition != '1' else 'plain'}")
+    for name in ("x", "y"):
+        sdfg.add_array(name, [N], dace.float64)
+    sdfg.add_array("g", [N], dace.float64, transient=True)
+    zero = sdfg.add_state("zero", is_start_block=True)
+    zero.add_mapped_tasklet("fill", {"i": "0:N"}, {}, "o = 0", {"o": dace.Memlet("g[i]")}, external_edges=True)
+    loop = LoopRegion("steps", "t < T", "t", "t = 0", "t = t + 1")
+    sdfg.add_node(loop)
+    sdfg.add_edge(zero, loop, dace.InterstateEdge())
+    add = loop.add_state("add", is_start_block=True)
+    add.add_mapped_tasklet("sum", {"i": "0:N"}, {"a": dace.Memlet("x[i]")}, "o = a",
+                           {"o": dace.Memlet("g[i]", wcr="lambda p, q: p + q")}, external_edges=True)
+    reset = loop.add_state("reset")
+    reset.add_mapped_tasklet("use", {"i": "0:N"}, {"a": dace.Memlet("g[i]")}, "o = a\nz = 0",
+                             {"o": dace.Memlet("y[i]", wcr="lambda p, q: p + q"), "z": dace.Memlet("g[i]")},
+                             external_edges=True)
+    loop.add_edge(add, reset, dace.InterstateEdge(condition=condition))
+    return sdfg
+
+
+def test_a_conditional_edge_in_the_body_keeps_the_sum() -> None:
+    # where the condition is false the iteration ends before the reset: the next one adds into g as it is
+    assert [p.name for p in _plans(_hand_made_loop("1"))] == ["g"]
+    assert list(_plans(_hand_made_loop("t < 2"))) == []

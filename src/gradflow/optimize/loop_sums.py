@@ -19,7 +19,8 @@ What it must show first, with gradflow's own analysis (it does nothing where it 
    next, the zero writes after the sum in the body cover all of B: each is a Python tasklet assigning the
    constant 0, alone or in a map whose subscripts are its parameters plus offsets (`_zero_region`), their
    regions chain end to start along one dimension (`_cover`), and no other write after one overlaps it.
-   The body has no `break`, `continue` or `return`, and no symbol a zero region names is assigned in it.
+   The body has no `break`, `continue` or `return`, no conditional edge between its blocks, and no symbol
+   a zero region names is assigned in it.
 2. The sum writes each element once, so the plain write gives each element the value the sum gave it.
 3. A reset or the zeroing goes only where its zeros are read by nothing: nothing after L names B
    (`dead_stores.read_later`, which also refuses a loop around L), no access after the reset in the body
@@ -291,8 +292,8 @@ def _plans(sdfg: dace.SDFG) -> Iterator[_Plan]:
             continue
         candidates = [(k, node.data) for k, state in enumerate(body) if isinstance(state, dace.SDFGState)
                       for node in state.data_nodes() if _summed(state, node)]
-        if not candidates or _has_jumps(loop):
-            continue
+        if not candidates or _has_jumps(loop) or not all(e.data.is_unconditional() for e in loop.edges()):
+            continue  # (a condition on an edge of the chain ends the iteration where it is false)
         on_loop_edges = {str(x) for e in loop.all_interstate_edges(recursive=True) for x in e.data.free_symbols}
         unstable = _changing(loop)
         for k, name in candidates:

@@ -15,12 +15,12 @@ from gradflow.core.passes import Pipeline, unwrap_or_raise
 from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.optimize.copy_states import JoinCopyStates
 from gradflow.optimize.dead_stores import DropDeadStores
-from gradflow.optimize.loop_sums import OverwriteLoopSums
 from gradflow.optimize.element_states import JoinElementwiseStates
 from gradflow.optimize.in_place import WriteInPlace
 from gradflow.optimize.index_arithmetic import SimplifyIndexArithmetic
 from gradflow.optimize.layouts import TransientLayouts
 from gradflow.optimize.loop_interchange import MoveLoopsIntoMaps
+from gradflow.optimize.loop_sums import OverwriteLoopSums
 from gradflow.optimize.nest_reductions import NestReductions
 from gradflow.optimize.overwrite_zeroed_products import OverwriteZeroedProducts
 from gradflow.optimize.persistent_tapes import PersistentTapes

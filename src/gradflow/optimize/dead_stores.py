@@ -50,11 +50,11 @@ def viewed_arrays(sdfg: dace.SDFG) -> set[str]:
     return names
 
 
-def read_later(sdfg: dace.SDFG, state: dace.SDFGState, name: str, on_edges: set[str]) -> bool:
-    """Whether anything after `state` in `sdfg`'s control flow may read `name` (True where unsure): the
-    blocks after it in its region, then after that region in its parent, up to the SDFG; a loop on the way
-    (or a cycle) may run the state again after a later read. `on_edges`: the names any interstate edge of
-    `sdfg` reads (conservatively, wherever the edge is)."""
+def read_later(sdfg: dace.SDFG, state, name: str, on_edges: set[str]) -> bool:
+    """Whether anything after `state` (a state, or any block) in `sdfg`'s control flow may read `name`
+    (True where unsure): the blocks after it in its region, then after that region in its parent, up to the
+    SDFG; a loop on the way (or a cycle) may run the state again after a later read. `on_edges`: the names
+    any interstate edge of `sdfg` reads (conservatively, wherever the edge is)."""
     if name in on_edges:
         return True
     if named_in_code(sdfg, name):

@@ -6,7 +6,7 @@ sweep, every adjoint adds its contribution (`g_k[i] += ...`), and the adjoint of
 `k` reads `g_k` and resets what it read (`g_k[i] = 0`), so that the next iteration of a reversed loop adds
 into zeros again. Per iteration that is a read of the buffer by the first sum and a write by each reset,
 and per call a zeroing pass: GradBench's ode reverses a Runge-Kutta step with five such buffers (the four
-stages and the step's update), a third of the memory traffic of its backward loop.
+stages and the step's update; its gradient 7-8% faster without them at s = 1, `benchmarks/results/gradbench.md`).
 
 The rewrite, for a transient buffer B and a loop L whose body's blocks form a chain:
 - the first access of B in the body is a map adding into every element of B once (`ElementWrite`): it

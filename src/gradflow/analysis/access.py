@@ -92,6 +92,20 @@ def _assigns(tasklet: nd.Tasklet, connector: str) -> bool:
                for stmt in tasklet.code.code)
 
 
+def assigns_zero(tasklet: nd.Tasklet, connector: str) -> bool:
+    """The tasklet's Python code assigns `connector` once, in a statement of its own: the constant 0."""
+    if tasklet.code.language != dace.Language.Python:
+        return False
+    targets = [t for stmt in tasklet.code.code for node in ast.walk(stmt)
+               if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    named = [t for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == connector]
+    return len(named) == 1 and any(
+        isinstance(stmt, ast.Assign) and stmt.targets == named and isinstance(named[0], ast.Name)
+        and isinstance(stmt.value, ast.Constant)
+        and type(stmt.value.value) in (int, float) and stmt.value.value == 0 for stmt in tasklet.code.code)
+
+
 @attrs.frozen
 class ElementWrite:
     """A top-level map whose one tasklet writes `data[p0, p1, ...]` of a whole array, one dimension per

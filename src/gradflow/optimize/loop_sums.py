@@ -30,7 +30,6 @@ What it must show first, with gradflow's own analysis (it does nothing where it 
 
 from __future__ import annotations
 
-import ast
 from typing import ClassVar, Iterator
 
 import attrs
@@ -41,26 +40,13 @@ from dace import subsets
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import BreakBlock, ContinueBlock, LoopRegion, ReturnBlock
 
-from gradflow.analysis.access import ElementWrite, accesses, chain_of, element_write, named_in_code, scope_ranges, touches
+from gradflow.analysis.access import (ElementWrite, accesses, assigns_zero, chain_of, element_write, named_in_code,
+                                      scope_ranges, touches)
 from gradflow.core.exact_subsets import exact_subsets
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.optimize.dead_stores import KEPT_LIFETIMES, drop_writes, read_later, viewed_arrays
 from gradflow.optimize.overwrite_zeroed_products import zeroing_maps
-
-
-def _assigns_zero(tasklet: nd.Tasklet, connector: str) -> bool:
-    """The tasklet's Python code assigns `connector` once, in a statement of its own: the constant 0."""
-    if tasklet.code.language != dace.Language.Python:
-        return False
-    targets = [t for stmt in tasklet.code.code for node in ast.walk(stmt)
-               if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
-    named = [t for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == connector]
-    return len(named) == 1 and any(
-        isinstance(stmt, ast.Assign) and stmt.targets == named and isinstance(named[0], ast.Name)
-        and isinstance(stmt.value, ast.Constant)
-        and type(stmt.value.value) in (int, float) and stmt.value.value == 0 for stmt in tasklet.code.code)
 
 
 def _equal(a, b) -> bool:
@@ -84,7 +70,7 @@ def _zero_region(state: dace.SDFGState, edge, unstable: set[str]) -> subsets.Ran
     if len(leaves) != 1 or any(t.edge.data.wcr is not None for t in tree.traverse_children(include_self=True)):
         return None
     leaf = leaves[0]
-    if not isinstance(leaf.src, nd.Tasklet) or leaf.data.dynamic or not _assigns_zero(leaf.src, leaf.src_conn):
+    if not isinstance(leaf.src, nd.Tasklet) or leaf.data.dynamic or not assigns_zero(leaf.src, leaf.src_conn):
         return None
     ranges = scope_ranges(state, leaf.src)
     params = set(ranges)
@@ -198,12 +184,12 @@ def _accesses_after(body: list, j: int, state: dace.SDFGState, node: nd.AccessNo
     resets (which read nothing)."""
     name = node.data
     [edge] = state.in_edges(node)
-    tasklet = state.memlet_tree(edge).leaves()[0].src
+    [reset] = state.memlet_tree(edge).leaves()
+    tasklet, own = reset.src, reset.data.subset
     head = tasklet
     while state.entry_node(head) is not None:
         head = state.entry_node(head)
     before = nx.ancestors(state.nx, head)
-    own = state.memlet_tree(edge).leaves()[0].data.subset
     for other in accesses(state, name):
         if other is node:
             continue

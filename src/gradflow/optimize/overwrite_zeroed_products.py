@@ -26,7 +26,7 @@ import dace
 from dace.libraries.blas.nodes.gemm import Gemm
 from dace.sdfg import nodes as nd
 
-from gradflow.analysis.access import accesses, chained_states, covers_array, element_write, touches
+from gradflow.analysis.access import accesses, assigns_zero, chained_states, covers_array, element_write, touches
 from gradflow.analysis.ops import constant_beta
 from gradflow.analysis.writes import map_writes_cover
 from gradflow.core.passes import register_pass
@@ -50,9 +50,9 @@ def zeroing_maps(state: dace.SDFGState, name: str | None = None) -> Iterator[tup
         if (len(body) != 1 or not isinstance(body[0], nd.Tasklet) or body[0].in_connectors or len(outs) != 1
                 or not isinstance(outs[0].dst, nd.AccessNode) or name not in (None, outs[0].data.data)):
             continue
-        code = body[0].code.as_string.replace(" ", "").strip()
+        writes = state.in_edges(exit_)
         whole = dace.subsets.Range.from_array(state.sdfg.arrays[outs[0].data.data])
-        if (code.split("=")[-1] in ("0", "0.0") and _covers(state.sdfg, outs[0].data)
+        if (len(writes) == 1 and assigns_zero(body[0], writes[0].src_conn) and _covers(state.sdfg, outs[0].data)
                 and map_writes_cover(state, outs[0], whole)):  # (the edge's subset is only a bounding box)
             yield entry, outs[0].dst
 

@@ -153,6 +153,20 @@ def _runge_kutta_before_loop_sums() -> Graph:
     return grad_graph(runge_kutta, "x", "S", None, optimize=Pipeline(OPTIMIZE.steps[:upto]))
 
 
+def _runge_kutta_before_tiling() -> Graph:
+    """A Runge-Kutta loop whose stages read each other one element to the left, optimized up to
+    `tile_element_chains` (`tests/optimize/test_tiled_chains.py`)."""
+    from tests.optimize.test_tiled_chains import UPTO, runge_kutta
+
+    return UPTO(Graph.of(runge_kutta)).unwrap()
+
+
+def _untiled_chains(g: Graph) -> int:
+    from gradflow.optimize.tiled_chains import TileElementChains
+
+    return len(list(TileElementChains().matches(g.sdfg)))
+
+
 def _loop_sums(g: Graph) -> int:
     from gradflow.optimize.loop_sums import _plans
 
@@ -523,6 +537,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
         lambda: Reverse(("X", "Wt"), ("S",))(_normalized(dataflow.df_flatten_matmul)).unwrap(), None,
         _zeroed_products, ("> 0", 0)),
     "overwrite_loop_sums": (_runge_kutta_before_loop_sums, None, _loop_sums, ("> 0", 0)),
+    "tile_element_chains": (_runge_kutta_before_tiling, None, _untiled_chains, ("> 0", 0)),
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
     "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),

@@ -8,6 +8,7 @@ results: the test suite compares optimized and unoptimized gradients on every co
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from gradflow.core.graph import Graph
@@ -35,6 +36,7 @@ from gradflow.optimize.sibling_sums import MergeElementSums
 from gradflow.optimize.simd_sums import SimdRegisterSums
 from gradflow.optimize.split_sums import SplitSumMaps
 from gradflow.optimize.sunk_fills import SinkFills
+from gradflow.optimize.tiled_chains import TileElementChains
 from gradflow.optimize.versioning import VersionBySize
 from gradflow.transforms.fusion import FuseMaps
 from gradflow.transforms.idioms import RaiseConvolutions
@@ -47,12 +49,19 @@ from gradflow.transforms.views import RemoveViews
 #: The default optimization pipeline. Its first six passes are AD normalization passes too (a no-op on
 #: a differentiated program, which went through them): a program compiled forward only gets the same
 #: convolution nodes, products and maps as its gradient.
+def _tiling() -> TileElementChains:
+    """`tile_element_chains` as configured: `GRADFLOW_TILE_BLOCK=k` (for tests and the fuzzer) takes blocks
+    of k elements and tiles chains of any size, so that programs of a few elements cross block edges."""
+    block = os.environ.get("GRADFLOW_TILE_BLOCK")
+    return TileElementChains(min_extent=0, block=int(block)) if block else TileElementChains()
+
+
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), OverwriteLoopSums(),
                      DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), JoinElementwiseStates(), FuseMaps(),
                      SimplifyIndexArithmetic(), JoinCopyStates(), WriteInPlace(), MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(),
-                     SplitSumMaps(), NestReductions(), LocalReductions(), ChooseSchedules(), VersionBySize(),
+                     SplitSumMaps(), NestReductions(), LocalReductions(), _tiling(), ChooseSchedules(), VersionBySize(),
                      RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
 
@@ -65,4 +74,4 @@ __all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales",
            "HoistRowProducts", "JoinCopyStates", "JoinElementwiseStates", "LocalReductions", "MergeElementSums",
            "MoveLoopsIntoMaps", "NestReductions", "OverwriteLoopSums", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
            "PersistentTransients", "RaiseLoopReductions", "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers",
-           "SimdRegisterSums", "SimplifyIndexArithmetic", "SinkFills", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]
+           "SimdRegisterSums", "SimplifyIndexArithmetic", "SinkFills", "TileElementChains", "TransientLayouts", "VersionBySize", "WriteInPlace", "optimized"]

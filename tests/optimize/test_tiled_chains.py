@@ -29,8 +29,14 @@ from gradflow.runtime import Runner
 N, T = dace.symbol("N"), dace.symbol("T")
 WITHOUT = OPTIMIZE.without("tile_element_chains")
 UPTO = Pipeline(OPTIMIZE.steps[:[s.name for s in OPTIMIZE.steps].index("tile_element_chains")])
-#: one block, block edges (the ode chain's blocks are 512 elements), many blocks
-SIZES = (1, 2, 3, 511, 512, 513, 1100, 5000)
+#: blocks of 4 elements: every size but the smallest crosses block edges, and chains of 16 elements or more
+#: run tiled (four blocks)
+SMALL_BLOCKS = Pipeline(tuple(TileElementChains(block=4) if s.name == "tile_element_chains" else s
+                              for s in OPTIMIZE.steps))
+PIPELINES = {"default": OPTIMIZE, "blocks_of_4": SMALL_BLOCKS}
+#: around the small blocks' threshold and edges, and the default blocks' (512 or 1024 elements: a chain of
+#: 4 blocks or more runs tiled)
+SIZES = (1, 2, 3, 15, 16, 17, 511, 513, 1100, 5000, 9000)
 
 
 @dace.program
@@ -135,11 +141,12 @@ def test_the_pass_applies_where_it_may(name: str) -> None:
     assert bool(_tiled(FORWARD[name][0])) != (name in UNTILED), name
 
 
+@pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 @pytest.mark.parametrize("name", sorted(FORWARD))
-def test_forward_equals_numpy_and_the_program_without_the_pass(name: str, threads) -> None:
+def test_forward_equals_numpy_and_the_program_without_the_pass(name: str, pipeline: str, threads) -> None:
     program, reference, looped = FORWARD[name]
     arg = program.argnames
-    with_pass = Runner(optimized(Graph.of(program), True))
+    with_pass = Runner(optimized(Graph.of(program), PIPELINES[pipeline]))
     without = Runner(optimized(Graph.of(program), WITHOUT))
     rng = np.random.default_rng(11)
     for count in (1, 2):
@@ -189,13 +196,14 @@ def test_the_gradient_has_a_tiled_chain() -> None:
     assert list(TileElementChains().matches(g.sdfg))
 
 
-def test_gradients_equal_torchs_and_those_without_the_pass(threads) -> None:
-    with_pass = gradflow.value_and_grad(runge_kutta_loss, wrt="x", of="S")
+@pytest.mark.parametrize("pipeline", sorted(PIPELINES))
+def test_gradients_equal_torchs_and_those_without_the_pass(pipeline: str, threads) -> None:
+    with_pass = gradflow.value_and_grad(runge_kutta_loss, wrt="x", of="S", optimize=PIPELINES[pipeline])
     without = gradflow.value_and_grad(runge_kutta_loss, wrt="x", of="S", optimize=WITHOUT)
     rng = np.random.default_rng(5)
     for count in (1, 2):
         threads(count)
-        for n, t in ((1, 2), (511, 1), (513, 3), (5000, 2), (1100, 0)):
+        for n, t in ((1, 2), (17, 3), (511, 1), (513, 3), (5000, 2), (1100, 0)):
             x = rng.uniform(0.1, 0.6, n)
             value, grad = with_pass(x=x.copy(), T=t)
             value_without, grad_without = without(x=x.copy(), T=t)
@@ -209,7 +217,7 @@ def test_gradients_equal_torchs_and_those_without_the_pass(threads) -> None:
 
 def _shifts(program) -> list[int]:
     g = UPTO(Graph.of(program)).unwrap()
-    (chain,) = [c for region, states in _runs(g.sdfg) for c in chains_in(region, states, 4096)]
+    (chain,) = [c for region, states in _runs(g.sdfg) for c in chains_in(region, states, 4)]
     return sorted(chain.shifts.values())
 
 

@@ -51,9 +51,9 @@ from gradflow.transforms.views import RemoveViews
 #: convolution nodes, products and maps as its gradient.
 def _tiling() -> TileElementChains:
     """`tile_element_chains` as configured: `GRADFLOW_TILE_BLOCK=k` (for tests and the fuzzer) takes blocks
-    of k elements and tiles chains of any size, so that programs of a few elements cross block edges."""
+    of k elements, so that programs of a few elements cross block edges."""
     block = os.environ.get("GRADFLOW_TILE_BLOCK")
-    return TileElementChains(min_extent=0, block=int(block)) if block else TileElementChains()
+    return TileElementChains(block=int(block)) if block else TileElementChains()
 
 
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),

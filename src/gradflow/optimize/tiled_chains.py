@@ -35,8 +35,10 @@ the chain after them, and nothing reads their outputs before them.
 
 Blocks run one after another, so a tiled chain has no parallel loop. It runs when the program has one
 OpenMP thread (`omp_get_max_threads()`, asked at each run of the chain); with more, the untouched chain
-runs as before (its maps parallel where `choose_schedules` makes them so). Chains whose maps all have a
-constant extent below `min_extent` fit the cache as they are and are left alone.
+runs as before (its maps parallel where `choose_schedules` makes them so). Nor does it run when its
+longest map has fewer than `min_blocks` blocks (the arrays fit the caches as they are; the block loop would
+only cost): a chain whose extents are constants that small is left alone, a symbolic one is asked at run
+time.
 """
 
 from __future__ import annotations
@@ -227,6 +229,8 @@ class _Chain:
     #: per tiled piece (by position in `pieces`): its shift
     shifts: dict
     block: int
+    #: the fewest iterations of its longest map at which the chain runs tiled
+    least: int
 
 
 def _before(a: _Piece, b: _Piece, states: tuple, reach: dict) -> bool:
@@ -356,7 +360,11 @@ def _worth_it(pieces: list[_Piece], min_extent: int) -> bool:
 
 def _block_size(sdfg: dace.SDFG, pieces: list[_Piece]) -> int:
     """Elements per block: one block of each array the chain's maps step through fills `_BLOCK_BYTES`."""
-    names = {a.data for p in pieces if p.tiled for a in p.accesses if a.offset is not None}
+    names = set()
+    for piece in pieces:
+        if piece.tiled:
+            param = piece.entry.map.params[0]
+            names |= {a.data for a in piece.accesses if param in map(str, a.subset.free_symbols)}
     per_element = sum(sdfg.arrays[n].dtype.bytes for n in names) or 8
     return max(256, min(4096, 2 ** int(math.log2(max(1, _BLOCK_BYTES // per_element)))))
 
@@ -410,7 +418,7 @@ def _cheap(piece: _Piece) -> bool:
     return count.is_number and int(count) <= _INVARIANT_ELEMENTS
 
 
-def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_extent: int, known: dict,
+def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_blocks: int, known: dict,
            block: int | None = None) -> _Chain | None:
     """The chain of `states` where it can be tiled and is worth it, else None (`known`: state -> its pieces
     and reachability, filled on the way)."""
@@ -418,7 +426,8 @@ def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_extent: 
         if state not in known:
             known[state] = (_pieces(state), _reachability(state))
     pieces = _demote([p for s in states for p in known[s][0]])
-    if not _worth_it(pieces, min_extent) or not all(p.tiled or _cheap(p) for p in pieces):
+    block = block or _block_size(region.sdfg, pieces)
+    if not _worth_it(pieces, min_blocks * block) or not all(p.tiled or _cheap(p) for p in pieces):
         return None
     states_t = tuple(states)
     shifts = _shifts(pieces, states_t, {s: known[s][1] for s in states})
@@ -428,10 +437,10 @@ def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_extent: 
     shared = {n.data for s in states for n in s.data_nodes() if n.desc(sdfg).transient}
     if not _shapes_known_at_start(sdfg, shared):
         return None
-    return _Chain(region, states_t, tuple(pieces), shifts, block or _block_size(sdfg, pieces))
+    return _Chain(region, states_t, tuple(pieces), shifts, block, min_blocks * block)
 
 
-def _chains(region: ControlFlowRegion, states: list[dace.SDFGState], min_extent: int,
+def _chains(region: ControlFlowRegion, states: list[dace.SDFGState], min_blocks: int,
             block: int | None = None) -> Iterator[_Chain]:
     """Chains within a run of states: from its first state the longest that can be tiled, then on after it
     (a state that cannot be part of any is passed over)."""
@@ -439,7 +448,7 @@ def _chains(region: ControlFlowRegion, states: list[dace.SDFGState], min_extent:
     start = 0
     while start < len(states):
         for end in range(len(states), start, -1):
-            chain = _chain(region, states[start:end], min_extent, known, block)
+            chain = _chain(region, states[start:end], min_blocks, known, block)
             if chain is not None:
                 yield chain
                 start = end
@@ -520,7 +529,11 @@ def _tile(chain: _Chain) -> None:
                               language=dace.Language.CPP, code_global="#include <omp.h>")
     ask.add_edge(tasklet, "__out", ask.add_access(count), None, dace.Memlet(f"{count}[0]"))
     choice = ConditionalBlock(label, sdfg=sdfg)
-    choice.add_branch(CodeBlock(f"{threads} == 1"), tiled)
+    longest = sympy.Max(*(p.hi - p.lo for p in chain.pieces if p.tiled))
+    condition = f"{threads} == 1"
+    if not dace.symbolic.simplify(longest).is_number:
+        condition += f" and ({dace.symbolic.symstr(longest, cpp_mode=False)}) >= {chain.least}"
+    choice.add_branch(CodeBlock(condition), tiled)
     choice.add_branch(None, untouched)
     region.add_node(ask, is_start_block=was_start)
     region.add_node(choice)
@@ -545,7 +558,8 @@ class TileElementChains(RewritePass):
     """Chains of element-wise maps reading each other at constant offsets run block by block on one
     thread (see the module docstring)."""
 
-    min_extent: int = 4096
+    #: the fewest blocks of the longest map at which the chain runs tiled
+    min_blocks: int = 4
     #: elements per block (None: `_BLOCK_BYTES` of the chain's arrays); tests and the fuzzer take a few
     #: elements, so that small programs cross block edges (`GRADFLOW_TILE_BLOCK`, `optimize/__init__.py`)
     block: int | None = None
@@ -555,7 +569,7 @@ class TileElementChains(RewritePass):
 
     def matches(self, sdfg: dace.SDFG) -> Iterator[_Chain]:
         for region, states in _runs(sdfg):
-            yield from _chains(region, states, self.min_extent, self.block)
+            yield from _chains(region, states, self.min_blocks, self.block)
 
     def rewrite(self, sdfg: dace.SDFG, match: _Chain) -> None:
         _tile(match)

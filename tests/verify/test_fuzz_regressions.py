@@ -349,6 +349,15 @@ def program(x0: dace.float64[N], x1: dace.float64[M], w1: dace.float64[M], S: da
             x1[2] *= np.max(x0[:N - 2])
     S[0] += np.sum(x1 * w1)
 """, {"N": 6, "M": 5}, ("x0", "x1"), {}, ("torch_cpp", "store_all", True)),
+    # `GRADFLOW_TILE_BLOCK=2 gradflow fuzz --seed 16045` at b2f52fe, programs 36 and 61 (crashes; the default
+    # blocks too): the gradients' zeroing maps ran in a chain `tile_element_chains` made two versions of, and
+    # `analysis.writes` could not follow the tiled one, so `value_and_grad` asked the caller for the gradient
+    # arrays. The versions' block now reads as the version kept as it was (`analysis.versions`).
+    "gradients_zeroed_in_a_tiled_chain_are_allocated": ("""@dace.program
+def program(x0: dace.float64[M], x1: dace.float64[M], w0: dace.float64[M], w1: dace.float64[M], S: dace.float64[1]):
+    x0[:M - 2] = 1.5
+    S[0] += np.sum(x0 * w0) + np.sum(x1 * w1)
+""", {"N": 6, "M": 5}, ("x0", "x1"), {}, ("grad", "store_all", True)),
 }
 
 # the route value_and_grad (a budget planned at the call) on the program of `loop_that_does_not_run_gets_an_

@@ -21,6 +21,7 @@ from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from gradflow.analysis.access import covers_array, scope_ranges
 from gradflow.analysis.indices import same_value
 from gradflow.analysis.ops import constant_beta
+from gradflow.analysis.versions import kept_version
 from gradflow.core.exact_subsets import covers
 
 
@@ -121,6 +122,9 @@ def _block_exposes(block, name: str) -> bool:
     if isinstance(block, ConditionalBlock):
         if any(c is not None and name in set(map(str, c.get_free_symbols())) for c, _ in block.branches):
             return True
+        kept = kept_version(block)
+        if kept is not None:
+            return exposed_read(kept, name)  # every version computes what this one does
         return any(exposed_read(body, name) for _, body in block.branches)
     if isinstance(block, LoopRegion):
         header = [c for c in (block.loop_condition, block.init_statement, block.update_statement) if c is not None]
@@ -182,6 +186,10 @@ def _branches(block: ConditionalBlock, name: str, full: subsets.Range) -> _First
     if not _touches(block, name):
         return _First.UNTOUCHED
     conditions = [c for c, _ in block.branches]
+    kept = kept_version(block)
+    if kept is not None and not any(c is not None and name in set(map(str, c.get_free_symbols()))
+                                    for c in conditions):
+        return _region(kept, name, full)  # every version computes what this one does
     if any(c is None for c in conditions) and not any(
             c is not None and name in set(map(str, c.get_free_symbols())) for c in conditions):
         found = {_region(body, name, full) for _, body in block.branches}

@@ -56,13 +56,13 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.access import runs_right_after
+from gradflow.analysis.versions import PREFIX
 from gradflow.core.names import private_copies
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.optimize.schedules import make_sequential
 from gradflow.transforms.fusion import elementwise_scope
 
-_SUFFIX = "_tiled"
 #: bytes one block of the chain's arrays may take (the first-level data cache of common x86 cores)
 _BLOCK_BYTES = 32768
 #: the most elements an invariant map or copy may have (it runs once per block)
@@ -380,7 +380,7 @@ def _in_tiled(block) -> bool:
     """`block` is inside a conditional block this pass made."""
     region = block.parent_graph
     while region is not None and not isinstance(region, dace.SDFG):
-        if isinstance(region, ConditionalBlock) and region.label.endswith(_SUFFIX):
+        if isinstance(region, ConditionalBlock) and region.label.startswith(PREFIX):
             return True
         region = region.parent_graph
     return False
@@ -481,7 +481,7 @@ def _rename(state: dace.SDFGState, fresh: dict[str, str]) -> None:
 def _tile(chain: _Chain) -> None:
     region, sdfg = chain.region, chain.region.sdfg
     first, last = chain.states[0], chain.states[-1]
-    label = f"{first.label}{_SUFFIX}"
+    label = f"{first.label}_tiled"
     threads = sdfg.find_new_symbol("gf_threads")
     t = sdfg.find_new_symbol("gf_block")
     sdfg.add_symbol(threads, dace.int32)
@@ -528,7 +528,7 @@ def _tile(chain: _Chain) -> None:
     tasklet = ask.add_tasklet("omp_threads", {}, {"__out"}, "__out = omp_get_max_threads();",
                               language=dace.Language.CPP, code_global="#include <omp.h>")
     ask.add_edge(tasklet, "__out", ask.add_access(count), None, dace.Memlet(f"{count}[0]"))
-    choice = ConditionalBlock(label, sdfg=sdfg)
+    choice = ConditionalBlock(f"{PREFIX}{first.label}", sdfg=sdfg)
     longest = sympy.Max(*(p.hi - p.lo for p in chain.pieces if p.tiled))
     condition = f"{threads} == 1"
     if not dace.symbolic.simplify(longest).is_number:

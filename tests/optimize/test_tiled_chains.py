@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
+import os
+import tempfile
 
 import dace
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import gradflow
 from gradflow.api import grad_graph, optimized
 from gradflow.core.graph import Graph
 from gradflow.core.passes import Pipeline
 from gradflow.optimize import OPTIMIZE
+from gradflow.analysis.versions import PREFIX
 from gradflow.optimize.tiled_chains import TileElementChains, _runs
 from gradflow.optimize.tiled_chains import _chains as chains_in
 from gradflow.runtime import Runner
@@ -258,3 +264,72 @@ def test_chains_whose_reads_are_not_at_constant_offsets_are_left_alone(program) 
     with_pass(x=x, out=a)
     without(x=x, out=b)
     np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------- random chains
+# Chains drawn at random: statements `a<k>[p:N - q] = f(a<i>[p + s:N - q + s], a<j>[...])` over four
+# vectors, offsets -2..2 on either side, some updating in place (`+=`), run with blocks of 3 elements at
+# sizes across many block edges, against the same statements run by numpy.
+
+_VECTORS = 4
+
+
+@st.composite
+def _chains_of_statements(draw) -> list[str]:
+    lines = []
+    for _ in range(draw(st.integers(2, 6))):
+        target = draw(st.integers(0, _VECTORS - 1))
+        first, second = draw(st.integers(0, _VECTORS - 1)), draw(st.integers(0, _VECTORS - 1))
+        s1, s2 = draw(st.integers(-2, 2)), draw(st.integers(-2, 2))
+        low = max(0, -s1, -s2) + draw(st.integers(0, 1))
+        high = max(0, s1, s2) + draw(st.integers(0, 1))  # elements left at the end
+
+        def part(k: int, s: int) -> str:
+            return f"a{k}[{low + s}:N - {high - s}]"
+
+        op = draw(st.sampled_from(["=", "+="]))
+        expr = draw(st.sampled_from(["{x} * 0.5 + {y}", "np.tanh({x}) - {y}", "{x} * {y} + 0.25"]))
+        lines.append(f"a{target}[{low}:N - {high}] {op} " + expr.format(x=part(first, s1), y=part(second, s2)))
+    return lines
+
+
+def _random_chain_program(lines: list[str], tmp: str):
+    """The statements as a DaCe program (in a module file: DaCe reads the source) and as a numpy function."""
+    args = ", ".join(f"a{k}: dace.float64[N]" for k in range(_VECTORS))
+    body = "\n".join("    " + line for line in lines)
+    source = f"import numpy as np\nimport dace\nN = dace.symbol('N')\n\n\n@dace.program\ndef chain({args}):\n{body}\n"
+    path = os.path.join(tmp, f"chain_{abs(hash(source))}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(f"chain_{abs(hash(source))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    twin_source = f"import numpy as np\n\ndef twin(N, {', '.join(f'a{k}' for k in range(_VECTORS))}):\n{body}\n"
+    namespace: dict = {}
+    exec(twin_source, namespace)
+    return module.chain, namespace["twin"]
+
+
+BLOCKS_OF_3 = Pipeline(tuple(TileElementChains(block=3) if s.name == "tile_element_chains" else s
+                             for s in OPTIMIZE.steps))
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(_chains_of_statements())
+def test_random_chains_equal_numpy_with_small_blocks(lines: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        program, twin = _random_chain_program(lines, tmp)
+        built = optimized(Graph.of(program), BLOCKS_OF_3)
+    # only chains the pass tiles test it (a chain it leaves alone is the program as it was)
+    assume(any(b.label.startswith(PREFIX) for b in built.sdfg.all_control_flow_blocks()))
+    runner = Runner(built)
+    rng = np.random.default_rng(len(lines))
+    for n in (6, 7, 12, 13, 14, 40):  # from under the four blocks that run tiled to many blocks
+        data = [rng.uniform(-1.0, 1.0, n) for _ in range(_VECTORS)]
+        want = [d.copy() for d in data]
+        twin(n, *want)
+        got = [d.copy() for d in data]
+        runner(**{f"a{k}": got[k] for k in range(_VECTORS)})
+        for k in range(_VECTORS):
+            scale = 1e-14 * max(1.0, np.abs(want[k]).max())
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-12, atol=scale, err_msg=f"a{k} at N={n}: {lines}")

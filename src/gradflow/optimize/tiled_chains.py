@@ -130,25 +130,39 @@ def _scope_local(state: dace.SDFGState, entry: nd.MapEntry, name: str) -> bool:
     return True
 
 
-def _scope_accesses(state: dace.SDFGState, entry: nd.MapEntry) -> list[tuple[str, bool, object]]:
+def _edge_accesses(state: dace.SDFGState, edge, exit_=None) -> list[tuple[str, bool, object]] | None:
+    """(data, written, subset) of what `edge` reads and writes: the array of the access node at either end
+    (or, at a map's entry or exit `exit_`, the array its memlet names); a sum also reads. None where a
+    subset is unknown."""
+    memlet, found = edge.data, []
+    if memlet.is_empty():
+        return found
+    if edge.dst is exit_:
+        found.append((memlet.data, True, memlet.subset))
+    elif isinstance(edge.dst, nd.AccessNode):
+        found.append((edge.dst.data, True, memlet.get_dst_subset(edge, state)))
+    if isinstance(edge.src, nd.AccessNode):
+        found.append((edge.src.data, False, memlet.get_src_subset(edge, state)))
+    elif isinstance(edge.src, nd.MapEntry):
+        found.append((memlet.data, False, memlet.subset))
+    if memlet.wcr is not None:
+        found += [(name, False, subset) for name, written, subset in found if written]
+    return None if any(subset is None for _, _, subset in found) else found
+
+
+def _scope_accesses(state: dace.SDFGState, entry: nd.MapEntry) -> list[tuple[str, bool, object]] | None:
     """(data, written, subset) of every memlet in or at the boundary of `entry`'s scope, scope-local data
-    left out."""
+    left out; None where one cannot be told."""
     exit_ = state.exit_node(entry)
     scope = state.scope_subgraph(entry, include_entry=True, include_exit=True)
     found = []
     for edge in scope.edges():
-        memlet = edge.data
-        if memlet.is_empty() or edge.src is exit_ or edge.dst is entry:
+        if edge.src is exit_ or edge.dst is entry:
             continue  # the edges outside the scope only summarize the inner ones
-        if _scope_local(state, entry, memlet.data):
-            continue
-        write = edge.dst is exit_ or isinstance(edge.dst, nd.AccessNode)
-        subset = memlet.dst_subset if write and memlet.dst_subset is not None else memlet.subset
-        if not write and memlet.src_subset is not None:
-            subset = memlet.src_subset
-        found.append((memlet.data, write, subset))
-        if write and memlet.wcr is not None:
-            found.append((memlet.data, False, subset))
+        accesses = _edge_accesses(state, edge, exit_)
+        if accesses is None:
+            return None
+        found += [a for a in accesses if not _scope_local(state, entry, a[0])]
     return found
 
 
@@ -157,7 +171,10 @@ def _map_piece(state: dace.SDFGState, entry: nd.MapEntry) -> _Piece | None:
     None where it is neither (a body that is not element-wise, dynamic range inputs)."""
     if not elementwise_scope(state, entry) or any(not c.startswith("IN_") for c in entry.in_connectors):
         return None
-    accesses = tuple(_Access(d, w, s) for d, w, s in _scope_accesses(state, entry))
+    inside = _scope_accesses(state, entry)
+    if inside is None:
+        return None
+    accesses = tuple(_Access(d, w, s) for d, w, s in inside)
     exit_ = state.exit_node(entry)
     if len(entry.map.params) == 1 and entry.map.range[0][2] == 1:
         begin, end, _ = entry.map.range[0]
@@ -177,25 +194,20 @@ def _pieces(state: dace.SDFGState) -> list[_Piece] | None:
                 return None
             for edge in state.out_edges(node):
                 if isinstance(edge.dst, nd.AccessNode) and not edge.data.is_empty():
-                    read = edge.data.get_src_subset(edge, state)
-                    written = edge.data.get_dst_subset(edge, state)
-                    if read is None or written is None or edge.data.wcr is not None:
+                    accesses = _edge_accesses(state, edge)
+                    if accesses is None or edge.data.wcr is not None:
                         return None
-                    found.append(_Piece(state, node, edge.dst, (_Access(node.data, False, read),
-                                                                 _Access(edge.dst.data, True, written))))
+                    found.append(_Piece(state, node, edge.dst, tuple(_Access(*a) for a in accesses)))
         elif isinstance(node, nd.MapEntry):
             piece = _map_piece(state, node)
             if piece is None:
                 return None
             found.append(piece)
         elif isinstance(node, nd.Tasklet):
-            accesses = [_Access(e.data.data, False, e.data.subset) for e in state.in_edges(node)
-                        if not e.data.is_empty()]
-            accesses += [_Access(e.data.data, True, e.data.subset) for e in state.out_edges(node)
-                         if not e.data.is_empty()]
-            if any(e.data.wcr is not None for e in state.out_edges(node)):
+            accesses = [_edge_accesses(state, e) for e in (*state.in_edges(node), *state.out_edges(node))]
+            if any(a is None for a in accesses) or any(e.data.wcr is not None for e in state.out_edges(node)):
                 return None
-            found.append(_Piece(state, node, node, tuple(accesses)))
+            found.append(_Piece(state, node, node, tuple(_Access(*a) for group in accesses for a in group)))
         else:
             return None  # nested SDFGs, library nodes
     return found

@@ -252,27 +252,21 @@ def _before(a: _Piece, b: _Piece, states: tuple, reach: dict) -> bool:
     return b.source in reach[a.state][a.sink]
 
 
-def _tiled_accesses(chain_pieces, written_by_tiled: set[str]) -> bool:
-    """Fill in the offsets of the tiled pieces' accesses to data a tiled piece writes; whether every such
-    access has one (else the piece is not tiled: False)."""
-    ok = True
-    for k, piece in enumerate(chain_pieces):
+def _with_offsets(pieces: list[_Piece], written_by_tiled: set[str]) -> list[_Piece]:
+    """The pieces, each tiled piece's accesses to data a tiled piece writes given their offset where they
+    are `i + c` (`_offset`; the others keep none)."""
+    found = []
+    for piece in pieces:
         if not piece.tiled:
+            found.append(piece)
             continue
         param = dace.symbolic.pystr_to_symbolic(piece.entry.map.params[0])
         accesses = []
         for access in piece.accesses:
-            if access.data in written_by_tiled:
-                found = _offset(access.subset, param)
-                if found is None:
-                    ok = False
-                    accesses.append(access)
-                else:
-                    accesses.append(attrs.evolve(access, where=found[0], offset=found[1]))
-            else:
-                accesses.append(access)
-        chain_pieces[k] = attrs.evolve(piece, accesses=tuple(accesses))
-    return ok
+            where = _offset(access.subset, param) if access.data in written_by_tiled else None
+            accesses.append(access if where is None else attrs.evolve(access, where=where[0], offset=where[1]))
+        found.append(attrs.evolve(piece, accesses=tuple(accesses)))
+    return found
 
 
 def _demote(pieces: list[_Piece]) -> list[_Piece]:
@@ -280,8 +274,7 @@ def _demote(pieces: list[_Piece]) -> list[_Piece]:
     every tiled piece's are (a piece made invariant may stop another's data from being tiled-written)."""
     while True:
         written = {a.data for p in pieces if p.tiled for a in p.accesses if a.write}
-        trial = list(pieces)
-        _tiled_accesses(trial, written)
+        trial = _with_offsets(pieces, written)
         bad = [k for k, p in enumerate(trial) if p.tiled and any(
             a.data in written and a.offset is None for a in p.accesses)]
         if not bad:

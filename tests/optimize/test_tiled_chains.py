@@ -31,6 +31,10 @@ from gradflow.analysis.versions import PREFIX
 from gradflow.optimize.tiled_chains import TileElementChains, _runs
 from gradflow.optimize.tiled_chains import _chains as chains_in
 from gradflow.runtime import Runner
+# the Runge-Kutta loss of overwrite_loop_sums' tests (two stages through a `rate` helper, S = sum(y * y)): its
+# reversed loop holds a chain this pass tiles
+from tests.optimize.test_loop_sums import runge_kutta as runge_kutta_loss
+from tests.optimize.test_loop_sums import runge_kutta_torch as runge_kutta_loss_torch
 
 N, T = dace.symbol("N"), dace.symbol("T")
 WITHOUT = OPTIMIZE.without("tile_element_chains")
@@ -174,29 +178,6 @@ def test_forward_equals_numpy_and_the_program_without_the_pass(name: str, pipeli
             np.testing.assert_allclose(got["with"], got["without"], rtol=1e-12, atol=scale, err_msg=f"n={n}")
 
 
-@dace.program
-def runge_kutta_loss(x: dace.float64[N], S: dace.float64[1]):
-    y = np.zeros_like(x)
-    k1 = np.ndarray([N], dtype=np.float64)
-    k2 = np.ndarray([N], dtype=np.float64)
-    for _ in range(T):
-        k1[0] = x[0]
-        k1[1:] = x[1:] * y[:-1]
-        k2[0] = x[0]
-        k2[1:] = x[1:] * (y[:-1] + 0.25 * k1[:-1])
-        y[:] = y + 0.5 * (k1 + k2)
-    S[0] = np.sum(y * y)
-
-
-def runge_kutta_loss_torch(x: torch.Tensor, t: int) -> torch.Tensor:
-    y = torch.zeros_like(x)
-    for _ in range(t):
-        k1 = torch.cat([x[:1], x[1:] * y[:-1]])
-        k2 = torch.cat([x[:1], x[1:] * (y[:-1] + 0.25 * k1[:-1])])
-        y = y + 0.5 * (k1 + k2)
-    return torch.sum(y * y)
-
-
 def test_the_gradient_has_a_tiled_chain() -> None:
     g = grad_graph(runge_kutta_loss, "x", "S", None, optimize=UPTO)
     assert list(TileElementChains().matches(g.sdfg))
@@ -223,7 +204,7 @@ def test_gradients_equal_torchs_and_those_without_the_pass(pipeline: str, thread
 
 def _shifts(program) -> list[int]:
     g = UPTO(Graph.of(program)).unwrap()
-    (chain,) = [c for region, states in _runs(g.sdfg) for c in chains_in(region, states, 4)]
+    (chain,) = [c for region, states, pieces in _runs(g.sdfg) for c in chains_in(region, states, pieces, 4)]
     return sorted(chain.shifts.values())
 
 

@@ -186,12 +186,12 @@ def _branches(block: ConditionalBlock, name: str, full: subsets.Range) -> _First
     if not _touches(block, name):
         return _First.UNTOUCHED
     conditions = [c for c, _ in block.branches]
+    if any(c is not None and name in set(map(str, c.get_free_symbols())) for c in conditions):
+        return _First.UNSURE
     kept = kept_version(block)
-    if kept is not None and not any(c is not None and name in set(map(str, c.get_free_symbols()))
-                                    for c in conditions):
+    if kept is not None:
         return _region(kept, name, full)  # every version computes what this one does
-    if any(c is None for c in conditions) and not any(
-            c is not None and name in set(map(str, c.get_free_symbols())) for c in conditions):
+    if any(c is None for c in conditions):
         found = {_region(body, name, full) for _, body in block.branches}
         if found == {_First.OVERWRITES}:
             return _First.OVERWRITES

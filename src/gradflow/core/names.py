@@ -117,3 +117,14 @@ def private_copies(sdfg: dace.SDFG, names, suffix: str = "") -> dict[str, str]:
     variable for all its threads), or before the loop that defines its size."""
     return {old: sdfg.add_datadesc(f"{old}{suffix}", copy.deepcopy(sdfg.arrays[old]), find_new_name=True)
             for old in sorted(names)}
+
+
+def rename_data(state, fresh: dict[str, str]) -> None:
+    """Point `state`'s access nodes and memlets of the data `fresh` names (old -> new) at the new names:
+    with `private_copies`, a copied state's own descriptors."""
+    for node in state.data_nodes():
+        if node.data in fresh:
+            node.data = fresh[node.data]
+    for edge in state.edges():
+        if edge.data.data in fresh:
+            edge.data.data = fresh[edge.data.data]

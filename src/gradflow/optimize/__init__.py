@@ -46,9 +46,6 @@ from gradflow.transforms.product_scales import FoldProductScales
 from gradflow.transforms.row_products import HoistRowProducts
 from gradflow.transforms.views import RemoveViews
 
-#: The default optimization pipeline. Its first six passes are AD normalization passes too (a no-op on
-#: a differentiated program, which went through them): a program compiled forward only gets the same
-#: convolution nodes, products and maps as its gradient.
 def _tiling() -> TileElementChains:
     """`tile_element_chains` as configured: `GRADFLOW_TILE_BLOCK=k` (for tests and the fuzzer) takes blocks
     of k elements, so that programs of a few elements cross block edges."""
@@ -56,6 +53,9 @@ def _tiling() -> TileElementChains:
     return TileElementChains(block=int(block)) if block else TileElementChains()
 
 
+#: The default optimization pipeline. Its first six passes are AD normalization passes too (a no-op on
+#: a differentiated program, which went through them): a program compiled forward only gets the same
+#: convolution nodes, products and maps as its gradient.
 OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), HoistRowProducts(),
                      RaiseLoopReductions(), LoopsToMaps(), OverwriteZeroedProducts(), OverwriteLoopSums(),
                      DropDeadStores(),

@@ -57,7 +57,7 @@ from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
 from gradflow.analysis.access import runs_right_after
 from gradflow.analysis.versions import PREFIX
-from gradflow.core.names import private_copies
+from gradflow.core.names import private_copies, rename_data
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import ONE_AT_A_TIME, RewritePass
 from gradflow.optimize.schedules import make_sequential
@@ -155,6 +155,8 @@ def _scope_accesses(state: dace.SDFGState, entry: nd.MapEntry) -> list[tuple[str
     left out; None where one cannot be told."""
     exit_ = state.exit_node(entry)
     scope = state.scope_subgraph(entry, include_entry=True, include_exit=True)
+    inner = {n.data for n in scope.nodes() if isinstance(n, nd.AccessNode)}
+    local = {name for name in inner if _scope_local(state, entry, name)}
     found = []
     for edge in scope.edges():
         if edge.src is exit_ or edge.dst is entry:
@@ -162,7 +164,7 @@ def _scope_accesses(state: dace.SDFGState, entry: nd.MapEntry) -> list[tuple[str
         accesses = _edge_accesses(state, edge, exit_)
         if accesses is None:
             return None
-        found += [a for a in accesses if not _scope_local(state, entry, a[0])]
+        found += [a for a in accesses if a[0] not in local]
     return found
 
 
@@ -391,25 +393,33 @@ def _in_tiled(block) -> bool:
     return False
 
 
-def _runs(sdfg: dace.SDFG) -> Iterator[tuple[ControlFlowRegion, list[dace.SDFGState]]]:
-    """Maximal runs of states of a region, each running right after the one before, with their pieces."""
+def _runs(sdfg: dace.SDFG) -> Iterator[tuple[ControlFlowRegion, list[dace.SDFGState], dict]]:
+    """Maximal runs of states of a region, each running right after the one before, with their pieces
+    (state -> `_pieces`, each state's found once)."""
+    pieces: dict = {}
+
+    def pieces_of(state: dace.SDFGState) -> list[_Piece] | None:
+        if state not in pieces:
+            pieces[state] = _pieces(state)
+        return pieces[state]
+
     for region in sdfg.all_control_flow_regions():
         for state in region.nodes():
             if not isinstance(state, dace.SDFGState) or _in_tiled(state):
                 continue
             preds = region.in_edges(state)
             if len(preds) == 1 and isinstance(preds[0].src, dace.SDFGState) and runs_right_after(
-                    region, preds[0].src, state) and _pieces(preds[0].src) is not None:
+                    region, preds[0].src, state) and pieces_of(preds[0].src) is not None:
                 continue  # not the first of its run
             run = []
             current = state
-            while current is not None and _pieces(current) is not None:
+            while current is not None and pieces_of(current) is not None:
                 run.append(current)
                 nxt = region.out_edges(current)
                 current = (nxt[0].dst if len(nxt) == 1 and isinstance(nxt[0].dst, dace.SDFGState)
                            and runs_right_after(region, current, nxt[0].dst) else None)
             if run:
-                yield region, run
+                yield region, run, {s: pieces[s] for s in run}
 
 
 def _cheap(piece: _Piece) -> bool:
@@ -423,19 +433,19 @@ def _cheap(piece: _Piece) -> bool:
     return count.is_number and int(count) <= _INVARIANT_ELEMENTS
 
 
-def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_blocks: int, known: dict,
-           block: int | None = None) -> _Chain | None:
-    """The chain of `states` where it can be tiled and is worth it, else None (`known`: state -> its pieces
-    and reachability, filled on the way)."""
-    for state in states:
-        if state not in known:
-            known[state] = (_pieces(state), _reachability(state))
-    pieces = _demote([p for s in states for p in known[s][0]])
+def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_blocks: int, pieces_of: dict,
+           reach: dict, block: int | None = None) -> _Chain | None:
+    """The chain of `states` where it can be tiled and is worth it, else None (`pieces_of`: state -> its
+    pieces; `reach`: state -> its reachability, filled on the way)."""
+    pieces = _demote([p for s in states for p in pieces_of[s]])
     block = block or _block_size(region.sdfg, pieces)
     if not _worth_it(pieces, min_blocks * block) or not all(p.tiled or _cheap(p) for p in pieces):
         return None
     states_t = tuple(states)
-    shifts = _shifts(pieces, states_t, {s: known[s][1] for s in states})
+    for state in states:
+        if state not in reach:
+            reach[state] = _reachability(state)
+    shifts = _shifts(pieces, states_t, reach)
     if shifts is None:
         return None
     sdfg = region.sdfg
@@ -445,15 +455,15 @@ def _chain(region: ControlFlowRegion, states: list[dace.SDFGState], min_blocks: 
     return _Chain(region, states_t, tuple(pieces), shifts, block, min_blocks * block)
 
 
-def _chains(region: ControlFlowRegion, states: list[dace.SDFGState], min_blocks: int,
+def _chains(region: ControlFlowRegion, states: list[dace.SDFGState], pieces_of: dict, min_blocks: int,
             block: int | None = None) -> Iterator[_Chain]:
-    """Chains within a run of states: from its first state the longest that can be tiled, then on after it
-    (a state that cannot be part of any is passed over)."""
-    known: dict = {}
+    """Chains within a run of states (`pieces_of`: state -> its pieces): from its first state the longest
+    that can be tiled, then on after it (a state that cannot be part of any is passed over)."""
+    reach: dict = {}
     start = 0
     while start < len(states):
         for end in range(len(states), start, -1):
-            chain = _chain(region, states[start:end], min_blocks, known, block)
+            chain = _chain(region, states[start:end], min_blocks, pieces_of, reach, block)
             if chain is not None:
                 yield chain
                 start = end
@@ -472,15 +482,6 @@ def _scope_locals(states) -> set[str]:
             if entry is not None and _scope_local(state, entry, node.data):
                 found.add(node.data)
     return found
-
-
-def _rename(state: dace.SDFGState, fresh: dict[str, str]) -> None:
-    for node in state.data_nodes():
-        if node.data in fresh:
-            node.data = fresh[node.data]
-    for edge in state.edges():
-        if edge.data.data in fresh:
-            edge.data.data = fresh[edge.data.data]
 
 
 def _tile(chain: _Chain) -> None:
@@ -551,7 +552,7 @@ def _tile(chain: _Chain) -> None:
     # in place: the copies' scope-local data of their own, their limited maps sequential
     fresh = private_copies(sdfg, _scope_locals(chain.states), "_blk")
     for state_copy in copies:
-        _rename(state_copy, fresh)
+        rename_data(state_copy, fresh)
     for state_copy, entry, low, high in limited:
         entry.map.range = dace.subsets.Range([(low, high - 1, 1)])
         make_sequential(state_copy, entry)
@@ -573,8 +574,8 @@ class TileElementChains(RewritePass):
     resets_cfg: ClassVar[bool] = True
 
     def matches(self, sdfg: dace.SDFG) -> Iterator[_Chain]:
-        for region, states in _runs(sdfg):
-            yield from _chains(region, states, self.min_blocks, self.block)
+        for region, states, pieces_of in _runs(sdfg):
+            yield from _chains(region, states, pieces_of, self.min_blocks, self.block)
 
     def rewrite(self, sdfg: dace.SDFG, match: _Chain) -> None:
         _tile(match)

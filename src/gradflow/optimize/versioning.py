@@ -30,7 +30,7 @@ from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 from returns.result import Success
 
 from gradflow.core.graph import Graph
-from gradflow.core.names import private_copies
+from gradflow.core.names import private_copies, rename_data
 from gradflow.core.passes import Pass, PassResult, register_pass
 from gradflow.optimize.schedules import make_sequential, work
 
@@ -94,17 +94,6 @@ def _state_locals(state: dace.SDFGState) -> set[str]:
     return names
 
 
-def _rename(state: dace.SDFGState, names: set[str]) -> None:
-    """Give the data `names` in `state` (a copy, already in its SDFG) descriptors of their own."""
-    fresh = private_copies(state.sdfg, names, "_seq")
-    for node in state.data_nodes():
-        if node.data in fresh:
-            node.data = fresh[node.data]
-    for edge in state.edges():
-        if edge.data.data in fresh:
-            edge.data.data = fresh[edge.data.data]
-
-
 def _version(state: dace.SDFGState, min_parallel: int) -> None:
     region = state.parent_graph
     counts = [count for _, count in _symbolic_maps(state)] + [c.count for c in _symbolic_copies(state)]
@@ -131,7 +120,7 @@ def _version(state: dace.SDFGState, min_parallel: int) -> None:
     # Own descriptors for the copy's state-local data. Shared by the two versions, DaCe would allocate
     # them once for the whole program: outside the parallel map (a race between its threads), and before
     # the loop defines the symbols of their sizes.
-    _rename(small, local)
+    rename_data(small, private_copies(small.sdfg, local, "_seq"))
     for entry, _ in _symbolic_maps(small):
         make_sequential(small, entry)
     _sequential_copies(small)

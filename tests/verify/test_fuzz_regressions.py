@@ -715,3 +715,21 @@ def test_a_mean_of_a_strided_slice_is_differentiated_as_dace_computes_it() -> No
             xt = torch.tensor(x, requires_grad=True)
             (want,) = torch.autograd.grad(xt[:rows - 2:2, 1:].mean(), [xt])
             np.testing.assert_allclose(grad, want.numpy(), rtol=1e-13)
+
+
+# `gradflow fuzz --n 3000 --seed 14642` at 0cfc329 with GRADFLOW_TILE_BLOCK=2, program 28 (timed out under
+# `hvp`, the same at 9c57a0c), shrunk: forward mode folded every product of the tangent of the `min`'s
+# gradient into one choice of all their pieces (SymPy's `piecewise_fold`), whose cost grows about sixfold
+# per product; the tangent of this statement's gradient has about sixteen. Each product is now guarded by
+# its own steps (`dual.selected`).
+CHAIN_AFTER_A_MINIMUM = """@dace.program
+def program(x1: dace.float64[M], x2: dace.float64[N, M], w1: dace.float64[M], w2: dace.float64[N, M], S: dace.float64[1]):
+    x2[N - 2, :M - 2] += np.arctanh(0.0 + 0.855 * np.tanh(np.arccosh(2.6 + 1.33 * np.tanh(np.minimum(x2[2, :M - 2], x1[3])))))
+    S[0] += np.sum(x1 * w1) + np.sum(x2 * w2)
+"""
+
+
+def test_the_second_order_of_a_chain_after_a_minimum_builds_and_agrees() -> None:
+    spec = spec_from_source(HEADER + CHAIN_AFTER_A_MINIMUM, {"N": 7, "M": 4}, ("x1", "x2"), {}, (DEFAULT,), seed=11)
+    verdict = check_program(spec)
+    assert verdict.kind == "ok", f"{verdict.kind} under {verdict.config}: {verdict.detail}"

@@ -46,14 +46,49 @@ def _indexed(name: str, index) -> str:
 
 
 def selected(term: sympy.Expr) -> sympy.Expr:
-    """A tangent term whose derivative is piecewise (a step: `max`, `abs`, a branch) as a choice between
-    products, not a product with an indicator: where the branch is inactive the term is 0 even when the
-    tangent is not finite (`relu` after a `sqrt` of 0), as torch's `where`-based rules give."""
+    """A tangent term whose derivative is piecewise (a step: `max`, `abs`, a branch) as a choice: a product
+    with a piecewise factor is 0 where that factor is 0, even when the other factors are not finite (the
+    tangent of `relu(a) / (a + 1)` at a = -1), as torch's `where`-based rules give. Each product is guarded
+    by its own factors' zero conditions, so the code grows with the term; folding all the term's pieces
+    into one choice (`piecewise_fold`) multiplies their counts: a second-order term of sixteen products of
+    one `min` derivative ran for minutes."""
     if term.has(sympy.Heaviside):
         term = term.replace(lambda e: isinstance(e, sympy.Heaviside),
                             lambda e: sympy.Piecewise((0, e.args[0] < 0), (e.args[1] if len(e.args) > 1 else
                                                       sympy.Rational(1, 2), sympy.Eq(e.args[0], 0)), (1, True)))
-    return sympy.piecewise_fold(term) if term.has(sympy.Piecewise) else term
+    return _guarded(term) if term.has(sympy.Piecewise) else term
+
+
+def _zero_where(choice: sympy.Piecewise) -> sympy.Basic:
+    """Where a (nested) Piecewise takes a piece that is literally 0: its conditions in order."""
+    flat = sympy.piecewise_fold(choice)
+    pieces = flat.args if isinstance(flat, sympy.Piecewise) else ((flat, sympy.true),)
+    where: list[sympy.Basic] = []
+    earlier: list[sympy.Basic] = []
+    for value, cond in pieces:
+        if value == 0:
+            where.append(sympy.And(cond, *[sympy.Not(c) for c in earlier]))
+        earlier.append(cond)
+    return sympy.Or(*where)
+
+
+def _guarded(e: sympy.Expr) -> sympy.Expr:
+    """`e` with every product that has piecewise factors made 0 where one of them is (see `selected`)."""
+    if not e.has(sympy.Piecewise) or isinstance(e, sympy.Piecewise):
+        return e
+    if isinstance(e, sympy.Add):
+        return sympy.Add(*[_guarded(a) for a in e.args])
+    if isinstance(e, sympy.Mul):
+        choices: list[sympy.Expr] = []
+        rest: list[sympy.Expr] = []
+        for f in e.args:
+            base = f.base if isinstance(f, sympy.Pow) and f.exp.is_Integer and f.exp > 0 else f
+            (choices if isinstance(base, sympy.Piecewise) else rest).append(f)
+        product = sympy.Mul(*[_guarded(f) for f in rest], *choices)
+        zero = sympy.Or(*[_zero_where(f.base if isinstance(f, sympy.Pow) else f) for f in choices])
+        return product if zero is sympy.false else sympy.Piecewise((0, zero), (product, True))
+    # a choice inside a function or a power: its pieces as one choice of values (a small subexpression)
+    return sympy.piecewise_fold(e)
 
 
 def _check_wcr(where: str, edge) -> None:

@@ -142,6 +142,29 @@ def test_a_worker_that_dies_is_a_crash_and_the_next_program_runs(tmp_path: Path)
         worker.stop()
 
 
+def test_a_program_that_times_out_is_reported_unshrunk(monkeypatch) -> None:
+    """Shrinking re-checks smaller programs, each of which could hang for the whole timeout again: a timeout
+    is reported as drawn, after one check, and a crash of another kind is still shrunk."""
+    checks: list[dict] = []
+
+    def hangs(self, spec: dict, timeout: float) -> Verdict:
+        checks.append(spec)
+        return Verdict("crash", error=campaign.TIMEOUT, detail=f"no verdict within {timeout:.0f} s")
+
+    monkeypatch.setattr(campaign.Worker, "check", hangs)
+    (result,) = campaign.run(1, seed=3, programs_=[_program()], shrink_attempts=60)
+    assert (result.verdict.error, result.shrunk, len(checks)) == (campaign.TIMEOUT, None, 1)
+
+    def dies(self, spec: dict, timeout: float) -> Verdict:
+        checks.append(spec)
+        return Verdict("crash", error="ProcessDied", detail="the worker process died: signal 6 (SIGABRT)")
+
+    checks.clear()
+    monkeypatch.setattr(campaign.Worker, "check", dies)
+    (result,) = campaign.run(1, seed=3, programs_=[_program()], shrink_attempts=5)
+    assert result.shrunk is not None and len(checks) > 1
+
+
 def test_a_while_counter_always_grows() -> None:
     """The increment `0.5 + e ** 2` must stay positive for a negative literal e (`-1.25 ** 2` is -1.5625 in
     Python: the loop never ended, and the check hung until its timeout)."""

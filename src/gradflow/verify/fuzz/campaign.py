@@ -66,6 +66,10 @@ def configs_for(index: int, seed: int, mode: str = "two") -> list[tuple]:
     return [DEFAULT, other]
 
 
+#: the error of a crash verdict for a program that gave no verdict within the timeout
+TIMEOUT = "Timeout"
+
+
 class Worker:
     """One `gradflow.verify.fuzz.worker` process, with its own cache and scratch folders."""
 
@@ -107,7 +111,7 @@ class Worker:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
         if not ready:
             self.stop()
-            return Verdict("crash", error="Timeout", detail=f"no verdict within {timeout:.0f} s",
+            return Verdict("crash", error=TIMEOUT, detail=f"no verdict within {timeout:.0f} s",
                            seconds=time.perf_counter() - start)
         line = self.process.stdout.readline()
         if not line:
@@ -152,7 +156,9 @@ def run(n: int, seed: int, jobs: int = 1, *, features: Sequence[str] = FEATURES,
             spec = spec_of(program, chosen, seed=seed * 100_003 + index)
             verdict = worker.check(spec, timeout)
             shrunk = None
-            if verdict.kind in ("WRONG", "crash") and shrink_attempts > 0:
+            # a program that hangs is reported as drawn: each check of a smaller candidate could take the
+            # whole timeout again (sixty of them, ten hours at the default, the run stalled and its log silent)
+            if verdict.kind in ("WRONG", "crash") and verdict.error != TIMEOUT and shrink_attempts > 0:
                 failing = [c for c in chosen if tuple(c) == tuple(verdict.config)] or chosen
 
                 def still(candidate: Program) -> bool:

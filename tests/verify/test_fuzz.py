@@ -165,6 +165,33 @@ def test_a_program_that_times_out_is_reported_unshrunk(monkeypatch) -> None:
     assert result.shrunk is not None and len(checks) > 1
 
 
+def test_the_chain_production_writes_chains_tile_element_chains_tiles(tmp_path: Path) -> None:
+    """The shifted slice chains are drawn for `tile_element_chains`: with the fuzzer's small blocks
+    (`GRADFLOW_TILE_BLOCK`'s setting) some of them are tiled, in the forward program a user compiles (6 of
+    these 40 programs; 0 of the 40 the same seed draws without the production)."""
+    from gradflow.api import optimized
+    from gradflow.analysis.versions import PREFIX
+    from gradflow.core.errors import InvalidArgumentError
+    from gradflow.core.graph import Graph
+    from gradflow.core.passes import Pipeline
+    from gradflow.optimize import OPTIMIZE
+    from gradflow.optimize.tiled_chains import TileElementChains
+    from gradflow.verify.fuzz.check import _load
+
+    small = Pipeline(tuple(TileElementChains(block=2, min_blocks=1) if s.name == "tile_element_chains" else s
+                           for s in OPTIMIZE.steps))
+    drawn = campaign.draw(40, 2, features=("chain",))
+    tiled = 0
+    for k, program in enumerate(drawn):
+        module = _load(program.render(True), tmp_path, f"chain{k}")
+        try:
+            built = optimized(Graph.of(module.program), small)
+        except InvalidArgumentError:  # DaCe cannot parse it (the fuzzer's `dace` verdict)
+            continue
+        tiled += any(b.label.startswith(PREFIX) for b in built.sdfg.all_control_flow_blocks())
+    assert tiled >= 4, f"{tiled} of {len(drawn)} drawn programs have a tiled chain"
+
+
 def test_a_while_counter_always_grows() -> None:
     """The increment `0.5 + e ** 2` must stay positive for a negative literal e (`-1.25 ** 2` is -1.5625 in
     Python: the loop never ended, and the check hung until its timeout)."""

@@ -9,7 +9,8 @@ and sign, triangular nests, trip counts from an argument and from data; data-dep
 conditionals on data and on the loop variable; conversions to integers (`astype`, assignment into an
 integer array); gathers and scatters through index arrays with repeated indices; nested programs; maps
 (`dace.map`) of scalar code writing some elements of each row of a zeroed temporary; positions as weights
-(`np.arange(N) * 0.25`); stops of the gradient (`stop_gradient(e)`, outside maps' scalar code).
+(`np.arange(N) * 0.25`); stops of the gradient (`stop_gradient(e)`, outside maps' scalar code); chains
+of shifted slice statements over one dimension.
 
 Shapes are tracked as keys (`Span.key`): two operands of an element-wise operation always have equal keys,
 so a program is well formed whatever sizes it runs at; every index stays inside its array (each loop
@@ -490,6 +491,43 @@ def map_fill(draw, scope: Scope):
 
 
 @st.composite
+def chain(draw, scope: Scope):
+    """Two to four slice statements over one dimension, each writing a vector at some offset and computing
+    from slices of the same length at others (`k2[1:] = x0[1:] * (k1[:N - 1] + 0.5)`): the shifted
+    element-wise chains `tile_element_chains` runs block by block (Runge-Kutta stages, stencils applied
+    twice), which statements drawn one by one rarely line up. Outside loops it writes mostly into fresh
+    zeroed stage vectors, which the loss reads; a statement does not read its own target (through an
+    overlapping slice that is a copy first, which the pass leaves alone: the grammar's other statements
+    draw those)."""
+    dims = sorted({d[0] for d in scope.writes.values() if len(d) == 1 and isinstance(d[0], str) and d[0] != "temp"})
+    if not dims:
+        return None
+    dim = draw(st.sampled_from(dims))
+    key = (dim, 1, draw(st.integers(1, 2)))
+    out: list = []
+    stages = []
+    for _ in range(0 if scope.in_loop else draw(st.integers(1, 2))):  # defined outside loops, as `define` does
+        stages.append(scope.fresh("k"))
+        out.append(Define(stages[-1], zeros=(dim,)))
+        scope.reads[stages[-1]] = scope.writes[stages[-1]] = (dim,)
+    targets = sorted(a for a, d in scope.writes.items() if d == (dim,))
+    for _ in range(draw(st.integers(2, 4))):
+        name = draw(st.sampled_from(stages if stages and draw(st.integers(0, 3)) else targets))
+        others = scope.child()  # the value does not read the vector it writes
+        others.reads.pop(name)
+        if not [d for d in _dims(others) if d != 1]:  # nothing else to read
+            continue
+        value = draw(some_expr(others, (key,), draw(st.integers(1, 2))))
+        if value is None:
+            continue
+        if not isinstance(value, Op):  # an operation, so DaCe writes a map rather than a copy
+            value = Op(draw(st.sampled_from(["*", "+"])), value, Num(draw(st.sampled_from([0.5, 1.5, -0.75]))))
+        place = Read(name, (draw(span_for(key)),))
+        out.append(Assign(place, draw(st.sampled_from(["=", "=", "+="])), value))
+    return out if any(isinstance(s, Assign) for s in out) else None
+
+
+@st.composite
 def statement(draw, scope: Scope):
     kinds = ["assign", "assign", "assign", "define"]
     if scope.counter[0] < 12 and scope.depth < 3:
@@ -504,6 +542,8 @@ def statement(draw, scope: Scope):
             kinds.append("map")
         if scope.helpers and not scope.in_loop:
             kinds.append("call")
+    if "chain" in scope.features and not scope.scalar:
+        kinds.append("chain")
     kind = draw(st.sampled_from(kinds))
     if kind == "assign":
         found = draw(assign(scope))
@@ -519,6 +559,8 @@ def statement(draw, scope: Scope):
         found = draw(scatter(scope))
     elif kind == "map":
         found = draw(map_fill(scope))
+    elif kind == "chain":
+        found = draw(chain(scope))
     else:
         helper = draw(st.sampled_from(scope.helpers))
         args: list[str] = []
@@ -545,7 +587,7 @@ def block(draw, scope: Scope, most: int) -> list:
 
 
 FEATURES = ("accumulate", "branch", "break", "cast", "gather", "scatter", "trips", "triangular", "while", "helper",
-            "view", "map", "arange", "stop")
+            "view", "map", "arange", "stop", "chain")
 
 
 @st.composite
@@ -602,7 +644,7 @@ def programs(draw, features: Sequence[str] = FEATURES) -> Program:
     for name, dims in scope.reads.items():
         if dims and dims[0] == "temp" and dims[1]:
             loss.append((name, "1.0"))
-        elif name.startswith("acc"):
+        elif name.startswith("acc") or name.startswith("k"):  # accumulators, a chain's stage vectors
             loss.append((name, "1.0"))
     outputs = [Argument("S", (1,), "output")]
     return Program(sizes, tuple(arguments + weights + extra + outputs), tuple(body), tuple(loss), tuple(helpers))

@@ -9,6 +9,8 @@ import cmath
 import itertools
 
 import sympy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradflow.autodiff.tangent.dual import selected
 from gradflow.core.symbolic import derivative
@@ -57,3 +59,34 @@ def test_the_code_grows_with_the_term() -> None:
     assert len(sympy.Add.make_args(term)) >= 24
     mine = selected(term)
     assert sympy.count_ops(mine) <= 2 * sympy.count_ops(term) + 50
+
+
+_FACTORS = (
+    lambda: sympy.Piecewise((1, a < b), (sympy.Piecewise((sympy.Rational(1, 2), sympy.Eq(a, b)), (0, True)), True)),
+    lambda: sympy.Heaviside(a),
+    lambda: sympy.Heaviside(b - a, 0),
+    lambda: sympy.Piecewise((2 * a, a > 0), (0, True)) ** 2,
+    lambda: 1 / (a + 1),
+    lambda: sympy.sqrt(sympy.Abs(b)),
+    lambda: sympy.tanh(sympy.Min(a, b)),
+    lambda: sympy.exp(sympy.Piecewise((a, b > 0), (b, True))),
+    lambda: a - 2 * b,
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, len(_FACTORS) - 1), min_size=1, max_size=3), min_size=1, max_size=3))
+def test_random_terms_have_the_folded_terms_values(products: list[list[int]]) -> None:
+    term = sum((t * sympy.Mul(*[_FACTORS[k]() for k in product]) for product in products), sympy.Integer(0))
+    folded = sympy.piecewise_fold(term.replace(lambda e: isinstance(e, sympy.Heaviside),
+                                               lambda e: sympy.Piecewise((0, e.args[0] < 0), (
+                                                   e.args[1] if len(e.args) > 1 else sympy.Rational(1, 2),
+                                                   sympy.Eq(e.args[0], 0)), (1, True))))
+    mine = selected(term)
+    for x, y in itertools.product((-1.0, -0.5, 0.0, 0.75), (-0.5, 0.0, 0.75)):
+        point = {a: sympy.Float(x), b: sympy.Float(y), t: sympy.Float(0.7)}
+        want, got = complex(folded.subs(point)), complex(mine.subs(point))
+        if cmath.isfinite(want):
+            assert abs(got - want) <= 1e-12 * max(1.0, abs(want)), (products, x, y, got, want)
+        else:
+            assert not cmath.isfinite(got), (products, x, y, got, want)

@@ -13,6 +13,7 @@ read through one carries none.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -59,8 +60,10 @@ def selected(term: sympy.Expr) -> sympy.Expr:
     return _guarded(term) if term.has(sympy.Piecewise) else term
 
 
+@functools.lru_cache(maxsize=256)
 def _zero_where(choice: sympy.Piecewise) -> sympy.Basic:
-    """Where a (nested) Piecewise takes a piece that is literally 0: its conditions in order."""
+    """Where a (nested) Piecewise takes a piece that is literally 0: its conditions in order (remembered:
+    a term's products mostly share their steps)."""
     flat = sympy.piecewise_fold(choice)
     pieces = flat.args if isinstance(flat, sympy.Piecewise) else ((flat, sympy.true),)
     where: list[sympy.Basic] = []
@@ -80,12 +83,17 @@ def _guarded(e: sympy.Expr) -> sympy.Expr:
         return sympy.Add(*[_guarded(a) for a in e.args])
     if isinstance(e, sympy.Mul):
         choices: list[sympy.Expr] = []
+        steps: list[sympy.Piecewise] = []  # the choices themselves, or the bases of their positive powers
         rest: list[sympy.Expr] = []
         for f in e.args:
             base = f.base if isinstance(f, sympy.Pow) and f.exp.is_Integer and f.exp > 0 else f
-            (choices if isinstance(base, sympy.Piecewise) else rest).append(f)
+            if isinstance(base, sympy.Piecewise):
+                choices.append(f)
+                steps.append(base)
+            else:
+                rest.append(f)
         product = sympy.Mul(*[_guarded(f) for f in rest], *choices)
-        zero = sympy.Or(*[_zero_where(f.base if isinstance(f, sympy.Pow) else f) for f in choices])
+        zero = sympy.Or(*[_zero_where(step) for step in steps])
         return product if zero is sympy.false else sympy.Piecewise((0, zero), (product, True))
     # a choice inside a function or a power: its pieces as one choice of values (a small subexpression)
     return sympy.piecewise_fold(e)

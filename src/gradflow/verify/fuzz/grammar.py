@@ -499,7 +499,7 @@ def chain(draw, scope: Scope):
     zeroed stage vectors, which the loss reads; a statement does not read its own target (through an
     overlapping slice that is a copy first, which the pass leaves alone: the grammar's other statements
     draw those)."""
-    dims = sorted({d[0] for d in scope.writes.values() if len(d) == 1 and isinstance(d[0], str) and d[0] != "temp"})
+    dims = sorted({d[0] for d in scope.writes.values() if len(d) == 1 and isinstance(d[0], str)})  # not temps
     if not dims:
         return None
     dim = draw(st.sampled_from(dims))

@@ -313,11 +313,14 @@ class _ValueAndGrad:
         built = self._built if self._at_call is None else self._at_call(args, kwargs)
         assert built is not None  # one of the two is given
         interface = built.interface  # the names grad_graph checked (and inferred) and the gradients' arrays
-        (of_name,) = interface.spec.of
         arrays, as_torch = built.invoker(*args, **kwargs)
-        check_loop_bounds(arrays, interface.bounded_loops)
-        raise_for_flag(arrays.get(ERROR_FLAG), built.sites)
-        value = arrays[of_name].reshape(-1)[0].item()
+        if interface.bounded_loops:
+            check_loop_bounds(arrays, interface.bounded_loops)
+        if ERROR_FLAG in arrays:
+            raise_for_flag(arrays[ERROR_FLAG], built.sites)
+        value = arrays[interface.spec.of[0]].reshape(-1)[0].item()
+        if isinstance(self._wrt, str) and not as_torch:
+            return value, arrays[interface.grads[self._wrt]]
         grads = {x: arrays[g] for x, g in interface.grads.items()}
         if as_torch:
             import torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dace
 import numpy as np
 import pytest
 import torch
@@ -105,3 +106,70 @@ def test_omitted_arrays_are_sized_by_each_calls_own_arguments(sq):
         seen.append(arrays["Y"])
     with pytest.raises(ArgumentError, match="symbol"):
         sq(np.ones(4), np.ones(4), N=5)  # a symbol that contradicts the shapes, after calls that were cached
+
+
+def test_a_repeated_call_by_name_computes_from_its_own_arguments(rows):
+    # the second and later calls of a layout skip binding and checks (`_Prepared`): each still reads its
+    # own arrays and scalars and returns fresh outputs
+    outputs = []
+    for alpha in (0.5, 2.0, -1.5):
+        A, b, S = np.random.rand(3, 2), np.random.rand(2), np.random.rand(3)
+        S0 = S.copy()
+        arrays, _ = rows(A=A, b=b, alpha=alpha, S=S)
+        np.testing.assert_allclose(arrays["Z"], alpha * A * b)
+        np.testing.assert_allclose(arrays["S"], S0 + (A * A).sum(1))
+        assert arrays["S"] is S and all(arrays["Z"] is not z for z in outputs)
+        outputs.append(arrays["Z"])
+    assert len(rows._prepared) == 1
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda f: f(X=np.ones(3, np.float32), W=np.ones(3)), "argument 'X': expected dtype float64, got float32"),
+    (lambda f: f(X=np.ones(3), W=np.ones(4)), "argument 'W': dimension 0 has extent 4, expected N = 3"),
+    (lambda f: f(X=np.ones(6)[::2], W=np.ones(3)), "argument 'X': has strides"),
+    (lambda f: f(X=np.ones(3), W=np.ones(3), N=4), "symbol"),
+    (lambda f: f(X=np.ones(3), W=np.ones(3), Y=np.ones(3)[::-1]), "argument 'Y'"),
+])
+def test_a_call_of_another_layout_after_prepared_ones_is_checked(sq, call, needle):
+    for _ in range(3):  # prepared: same names, layouts and sizes
+        arrays, _ = sq(X=np.full(3, 2.0), W=np.ones(3))
+        np.testing.assert_allclose(arrays["Y"], 4.0)
+    with pytest.raises(ArgumentError) as info:
+        call(sq)
+    assert needle in str(info.value)
+
+
+def test_a_read_only_output_is_refused_after_prepared_calls(sq):
+    Y = np.zeros(3)
+    for _ in range(2):
+        sq(X=np.ones(3), W=np.ones(3), Y=Y)
+    Y.flags.writeable = False
+    with pytest.raises(ArgumentError, match="'Y'"):
+        sq(X=np.ones(3), W=np.ones(3), Y=Y)
+
+
+N = dace.symbol("N")
+
+
+@dace.program
+def _writes_part(X: dace.float64[N], Y: dace.float64[N], T: dace.float64[N], U: dace.float64[N]):
+    Y[1:] = X[1:] * 2.0
+    T[:] = X * 3.0
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_an_omitted_array_is_filled_with_zeros_unless_every_run_writes_all_of_it(as_torch):
+    """`unfilled` arrays are allocated as they come (`np.empty`); one the program leaves alone (`U`) is
+    zeros, call after call, also when the allocator hands back memory an earlier array dirtied. One written
+    in part (`Y`) is the caller's to give."""
+    f = Invoker(Graph.of(_writes_part.to_sdfg(simplify=True)))
+    assert f.unfilled == frozenset({"T"}) and f.allocatable == frozenset({"T", "U"})
+    for _ in range(4):  # the first call checked, the others prepared
+        dirty = torch.full((64,), 7.0, dtype=torch.float64) if as_torch else np.full(64, 7.0)
+        del dirty  # its block is free for the next allocation of the size
+        X = torch.rand(64, dtype=torch.float64) if as_torch else np.random.rand(64)
+        Y = torch.zeros(64, dtype=torch.float64) if as_torch else np.zeros(64)
+        arrays, _ = f(X=X, Y=Y)
+        assert not np.asarray(arrays["U"]).any() and float(arrays["Y"][0]) == 0.0
+        np.testing.assert_allclose(np.asarray(arrays["Y"][1:]), 2.0 * np.asarray(X[1:]))
+        np.testing.assert_allclose(np.asarray(arrays["T"]), 3.0 * np.asarray(X))

@@ -144,7 +144,7 @@ class Kernel:
         self._finalizer()
 
 
-def _layout_key(value: Any) -> tuple:
+def layout_key(value: Any) -> tuple:
     """Everything `check_array` looks at, as a hashable tuple (no evaluation, no allocation of numpy)."""
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.shape, value.stride(), value.layout, value.device, value.is_neg(),
@@ -189,12 +189,18 @@ class Runner:
         self._signatures: dict[tuple, tuple[dict, tuple]] = {}
 
     def __call__(self, **kwargs: Any) -> None:
+        symbols, init_values = self.signature(kwargs)
+        self.kernel.call_at(init_values, *self.arguments(kwargs, symbols))
+
+    def signature(self, kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
+        """(symbols, init-symbol values) of a call with `kwargs`, every argument checked the first time
+        their layout is seen (`ArgumentError` otherwise)."""
         plan = self.plan
         if not self._names.issuperset(kwargs):
             unknown = sorted(set(kwargs) - self._names)
             raise ArgumentError(f"unknown argument(s) {', '.join(unknown)}; "
                                 f"'{plan.sdfg_name}' takes {', '.join(plan.names)}")
-        key = tuple(_layout_key(kwargs[a.name]) if a.name in kwargs else None for a in self._arrays) \
+        key = tuple(layout_key(kwargs[a.name]) if a.name in kwargs else None for a in self._arrays) \
             + tuple((n, kwargs[n]) for n in plan.symbols if n in kwargs)
         try:
             entry = self._signatures.get(key)
@@ -205,18 +211,21 @@ class Runner:
             if len(self._signatures) >= 256:
                 self._signatures.clear()
             self._signatures[key] = entry
-        symbols, init_values = entry
+        return entry
+
+    def arguments(self, kwargs: Mapping[str, Any], symbols: Mapping[str, int]) -> list:
+        """The kernel's arguments in plan order: the arrays' addresses, the scalars, the symbols."""
         args = []
-        for a in plan.args:
+        for a in self.plan.args:
             if a.kind == ARRAY:
                 args.append(data_pointer(kwargs[a.name]))
             elif a.kind == SCALAR:
                 args.append(scalar_value(a, kwargs[a.name]))
             else:
                 args.append(symbols[a.name])
-        self.kernel.call_at(init_values, *args)
+        return args
 
-    def _signature(self, kwargs: dict) -> tuple[dict, tuple]:
+    def _signature(self, kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
         """Check the arguments (first call with this layout): symbols and the init-symbol values."""
         plan = self.plan
         for a in self._arrays:

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradflow.analysis.writes import may_read_before_write
+from gradflow.analysis.writes import may_read_before_write, overwritten_before_read
 from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
 from gradflow.runtime.allocation import check_fits
-from gradflow.runtime.calling import Runner
-from gradflow.runtime.plan import ARRAY, positional_names
-from gradflow.runtime.validate import check_symbol_range, symbol_value, torch_dtype
+from gradflow.runtime.calling import Runner, layout_key
+from gradflow.runtime.plan import ARRAY, SCALAR, positional_names
+from gradflow.runtime.validate import check_symbol_range, data_pointer, scalar_value, symbol_value, torch_dtype
 
 
 def _one_element(value: Any, shape: tuple[int, ...]) -> Any:
@@ -38,11 +38,13 @@ def _one_element(value: Any, shape: tuple[int, ...]) -> Any:
     return value
 
 
-def _allocate(shapes: tuple, as_torch: bool) -> dict[str, Any]:
-    """Zero-filled arrays (torch tensors when `as_torch`) of the `(name, shape, dtype)` triples."""
+def _allocate(shapes: tuple, as_torch: bool, unfilled: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Zero-filled arrays (torch tensors when `as_torch`) of the `(name, shape, dtype)` triples; those named
+    in `unfilled` (arrays the program overwrites whole before reading) are left as allocated."""
     if as_torch:
-        return {name: torch.zeros(shape, dtype=torch_dtype(dtype)) for name, shape, dtype in shapes}
-    return {name: np.zeros(shape, dtype=dtype) for name, shape, dtype in shapes}
+        return {name: (torch.empty if name in unfilled else torch.zeros)(shape, dtype=torch_dtype(dtype))
+                for name, shape, dtype in shapes}
+    return {name: (np.empty if name in unfilled else np.zeros)(shape, dtype=dtype) for name, shape, dtype in shapes}
 
 
 class Invoker:
@@ -53,10 +55,13 @@ class Invoker:
         self.graph = graph
         self._runner: Runner | None = None
         self._allocatable: frozenset[str] | None = None
+        self._unfilled: frozenset[str] | None = None
         #: (the names positional arguments bind to, the one-element arrays' (name, shape)), once per program
         self._binding: tuple[list[str], list[tuple[str, tuple]]] | None = None
         #: (arrays left out, shapes given, symbols given) -> the left-out arrays' (name, shape, dtype), checked
         self._allocations: dict[tuple, tuple] = {}
+        #: `_call_key` of a call by name -> its `_Prepared` call
+        self._prepared: dict[tuple, _Prepared] = {}
 
     @property
     def allocatable(self) -> frozenset[str]:
@@ -65,6 +70,16 @@ class Invoker:
             self._allocatable = frozenset(a.name for a in self.runner.plan.arrays
                                           if not may_read_before_write(self.graph.sdfg, a.name))
         return self._allocatable
+
+    @property
+    def unfilled(self) -> frozenset[str]:
+        """The array arguments every run writes whole before reading any element
+        (`analysis.writes.overwritten_before_read`): one left out is allocated without zero-filling it
+        (at a million elements, filling costs a millisecond of page faults and writes)."""
+        if self._unfilled is None:
+            self._unfilled = frozenset(a.name for a in self.runner.plan.arrays
+                                       if overwritten_before_read(self.graph.sdfg, a.name))
+        return self._unfilled
 
     @property
     def runner(self) -> Runner:
@@ -154,9 +169,15 @@ class Invoker:
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], bool]:
         """Run the SDFG; returns every array argument by name (the given ones and the allocated ones,
         written in place) and whether torch tensors were given."""
+        key = None if args else _call_key(kwargs)
+        if key is not None:
+            prepared = self._prepared.get(key)
+            if prepared is not None:
+                return prepared(self.runner, kwargs)
         runner = self.runner
         given, symbols, as_torch = self.bind(args, kwargs)
         omitted = [a for a in runner.plan.arrays if a.name not in given]
+        shapes: tuple = ()
         if omitted:
             reads = [a.name for a in omitted if a.name not in self.allocatable]
             if reads:
@@ -165,6 +186,63 @@ class Invoker:
                     "writing all of them, so gradflow does not allocate them",
                     "pass them (e.g. np.zeros(...) where zeros are meant); only arrays the program certainly "
                     "overwrites before reading (outputs, gradients) may be left out")
-            given.update(_allocate(self._omitted_shapes(omitted, given, symbols), as_torch))
-        runner(**given, **symbols)
+            shapes = self._omitted_shapes(omitted, given, symbols)
+            given.update(_allocate(shapes, as_torch, self.unfilled))
+        given.update(symbols)
+        entry = runner.signature(given)
+        runner.kernel.call_at(entry[1], *runner.arguments(given, entry[0]))
+        if key is not None and all(given[k] is v for k, v in kwargs.items() if k in given):
+            if len(self._prepared) >= 256:
+                self._prepared.clear()
+            self._prepared[key] = _Prepared(runner, shapes, self.unfilled, entry, as_torch)
         return {a.name: given[a.name] for a in runner.plan.arrays if a.kind == ARRAY}, as_torch
+
+
+def _call_key(kwargs: dict[str, Any]) -> tuple | None:
+    """What decides every check and allocation of a call by name: each argument's name and layout (an
+    array's dtype, shape, strides, ...), a float's type, an integer's value (a symbol, or an integer
+    scalar whose range is checked); None for anything else (such a call takes the checked path)."""
+    key = []
+    for name, value in kwargs.items():
+        kind = type(value)
+        if kind is np.ndarray:
+            key.append((name, value.dtype, value.shape, value.strides, value.flags.writeable))
+        elif kind is int:
+            key.append((name, value))
+        elif kind is float:
+            key.append((name, float))
+        elif isinstance(value, torch.Tensor):
+            key.append((name, *layout_key(value)))
+        else:
+            return None
+    return tuple(key)
+
+
+class _Prepared:
+    """A call whose arguments have the layout of one checked before (`_call_key`): it allocates the arrays
+    left out and calls the kernel, without binding, checking or inferring again. Only a call by name whose
+    given values were used as they are (no reshaped one-element array, no symbol given as an array) is
+    prepared."""
+
+    def __init__(self, runner: Runner, shapes: tuple, unfilled: frozenset[str], entry: tuple[dict, tuple],
+                 as_torch: bool) -> None:
+        symbols, self.init_values = entry
+        self.shapes, self.unfilled, self.as_torch = shapes, unfilled, as_torch
+        allocated = {name for name, _, _ in shapes}
+        #: per kernel argument: (0, array name) an address, (1, spec) a scalar, (2, value) a symbol
+        self.args = tuple((0, a.name) if a.kind == ARRAY else (1, a) if a.kind == SCALAR else (2, symbols[a.name])
+                          for a in runner.plan.args)
+        self.arrays = tuple((a.name, a.name in allocated) for a in runner.plan.arrays)
+
+    def __call__(self, runner: Runner, kwargs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        new = _allocate(self.shapes, self.as_torch, self.unfilled) if self.shapes else {}
+        args = []
+        for kind, what in self.args:
+            if kind == 0:
+                args.append(data_pointer(new[what] if what in new else kwargs[what]))
+            elif kind == 1:
+                args.append(scalar_value(what, kwargs[what.name]))
+            else:
+                args.append(what)
+        runner.kernel.call_at(self.init_values, *args)
+        return {name: new[name] if allocated else kwargs[name] for name, allocated in self.arrays}, self.as_torch

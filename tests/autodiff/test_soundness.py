@@ -279,3 +279,25 @@ def test_a_racing_update_is_refused_naming_its_line() -> None:
     with pytest.raises(gradflow.NotDifferentiableError,
                        match=rf"^line {line} \(.*the map reads 'x' and overwrites elements of 'x'; iterations would race"):
         gradflow.grad(shifted_view_update, wrt="x", of="S")
+
+
+@dace.program
+def copied_rows(a: dace.float64[N, 4]):
+    for i in range(1, N):
+        a[i, :] = a[i - 1, :]  # one copy edge within `a`: its write is a[i, :], its read a[i - 1, :]
+
+
+def test_a_copy_within_one_array_reads_and_writes_its_own_rows() -> None:
+    """A copy between two access nodes of one array names the array at both ends (`subset` and
+    `other_subset`): the dependence test took the written end's subset for the read too, so the row
+    recurrence above read as independent iterations (and `gather_element_maps` swapped the boundary copies
+    of nb_cavity_flow's pressure loop, `p[:, -1] = p[:, -2]` and `p[-1, :] = 0`)."""
+    from dace.sdfg.state import LoopRegion
+
+    from gradflow.analysis.dependence import body_accesses
+
+    (loop,) = [r for r in copied_rows.to_sdfg(simplify=True).all_control_flow_regions() if isinstance(r, LoopRegion)]
+    accesses = {a.kind: a.subset for a in body_accesses(loop.nodes()[0])}
+    assert accesses == {"read": "i - 1, 0:4", "write": "i, 0:4"}
+    verdict = loop_independence(loop)
+    assert not verdict.independent and "'a' (write in one iteration, read in another)" in verdict.describe()

@@ -144,7 +144,7 @@ def body_accesses(state: dace.SDFGState) -> list[Access]:
                 continue
             for leaf in _leaves(state, edge):
                 found.append(Access(node.data, "read", _bounds(state, node, leaf, inner=leaf.dst),
-                                    _subset_text(node, leaf)))
+                                    _subset_text(state, node, leaf)))
         for edge in state.in_edges(node):
             if edge.data.is_empty():
                 continue
@@ -152,7 +152,7 @@ def body_accesses(state: dace.SDFGState) -> list[Access]:
                 kind = "write" if leaf.data.wcr is None and edge.data.wcr is None else _wcr_kind(
                     leaf.data.wcr or edge.data.wcr)
                 found.append(Access(node.data, kind, _bounds(state, node, leaf, inner=leaf.src),
-                                    _subset_text(node, leaf)))
+                                    _subset_text(state, node, leaf)))
     return found
 
 
@@ -182,8 +182,21 @@ def _as_range(subset) -> subsets.Range | None:
     return subset if isinstance(subset, subsets.Range) else None
 
 
-def _subset_text(node: nd.AccessNode, leaf) -> str:
-    subset = _subset_of(node, leaf.data) or _other_subset(node, leaf)
+def _node_subset(state: dace.SDFGState, node: nd.AccessNode, leaf) -> subsets.Range | None:
+    """The subset of `node`'s array that `leaf` (an edge at `node`, or the innermost edge of its memlet
+    tree) names. A copy between two access nodes names both ends' subsets, one as `subset`, the other as
+    `other_subset`; which is which DaCe tells by the end (a copy within one array, `a[i, :] = a[i - 1, :]`,
+    names the array at both)."""
+    if isinstance(leaf.src, nd.AccessNode) and isinstance(leaf.dst, nd.AccessNode):
+        subset = leaf.data.get_src_subset(leaf, state) if leaf.src is node else (
+            leaf.data.get_dst_subset(leaf, state) if leaf.dst is node else None)
+        if subset is not None:
+            return _as_range(subset)
+    return _subset_of(node, leaf.data) or _other_subset(node, leaf)
+
+
+def _subset_text(state: dace.SDFGState, node: nd.AccessNode, leaf) -> str:
+    subset = _node_subset(state, node, leaf)
     return "" if subset is None else str(subset)
 
 
@@ -191,9 +204,7 @@ def _bounds(state: dace.SDFGState, node: nd.AccessNode, leaf, inner: nd.Node) ->
     """Per dimension, the interval of elements of `node`'s array that `leaf` touches in one iteration of the
     loop, with the parameters of the maps around `inner` eliminated."""
     desc = node.desc(state.sdfg)
-    subset = _subset_of(node, leaf.data)
-    if subset is None:
-        subset = _other_subset(node, leaf)
+    subset = _node_subset(state, node, leaf)
     if subset is None or subset.dims() != len(desc.shape):
         return tuple(None for _ in desc.shape)
     intervals = {}

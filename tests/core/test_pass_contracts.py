@@ -161,6 +161,21 @@ def _runge_kutta_before_tiling() -> Graph:
     return UPTO(Graph.of(runge_kutta)).unwrap()
 
 
+def _rk4_before_gathering() -> Graph:
+    """A four-stage Runge-Kutta gradient whose loop bodies interleave maps with tape pushes and pops, optimized
+    up to `gather_element_maps` (`tests/optimize/test_gathered_maps.py`)."""
+    from gradflow.api import grad_graph
+    from tests.optimize.test_gathered_maps import UPTO, rk4
+
+    return grad_graph(rk4, "x", "last", None, optimize=UPTO)
+
+
+def _scattered_map_runs(g: Graph) -> int:
+    from gradflow.optimize.gathered_maps import plans
+
+    return len(plans(g.sdfg))
+
+
 def _untiled_chains(g: Graph) -> int:
     from gradflow.optimize.tiled_chains import TileElementChains
 
@@ -538,6 +553,7 @@ CONTRACTS: dict[str, tuple[Callable[[], Graph], Callable, Callable[[Graph], obje
         _zeroed_products, ("> 0", 0)),
     "overwrite_loop_sums": (_runge_kutta_before_loop_sums, None, _loop_sums, ("> 0", 0)),
     "tile_element_chains": (_runge_kutta_before_tiling, None, _untiled_chains, ("> 0", 0)),
+    "gather_element_maps": (_rk4_before_gathering, None, _scattered_map_runs, ("> 0", 0)),
     "nest_reductions": (lambda: Graph.of(dataflow.df_softmax_wcr.to_sdfg()), None,
                         _unowned_sums, ("> 0", 0)),
     "merge_element_sums": (_two_outer_products, None, _sibling_sums, (1, 0)),

@@ -17,6 +17,7 @@ from gradflow.optimize.broadcasts import ForwardBroadcasts
 from gradflow.optimize.copy_states import JoinCopyStates
 from gradflow.optimize.dead_stores import DropDeadStores
 from gradflow.optimize.element_states import JoinElementwiseStates
+from gradflow.optimize.gathered_maps import GatherElementMaps
 from gradflow.optimize.in_place import WriteInPlace
 from gradflow.optimize.index_arithmetic import SimplifyIndexArithmetic
 from gradflow.optimize.layouts import TransientLayouts
@@ -63,7 +64,7 @@ OPTIMIZE = Pipeline((RaiseConvolutions(), RemoveViews(), FoldProductScales(), Ho
                      DropDeadStores(),
                      ForwardBroadcasts(), MergeElementSums(), JoinElementwiseStates(), FuseMaps(),
                      SimplifyIndexArithmetic(), JoinCopyStates(), WriteInPlace(), MoveLoopsIntoMaps(), ReduceInMaps(), OwnScatterWrites(),
-                     SplitSumMaps(), NestReductions(), LocalReductions(), _tiling(), ChooseSchedules(), VersionBySize(),
+                     SplitSumMaps(), NestReductions(), LocalReductions(), GatherElementMaps(), _tiling(), ChooseSchedules(), VersionBySize(),
                      RegisterScalarSums(), SimdRegisterSums(), TransientLayouts(), SinkFills(), ShareDeadBuffers()))
 
 
@@ -72,7 +73,7 @@ def optimized(program: Any, pipeline: Pipeline = OPTIMIZE) -> Graph:
     return unwrap_or_raise(pipeline(Graph.of(program)))
 
 
-__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps",
+__all__ = ["OPTIMIZE", "ChooseSchedules", "DropDeadStores", "FoldProductScales", "ForwardBroadcasts", "FuseMaps", "GatherElementMaps",
            "HoistRowProducts", "JoinCopyStates", "JoinElementwiseStates", "LocalReductions", "MergeElementSums",
            "MoveLoopsIntoMaps", "NestReductions", "OverwriteLoopSums", "OverwriteZeroedProducts", "OwnScatterWrites", "PersistentTapes",
            "PersistentTransients", "RaiseLoopReductions", "ReduceInMaps", "RegisterScalarSums", "ShareDeadBuffers",

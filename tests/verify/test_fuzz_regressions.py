@@ -362,6 +362,22 @@ def program(x0: dace.float64[M], x1: dace.float64[M], w0: dace.float64[M], w1: d
 
 # the route value_and_grad (a budget planned at the call) on the program of `loop_that_does_not_run_gets_an_
 # empty_stack` (refused): the trip count 0 among the call's sizes was refused by the loop bounds' converter.
+# `gradflow fuzz --n 800 --seed 4201` at db56ff5, programs 50-51 (crash under `grad`, present at fa2e2e6 too),
+# shrunk: `tile_element_chains` named the scalar that asks OpenMP for its thread count with DaCe's
+# `temp_data_name()`, `__tmp2`, which counts arrays only; the frontend had assigned a symbol of that name the
+# `if`'s condition on an edge, and the build failed DaCe's validation ("Assignment to a scalar or an array
+# detected in an interstate edge"). The scalar's name is now unused by any array, symbol or assignment.
+CASES["thread_count_named_like_a_condition_symbol"] = ("""@dace.program
+def helper0(h0: dace.float64[N]):
+    if np.trunc(0.0 + 2.85 * np.tanh(h0[3])) > 0.0:
+        h0[1:N - 1] *= h0[2:]
+
+
+@dace.program
+def program(x0: dace.float64[N], w0: dace.float64[N], idx: dace.int64[4], S: dace.float64[1]):
+    helper0(x0)
+    S[0] += np.sum(x0 * w0)
+""", {"N": 7, "M": 5}, ("x0",), {"idx": [1, 0, 2, 3]}, DEFAULT)
 CASES["loop_that_does_not_run_planned_at_the_call"] = (
     CASES["loop_that_does_not_run_gets_an_empty_stack"][0], {"N": 6, "M": 5}, ("x0",), {"T": 0},
     ("value_and_grad", "budget", False))

@@ -383,6 +383,19 @@ def _shapes_known_at_start(sdfg: dace.SDFG, names: set[str]) -> bool:
     return all(str(s) in known for n in names for s in sdfg.arrays[n].free_symbols)
 
 
+def _unused_name(sdfg: dace.SDFG, base: str) -> str:
+    """`base`, or `base_k`, named by no array, symbol or interstate assignment of `sdfg`. DaCe's
+    `temp_data_name` counts arrays only: its `__tmp2` was the frontend's symbol of an `if`'s condition
+    (`__tmp2 = (... > 0.0)` on an edge), and the program no longer validated."""
+    taken = set(sdfg.arrays) | set(sdfg.symbols)
+    for edge in sdfg.all_interstate_edges(recursive=True):
+        taken |= set(edge.data.assignments) | set(map(str, edge.data.free_symbols))
+    name, k = base, 0
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
 def _in_tiled(block) -> bool:
     """`block` is inside a conditional block this pass made."""
     region = block.parent_graph
@@ -530,7 +543,7 @@ def _tile(chain: _Chain) -> None:
     tiled.add_node(loop, is_start_block=True)
 
     ask = dace.SDFGState(f"{label}_ask_threads")
-    count = sdfg.add_scalar(sdfg.temp_data_name(), dace.int32, transient=True, find_new_name=True)[0]
+    count = sdfg.add_scalar(_unused_name(sdfg, "gf_thread_count"), dace.int32, transient=True)[0]
     tasklet = ask.add_tasklet("omp_threads", {}, {"__out"}, "__out = omp_get_max_threads();",
                               language=dace.Language.CPP, code_global="#include <omp.h>")
     ask.add_edge(tasklet, "__out", ask.add_access(count), None, dace.Memlet(f"{count}[0]"))

@@ -6,7 +6,7 @@ Why: a reversed loop body interleaves its adjoint maps with what restores the fo
 iteration before (tape pops, guarded by the iteration they restore, `if _ != 0`), the stack pointer
 decrements on the edges before them, and the adjoints of single elements (`dy[0] = x[0]`, a sum into
 `grad_x[0]`). Each of these ended a chain: GradBench's ode backward tiled 4 of its 7 maps over the vector,
-its forward 3 of 5.
+its forward 3 of 6.
 
 The proof (`analysis.effects`). A loop's body qualifies when its blocks form one path of unconditional
 edges (a program's top level, run once, is left alone: its straight runs of a model's backward are hundreds
@@ -19,7 +19,8 @@ small items (everything but a map state) that no map state must precede and some
 map states with the items no partition can take (those after one map state and before another), then the
 items no map state needs; each part in program order. Every item's predecessors in the dependence order
 lie in its own part or an earlier one, so this is a topological order of it. Assignments that end up next
-to each other, or at either end, get an empty state between them. A region is rewritten only where its
+to each other share one edge where neither reads or assigns what the other assigns; otherwise, and at either
+end of the body, an empty state holds them apart. A region is rewritten only where its
 map states form fewer runs (states joined by an edge without assignments) than before.
 """
 

@@ -1,9 +1,10 @@
 """`gather_element_maps` and its proof (`analysis.effects`): map states of a straight run move together
 past what they commute with, so that `tile_element_chains` tiles one longer chain.
 
-The program is a fourth-order Runge-Kutta step written as users write it (a helper for the rate, four stages
-through it, a trip count as an argument: GradBench's ode); its gradient interleaves the maps with tape pops
-under `if _ != 0`, stack-pointer decrements and single-element adjoints. Gradients must equal torch's and
+The program is GradBench's ode as its gradflow tool writes it (`benchmarks/gradbench/programs/ode.py`: a
+fourth-order Runge-Kutta step, a helper for the rate, four stages through it, a trip count as an argument);
+its gradient interleaves the maps with tape pops under `if _ != 0`, stack-pointer decrements and
+single-element adjoints. Gradients must equal torch's and
 those of OPTIMIZE without the pass at sizes around the block edges, with one OpenMP thread (tiled) and two.
 The analysis is checked on hand-made pairs of states that touch the same array apart, overlapping, through
 symbols, and opaquely."""
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import gradflow
+from benchmarks.gradbench.programs.ode import ode as rk4  # GradBench's ode, as its tool differentiates it
 from gradflow.analysis.effects import assignment_effects, commute, effects
 from gradflow.api import grad_graph
 from gradflow.core.graph import Graph
@@ -25,32 +27,9 @@ from gradflow.optimize.gathered_maps import GatherElementMaps, plans
 from gradflow.optimize.tiled_chains import _chains, _runs
 from tests.optimize.test_tiled_chains import _set_threads
 
-N, S = dace.symbol("N"), dace.symbol("S")
+N = dace.symbol("N")
 UPTO = Pipeline(OPTIMIZE.steps[:[s.name for s in OPTIMIZE.steps].index("gather_element_maps")])
 WITHOUT = OPTIMIZE.without("gather_element_maps")
-
-
-@dace.program
-def _rate(x: dace.float64[N], y: dace.float64[N], dy: dace.float64[N]):
-    dy[0] = x[0]
-    dy[1:] = x[1:] * y[:-1]
-
-
-@dace.program
-def rk4(x: dace.float64[N], y: dace.float64[N], last: dace.float64[1]):
-    h = 2.0 / S
-    y[:] = 0.0
-    k1 = np.ndarray([N], dtype=np.float64)
-    k2 = np.ndarray([N], dtype=np.float64)
-    k3 = np.ndarray([N], dtype=np.float64)
-    k4 = np.ndarray([N], dtype=np.float64)
-    for _ in range(S):
-        _rate(x, y, k1)
-        _rate(x, y + h / 2 * k1, k2)
-        _rate(x, y + h / 2 * k2, k3)
-        _rate(x, y + h * k3, k4)
-        y[:] = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    last[0] = y[N - 1]
 
 
 def rk4_torch(x: torch.Tensor, s: int) -> torch.Tensor:

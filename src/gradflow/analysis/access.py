@@ -61,7 +61,8 @@ def named_by_control(sdfg: dace.SDFG, name: str) -> bool:
 
 def control_names(sdfg: dace.SDFG) -> frozenset[str]:
     """Every name `named_by_control(sdfg, name)` is true of, found in one walk (for passes that ask it of
-    many names): the free symbols of every interstate edge and the words of loops' and conditionals' code."""
+    many names): the free symbols of every interstate edge and the words of loops' and conditionals' code.
+    Also of a block (a loop, a conditional, a region) and everything inside it."""
     names = {str(s) for e in sdfg.all_interstate_edges(recursive=True) for s in e.data.free_symbols}
     for region in sdfg.all_control_flow_regions():  # as `named_in_code`: this SDFG's own regions
         codes = []

@@ -27,12 +27,12 @@ from dace.sdfg import nodes as nd
 from dace.sdfg.state import (
     AbstractControlFlowRegion,
     BreakBlock,
-    ConditionalBlock,
     ContinueBlock,
     LoopRegion,
     ReturnBlock,
 )
 
+from gradflow.analysis.access import control_names
 from gradflow.analysis.dependence import Access, _opaque, body_accesses
 from gradflow.analysis.loops import assigned_symbols
 
@@ -81,16 +81,7 @@ def effects(block) -> Effects | None:
     assigned = set(assigned_symbols(block))
     if isinstance(block, LoopRegion) and block.loop_variable:
         assigned.add(block.loop_variable)
-    names = set(map(str, block.used_symbols(all_symbols=True)))
-    for edge in block.all_interstate_edges(recursive=True):
-        names |= set(map(str, edge.data.free_symbols))
-    for region in {id(r): r for r in (block, *block.all_control_flow_regions())}.values():
-        for code in region.get_meta_codeblocks():
-            names |= {str(s) for s in code.get_free_symbols()}
-    if isinstance(block, ConditionalBlock):
-        for condition, _ in block.branches:
-            if condition is not None:
-                names |= {str(s) for s in condition.get_free_symbols()}
+    names = set(map(str, block.used_symbols(all_symbols=True))) | control_names(block)
     accesses: list[Access] = []
     for state in (b for b in blocks if isinstance(b, dace.SDFGState)):
         inner = _state_effects(state)

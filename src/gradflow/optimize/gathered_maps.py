@@ -33,6 +33,7 @@ import dace
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
+from gradflow.analysis.access import chain_of
 from gradflow.analysis.effects import Effects, assignment_effects, commute, effects
 from gradflow.core.passes import register_pass
 from gradflow.core.rewrite import RewritePass
@@ -60,17 +61,11 @@ def _is_big(block) -> bool:
 
 
 def _path(region: ControlFlowRegion) -> list | None:
-    """The blocks of `region` in order when they form one path of unconditional edges, else None."""
+    """The blocks of `region` in order when they form one path of unconditional edges (`chain_of`)."""
     if isinstance(region, ConditionalBlock) or region.number_of_nodes() < 2:
         return None
-    block, order = region.start_block, []
-    while block is not None:
-        order.append(block)
-        out = region.out_edges(block)
-        if len(out) > 1 or region.in_degree(block) > 1 or (out and not out[0].data.is_unconditional()):
-            return None
-        block = out[0].dst if out else None
-    return order if len(order) == region.number_of_nodes() else None
+    order = chain_of(region)
+    return order if order is not None and all(e.data.is_unconditional() for e in region.edges()) else None
 
 
 def _items(region: ControlFlowRegion, blocks: list) -> list[_Item]:

@@ -55,7 +55,8 @@ from dace.properties import CodeBlock
 from dace.sdfg import nodes as nd
 from dace.sdfg.state import ConditionalBlock, ControlFlowRegion, LoopRegion
 
-from gradflow.analysis.access import runs_right_after
+from gradflow.analysis.access import control_names, runs_right_after
+from gradflow.analysis.loops import assigned_symbols
 from gradflow.analysis.versions import PREFIX
 from gradflow.core.names import private_copies, rename_data
 from gradflow.core.passes import register_pass
@@ -387,9 +388,7 @@ def _unused_name(sdfg: dace.SDFG, base: str) -> str:
     """`base`, or `base_k`, named by no array, symbol or interstate assignment of `sdfg`. DaCe's
     `temp_data_name` counts arrays only: its `__tmp2` was the frontend's symbol of an `if`'s condition
     (`__tmp2 = (... > 0.0)` on an edge), and the program no longer validated."""
-    taken = set(sdfg.arrays) | set(sdfg.symbols)
-    for edge in sdfg.all_interstate_edges(recursive=True):
-        taken |= set(edge.data.assignments) | set(map(str, edge.data.free_symbols))
+    taken = set(sdfg.arrays) | set(sdfg.symbols) | control_names(sdfg) | assigned_symbols(sdfg)
     name, k = base, 0
     while name in taken:
         name, k = f"{base}_{k}", k + 1

@@ -23,8 +23,8 @@ from gradflow.core.errors import ArgumentError
 from gradflow.core.graph import Graph
 from gradflow.runtime.allocation import check_fits
 from gradflow.runtime.calling import Runner, layout_key
-from gradflow.runtime.plan import ARRAY, SCALAR, positional_names
-from gradflow.runtime.validate import check_symbol_range, data_pointer, scalar_value, symbol_value, torch_dtype
+from gradflow.runtime.plan import positional_names
+from gradflow.runtime.validate import check_symbol_range, symbol_value, torch_dtype
 
 
 def _one_element(value: Any, shape: tuple[int, ...]) -> Any:
@@ -189,60 +189,52 @@ class Invoker:
             shapes = self._omitted_shapes(omitted, given, symbols)
             given.update(_allocate(shapes, as_torch, self.unfilled))
         given.update(symbols)
-        entry = runner.signature(given)
-        runner.kernel.call_at(entry[1], *runner.arguments(given, entry[0]))
+        prepared = _Prepared(runner, shapes, self.unfilled, runner.signature(given), as_torch)
+        result = prepared.run(runner, given)
         if key is not None and all(given[k] is v for k, v in kwargs.items() if k in given):
             if len(self._prepared) >= 256:
                 self._prepared.clear()
-            self._prepared[key] = _Prepared(runner, shapes, self.unfilled, entry, as_torch)
-        return {a.name: given[a.name] for a in runner.plan.arrays if a.kind == ARRAY}, as_torch
+            self._prepared[key] = prepared
+        return result
 
 
 def _call_key(kwargs: dict[str, Any]) -> tuple | None:
-    """What decides every check and allocation of a call by name: each argument's name and layout (an
-    array's dtype, shape, strides, ...), a float's type, an integer's value (a symbol, or an integer
-    scalar whose range is checked); None for anything else (such a call takes the checked path)."""
+    """What decides every check and allocation of a call by name: each argument's name and layout
+    (`calling.layout_key`: what the checks look at), a float's type, an integer's value (a symbol, or an
+    integer scalar whose range is checked); None for anything else (such a call takes the checked path)."""
     key = []
     for name, value in kwargs.items():
         kind = type(value)
-        if kind is np.ndarray:
-            key.append((name, value.dtype, value.shape, value.strides, value.flags.writeable))
+        if kind is np.ndarray or isinstance(value, torch.Tensor):
+            key.append((name, *layout_key(value)))
         elif kind is int:
             key.append((name, value))
         elif kind is float:
             key.append((name, float))
-        elif isinstance(value, torch.Tensor):
-            key.append((name, *layout_key(value)))
         else:
             return None
     return tuple(key)
 
 
 class _Prepared:
-    """A call whose arguments have the layout of one checked before (`_call_key`): it allocates the arrays
-    left out and calls the kernel, without binding, checking or inferring again. Only a call by name whose
-    given values were used as they are (no reshaped one-element array, no symbol given as an array) is
-    prepared."""
+    """A call checked once (its symbols and state handle, what it allocates): `run` calls the kernel on
+    arguments bound by name; called with the arguments of a later call of the same layout (`_call_key`),
+    it allocates the arrays left out and runs, without binding, checking or inferring again. Only a call by
+    name whose given values were used as they are (no reshaped one-element array, no symbol given as an
+    array) is kept for later calls."""
 
     def __init__(self, runner: Runner, shapes: tuple, unfilled: frozenset[str], entry: tuple[dict, tuple],
                  as_torch: bool) -> None:
-        symbols, self.init_values = entry
+        self.symbols, self.init_values = entry
         self.shapes, self.unfilled, self.as_torch = shapes, unfilled, as_torch
-        allocated = {name for name, _, _ in shapes}
-        #: per kernel argument: (0, array name) an address, (1, spec) a scalar, (2, value) a symbol
-        self.args = tuple((0, a.name) if a.kind == ARRAY else (1, a) if a.kind == SCALAR else (2, symbols[a.name])
-                          for a in runner.plan.args)
-        self.arrays = tuple((a.name, a.name in allocated) for a in runner.plan.arrays)
+        self.arrays = tuple(a.name for a in runner.plan.arrays)
+
+    def run(self, runner: Runner, given: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Call the kernel on `given` (every argument by name); every array argument by name, and whether
+        they are torch tensors."""
+        runner.kernel.call_at(self.init_values, *runner.arguments(given, self.symbols))
+        return {name: given[name] for name in self.arrays}, self.as_torch
 
     def __call__(self, runner: Runner, kwargs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        new = _allocate(self.shapes, self.as_torch, self.unfilled) if self.shapes else {}
-        args = []
-        for kind, what in self.args:
-            if kind == 0:
-                args.append(data_pointer(new[what] if what in new else kwargs[what]))
-            elif kind == 1:
-                args.append(scalar_value(what, kwargs[what.name]))
-            else:
-                args.append(what)
-        runner.kernel.call_at(self.init_values, *args)
-        return {name: new[name] if allocated else kwargs[name] for name, allocated in self.arrays}, self.as_torch
+        return self.run(runner, {**kwargs, **_allocate(self.shapes, self.as_torch, self.unfilled)}
+                        if self.shapes else kwargs)
